@@ -1,0 +1,294 @@
+'use strict'
+
+// The package entry: a thin class over the native binding that speaks the SandboxProvider
+// contract. It shapes results, turns the binding's coded errors into the contract's error
+// classes (the host's own when injected) and forwards log events to the host's logger.
+
+const { NativeProvider } = require('./binding.js')
+const errors = require('./errors.js')
+
+const {
+  SandboxError,
+  SandboxNotAvailableError,
+  SandboxFileNotFoundError,
+  SandboxPathIsDirectoryError,
+  SandboxFileTooLargeError,
+  SandboxPathTraversalError,
+  SandboxInvalidPathError,
+  SandboxNotRegularFileError,
+  SandboxEngineError,
+  CONTRACT_ERROR_NAMES,
+} = errors
+
+const LOG_LEVELS = ['debug', 'info', 'warn', 'error']
+
+function optionError(option, reason) {
+  const e = new TypeError(`invalid option \`${option}\`: ${reason}`)
+  e.code = 'INVALID_OPTION'
+  e.option = option
+  return e
+}
+
+function pickErrors(injected) {
+  if (injected === undefined || injected === null) return {}
+  if (typeof injected !== 'object') throw optionError('errors', 'expected an object of error constructors')
+  const out = {}
+  for (const [name, ctor] of Object.entries(injected)) {
+    if (!CONTRACT_ERROR_NAMES.includes(name)) {
+      throw optionError(`errors.${name}`, `unknown error class; known ones are ${CONTRACT_ERROR_NAMES.join(', ')}`)
+    }
+    if (ctor === undefined) continue
+    if (typeof ctor !== 'function') throw optionError(`errors.${name}`, 'expected a constructor')
+    out[name] = ctor
+  }
+  return out
+}
+
+function pickLogger(logger) {
+  if (logger === undefined || logger === null) return undefined
+  if (typeof logger !== 'object' && typeof logger !== 'function') {
+    throw optionError('logger', 'expected an object with debug/info/warn/error methods')
+  }
+  for (const level of LOG_LEVELS) {
+    if (logger[level] !== undefined && typeof logger[level] !== 'function') {
+      throw optionError(`logger.${level}`, 'expected a function')
+    }
+  }
+  return logger
+}
+
+/** The contract's SandboxProvider backed by one Docker container per sandbox. */
+class DockerSandboxProvider {
+  #native
+  #errors
+  #layout
+
+  constructor(options) {
+    if (options === null || typeof options !== 'object' || Array.isArray(options)) {
+      throw optionError('options', "expected an object such as { image: 'python:3.12' }")
+    }
+    const { errors: injected, logger, ...rest } = options
+    this.#errors = pickErrors(injected)
+    const log = pickLogger(logger)
+    const sink = log ? (line) => forward(log, line) : undefined
+    try {
+      this.#native = new NativeProvider(rest, sink)
+    } catch (e) {
+      throw this.#translate(e)
+    }
+    this.#layout = this.#native.layout()
+    this.type = 'docker'
+    this.supportsCodeMode = false
+  }
+
+  /** The namespace this provider's sandboxes live in. */
+  get namespace() {
+    return this.#native.namespace
+  }
+
+  /** The Docker engine address in use. */
+  get dockerHost() {
+    return this.#native.dockerHost
+  }
+
+  async buildImage() {
+    return shapeBuild(await this.#call(() => this.#native.buildImage()))
+  }
+
+  async getImageBuildStatus() {
+    return shapeBuild(await this.#call(() => this.#native.getImageBuildStatus()))
+  }
+
+  async createSandbox() {
+    const sandboxId = await this.#call(() => this.#native.createSandbox())
+    return { sandboxId }
+  }
+
+  async exec(params) {
+    if (params === null || typeof params !== 'object') {
+      return { success: false, error: 'exec: expected { sandboxId, command, cwd?, env?, timeoutSeconds? }' }
+    }
+    const { sandboxId, command, cwd, env, timeoutSeconds } = params
+    const bad = checkExecParams(sandboxId, command, cwd, env, timeoutSeconds)
+    if (bad) return { success: false, error: bad }
+    const r = await this.#call(() =>
+      this.#native.exec({
+        sandboxId,
+        command,
+        cwd: cwd ?? undefined,
+        env: env ?? undefined,
+        timeoutSeconds: timeoutSeconds ?? undefined,
+      }),
+    )
+    return r.success
+      ? { success: true, response: { exitCode: r.exitCode, result: r.result } }
+      : { success: false, error: r.error }
+  }
+
+  getAdditionalInstructions() {
+    return this.#native.additionalInstructions()
+  }
+
+  // The layout is fixed and absolute: the same for '' (asked before any sandbox exists) and
+  // for every real id.
+  getToolResultDumpDir(_sandboxId) {
+    return this.#layout.toolResultsDir
+  }
+
+  getGitCredentialsPath(_sandboxId) {
+    return this.#layout.gitCredentialsPath
+  }
+
+  getFileUploadsDir(_sandboxId) {
+    return this.#layout.uploadsDir
+  }
+
+  getSkillsDir(_sandboxId) {
+    return this.#layout.skillsDir
+  }
+
+  getGitDownloaderPath(_sandboxId) {
+    return this.#layout.gitDownloaderPath
+  }
+
+  async downloadFile(p) {
+    const { sandboxId, path } = p ?? {}
+    this.#requireStrings({ sandboxId, path })
+    return this.#call(() => this.#native.downloadFile(sandboxId, path))
+  }
+
+  async uploadFile(p) {
+    const { sandboxId, remotePath, content } = p ?? {}
+    this.#requireStrings({ sandboxId, remotePath })
+    if (!(content instanceof Uint8Array)) {
+      throw new TypeError('uploadFile: `content` must be a Buffer or Uint8Array')
+    }
+    const buf = Buffer.isBuffer(content) ? content : Buffer.from(content.buffer, content.byteOffset, content.byteLength)
+    await this.#call(() => this.#native.uploadFile(sandboxId, remotePath, buf))
+  }
+
+  /** Removes a sandbox now (idempotent). Resolves true when something was removed. */
+  async removeSandbox(sandboxId) {
+    this.#requireStrings({ sandboxId })
+    return this.#call(() => this.#native.removeSandbox(sandboxId))
+  }
+
+  createCodeModeTransport() {
+    throw new Error('Code Mode is not supported by the docker provider (DockerSandboxProvider)')
+  }
+
+  #requireStrings(fields) {
+    for (const [k, v] of Object.entries(fields)) {
+      if (typeof v !== 'string') throw new TypeError(`\`${k}\` must be a string, got ${typeof v}`)
+    }
+  }
+
+  async #call(fn) {
+    try {
+      return await fn()
+    } catch (e) {
+      throw this.#translate(e)
+    }
+  }
+
+  #translate(e) {
+    const payload = parsePayload(e)
+    if (!payload) return e
+    const pick = (name, fallback) => this.#errors[name] ?? fallback
+    let out
+    switch (payload.code) {
+      case 'SANDBOX_NOT_AVAILABLE':
+        out = new (pick('SandboxNotAvailableError', SandboxNotAvailableError))(payload.sandboxId)
+        break
+      case 'FILE_NOT_FOUND':
+        out = new (pick('SandboxFileNotFoundError', SandboxFileNotFoundError))(payload.path)
+        break
+      case 'PATH_IS_DIRECTORY':
+        out = new (pick('SandboxPathIsDirectoryError', SandboxPathIsDirectoryError))(payload.path)
+        break
+      case 'FILE_TOO_LARGE':
+        out = new (pick('SandboxFileTooLargeError', SandboxFileTooLargeError))(
+          payload.path,
+          payload.fileSize,
+          payload.maxSize,
+        )
+        break
+      case 'PATH_TRAVERSAL':
+        out = new (pick('SandboxPathTraversalError', SandboxPathTraversalError))(payload.path)
+        break
+      case 'INVALID_PATH':
+        out = new SandboxInvalidPathError(payload.message, payload.path)
+        break
+      case 'NOT_REGULAR_FILE':
+        out = new SandboxNotRegularFileError(payload.message, payload.path)
+        break
+      case 'INVALID_OPTION':
+        return optionError(payload.option, payload.message.replace(/^invalid option `[^`]*`: /, ''))
+      case 'INVALID_ARGUMENT':
+        out = new TypeError(payload.message)
+        break
+      case 'ENGINE_UNREACHABLE':
+      case 'ENGINE_TIMEOUT':
+      case 'ENGINE_ERROR':
+        out = new SandboxEngineError(payload.message)
+        break
+      default:
+        out = new SandboxError(payload.message, 500)
+    }
+    if (out.code === undefined) out.code = payload.code
+    return out
+  }
+}
+
+function parsePayload(e) {
+  const msg = e && typeof e.message === 'string' ? e.message : ''
+  if (!msg.startsWith('{"code"')) return null
+  try {
+    return JSON.parse(msg)
+  } catch {
+    return null
+  }
+}
+
+function checkExecParams(sandboxId, command, cwd, env, timeoutSeconds) {
+  if (typeof sandboxId !== 'string') return 'exec: `sandboxId` must be a string'
+  if (typeof command !== 'string') return 'exec: `command` must be a string'
+  if (cwd !== undefined && cwd !== null && typeof cwd !== 'string') return 'exec: `cwd` must be a string'
+  if (env !== undefined && env !== null) {
+    if (typeof env !== 'object' || Array.isArray(env)) return 'exec: `env` must be an object of strings'
+    for (const [k, v] of Object.entries(env)) {
+      if (typeof v !== 'string') return `exec: env value of ${JSON.stringify(k)} must be a string`
+    }
+  }
+  if (timeoutSeconds !== undefined && timeoutSeconds !== null) {
+    if (typeof timeoutSeconds !== 'number' || !Number.isFinite(timeoutSeconds) || timeoutSeconds <= 0) {
+      return 'exec: `timeoutSeconds` must be a positive number'
+    }
+  }
+  return null
+}
+
+function shapeBuild(b) {
+  return { status: b.status, reason: b.reason ?? null, metadata: b.metadata ?? null }
+}
+
+function forward(logger, line) {
+  let ev
+  try {
+    ev = JSON.parse(line)
+  } catch {
+    return
+  }
+  const fn = logger[ev.level] ?? logger.info
+  if (typeof fn !== 'function') return
+  try {
+    fn.call(logger, ev.message, ev.meta)
+  } catch {
+    // A throwing logger must not break the provider.
+  }
+}
+
+module.exports = {
+  DockerSandboxProvider,
+  ...errors,
+}

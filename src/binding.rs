@@ -1,0 +1,220 @@
+//! The napi layer: converts JavaScript values to the core's types and the core's errors to
+//! JavaScript errors carrying a stable code. No behaviour lives here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use napi::bindgen_prelude::{Buffer, Function};
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi_derive::napi;
+use serde_json::Value;
+
+use crate::config::ProviderConfig;
+use crate::errors::SandboxError;
+use crate::image::Build;
+use crate::layout;
+use crate::logging::{Logger, Sink};
+use crate::provider::{ExecOutcome, ExecParams, Provider};
+
+/// Errors cross as a JSON document (`{ code, message, …fields }`) in the message; the
+/// JavaScript layer turns it into the contract's error classes.
+fn to_js(e: SandboxError) -> napi::Error {
+  napi::Error::from_reason(e.to_payload().to_string())
+}
+
+/// Parameters of one exec.
+#[napi(object)]
+pub struct NativeExecParams {
+  pub sandbox_id: String,
+  pub command: String,
+  pub cwd: Option<String>,
+  pub env: Option<HashMap<String, String>>,
+  pub timeout_seconds: Option<f64>,
+}
+
+/// The outcome of one exec: `success` false means the command never ran.
+#[napi(object)]
+pub struct NativeExecResult {
+  pub success: bool,
+  pub exit_code: Option<i32>,
+  pub result: Option<String>,
+  pub error: Option<String>,
+}
+
+/// Image readiness, as the contract's `SandboxBuild`.
+#[napi(object)]
+pub struct NativeBuild {
+  pub status: String,
+  pub reason: Option<String>,
+  pub metadata: Option<HashMap<String, String>>,
+}
+
+impl From<Build> for NativeBuild {
+  fn from(b: Build) -> Self {
+    Self {
+      status: b.status.as_str().to_string(),
+      reason: b.reason,
+      metadata: b.metadata.map(|m| m.into_iter().collect()),
+    }
+  }
+}
+
+/// The fixed in-container layout.
+#[napi(object)]
+pub struct NativeLayout {
+  pub uploads_dir: String,
+  pub skills_dir: String,
+  pub tool_results_dir: String,
+  pub git_downloader_path: String,
+  pub git_credentials_path: String,
+}
+
+type LogFn = ThreadsafeFunction<String, (), String, napi::Status, false, true>;
+
+/// The native half of `DockerSandboxProvider`; `index.js` wraps it.
+#[napi]
+pub struct NativeProvider {
+  inner: Arc<Provider>,
+}
+
+#[napi]
+impl NativeProvider {
+  /// `options` is the constructor's options object without `errors` and `logger`; `log`, when
+  /// given, receives one JSON string `{ level, message, meta }` per event.
+  #[napi(constructor)]
+  pub fn new(options: Value, log: Option<Function<'_, String, ()>>) -> napi::Result<Self> {
+    let cfg = ProviderConfig::from_json(options).map_err(to_js)?;
+    let sink: Option<Sink> = match log {
+      Some(f) => {
+        let tsfn: LogFn = f
+          .build_threadsafe_function()
+          .weak::<true>()
+          .callee_handled::<false>()
+          .build()?;
+        let tsfn = Arc::new(tsfn);
+        Some(Arc::new(move |level, message: &str, meta: &Value| {
+          let line =
+            serde_json::json!({ "level": level.as_str(), "message": message, "meta": meta })
+              .to_string();
+          tsfn.call(line, ThreadsafeFunctionCallMode::NonBlocking);
+        }))
+      }
+      None => None,
+    };
+    let inner = Provider::new(cfg, Logger::new(sink)).map_err(to_js)?;
+    Ok(Self {
+      inner: Arc::new(inner),
+    })
+  }
+
+  /// The namespace containers are scoped to.
+  #[napi(getter)]
+  pub fn namespace(&self) -> String {
+    self.inner.config().namespace.clone()
+  }
+
+  /// The engine address in use.
+  #[napi(getter)]
+  pub fn docker_host(&self) -> String {
+    self.inner.host().to_string()
+  }
+
+  #[napi]
+  pub fn layout(&self) -> NativeLayout {
+    NativeLayout {
+      uploads_dir: layout::UPLOADS_DIR.into(),
+      skills_dir: layout::SKILLS_DIR.into(),
+      tool_results_dir: layout::TOOL_RESULTS_DIR.into(),
+      git_downloader_path: layout::GIT_DOWNLOADER_PATH.into(),
+      git_credentials_path: layout::GIT_CREDENTIALS_PATH.into(),
+    }
+  }
+
+  #[napi]
+  pub fn additional_instructions(&self) -> String {
+    self.inner.additional_instructions()
+  }
+
+  #[napi]
+  pub async fn create_sandbox(&self) -> napi::Result<String> {
+    self.inner.create_sandbox().await.map_err(to_js)
+  }
+
+  #[napi]
+  pub async fn exec(&self, params: NativeExecParams) -> napi::Result<NativeExecResult> {
+    let p = ExecParams {
+      sandbox_id: params.sandbox_id,
+      command: params.command,
+      cwd: params.cwd,
+      env: params
+        .env
+        .map(|m| m.into_iter().collect::<BTreeMap<_, _>>())
+        .unwrap_or_default(),
+      timeout_seconds: params.timeout_seconds,
+    };
+    Ok(match self.inner.exec(p).await.map_err(to_js)? {
+      ExecOutcome::Ran { exit_code, result } => NativeExecResult {
+        success: true,
+        exit_code: Some(exit_code),
+        result: Some(result),
+        error: None,
+      },
+      ExecOutcome::Failed { error } => NativeExecResult {
+        success: false,
+        exit_code: None,
+        result: None,
+        error: Some(error),
+      },
+    })
+  }
+
+  #[napi]
+  pub async fn upload_file(
+    &self,
+    sandbox_id: String,
+    remote_path: String,
+    content: Buffer,
+  ) -> napi::Result<()> {
+    let bytes = bytes::Bytes::from(content.to_vec());
+    self
+      .inner
+      .upload_file(&sandbox_id, &remote_path, bytes)
+      .await
+      .map_err(to_js)
+  }
+
+  #[napi]
+  pub async fn download_file(&self, sandbox_id: String, path: String) -> napi::Result<Buffer> {
+    let data = self
+      .inner
+      .download_file(&sandbox_id, &path)
+      .await
+      .map_err(to_js)?;
+    Ok(Buffer::from(data))
+  }
+
+  #[napi]
+  pub async fn remove_sandbox(&self, sandbox_id: String) -> napi::Result<bool> {
+    self.inner.remove_sandbox(&sandbox_id).await.map_err(to_js)
+  }
+
+  #[napi]
+  pub async fn build_image(&self) -> napi::Result<NativeBuild> {
+    self
+      .inner
+      .build_image()
+      .await
+      .map(Into::into)
+      .map_err(to_js)
+  }
+
+  #[napi]
+  pub async fn get_image_build_status(&self) -> napi::Result<NativeBuild> {
+    self
+      .inner
+      .image_status()
+      .await
+      .map(Into::into)
+      .map_err(to_js)
+  }
+}

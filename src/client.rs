@@ -1,0 +1,141 @@
+//! One bollard client per Docker host per process, created on first use with the API version
+//! negotiated once. Every engine call goes through `Engine`, which names the operation in its
+//! errors and bounds control-plane calls by a deadline so a hung engine cannot hang a caller.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bollard::errors::Error as BollardError;
+use bollard::{Docker, API_DEFAULT_VERSION};
+use tokio::sync::OnceCell;
+
+use crate::errors::{Result, SandboxError};
+
+/// The socket used when neither `dockerHost` nor `DOCKER_HOST` says otherwise.
+pub const DEFAULT_DOCKER_HOST: &str = "unix:///var/run/docker.sock";
+/// Deadline for one control-plane request (inspect, create, start, archive stat …).
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A connected engine: the client plus the address it was made for (for error messages).
+#[derive(Clone)]
+pub struct Engine {
+  pub docker: Docker,
+  pub host: Arc<str>,
+}
+
+type Slot = Arc<OnceCell<Engine>>;
+
+fn registry() -> &'static Mutex<HashMap<String, Slot>> {
+  static REG: OnceLock<Mutex<HashMap<String, Slot>>> = OnceLock::new();
+  REG.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The host an option-less provider talks to: `$DOCKER_HOST`, else the local socket.
+pub fn effective_host(configured: Option<&str>) -> Result<String> {
+  if let Some(h) = configured {
+    return Ok(h.to_string());
+  }
+  match std::env::var("DOCKER_HOST") {
+    Ok(h) if !h.trim().is_empty() => crate::config::normalize_docker_host(&h, "DOCKER_HOST"),
+    _ => Ok(DEFAULT_DOCKER_HOST.to_string()),
+  }
+}
+
+/// The shared engine for `host`, connecting (and negotiating) on first use. A failed attempt
+/// is not cached: the next call tries again, so an engine that comes back is picked up.
+pub async fn engine_for(host: &str) -> Result<Engine> {
+  let slot = {
+    let mut reg = registry().lock().expect("engine registry poisoned");
+    reg.entry(host.to_string()).or_default().clone()
+  };
+  slot.get_or_try_init(|| connect(host)).await.cloned()
+}
+
+async fn connect(host: &str) -> Result<Engine> {
+  let unreachable = |detail: String| SandboxError::EngineUnreachable {
+    host: host.to_string(),
+    detail,
+  };
+  let timeout = CONTROL_TIMEOUT.as_secs();
+  let docker = if let Some(path) = host.strip_prefix("unix://") {
+    Docker::connect_with_unix(path, timeout, API_DEFAULT_VERSION)
+  } else if let Some(hp) = host.strip_prefix("tcp://") {
+    Docker::connect_with_http(&format!("http://{hp}"), timeout, API_DEFAULT_VERSION)
+  } else {
+    return Err(unreachable("unsupported address".into()));
+  }
+  .map_err(|e| unreachable(e.to_string()))?;
+  let engine = Engine {
+    docker: docker.clone(),
+    host: host.into(),
+  };
+  let negotiated = engine
+    .control("negotiate the API version", docker.negotiate_version())
+    .await?;
+  Ok(Engine {
+    docker: negotiated,
+    host: host.into(),
+  })
+}
+
+impl Engine {
+  /// Runs one control-plane request under `CONTROL_TIMEOUT`, mapping its error.
+  pub async fn control<T>(
+    &self,
+    operation: &str,
+    fut: impl Future<Output = std::result::Result<T, BollardError>>,
+  ) -> Result<T> {
+    self.within(CONTROL_TIMEOUT, operation, fut).await
+  }
+
+  /// Runs one request under `limit`, mapping its error.
+  pub async fn within<T>(
+    &self,
+    limit: Duration,
+    operation: &str,
+    fut: impl Future<Output = std::result::Result<T, BollardError>>,
+  ) -> Result<T> {
+    match tokio::time::timeout(limit, fut).await {
+      Ok(r) => r.map_err(|e| self.map_error(operation, e)),
+      Err(_) => Err(self.timeout(operation, limit)),
+    }
+  }
+
+  pub fn timeout(&self, operation: &str, limit: Duration) -> SandboxError {
+    SandboxError::EngineTimeout {
+      host: self.host.to_string(),
+      operation: operation.to_string(),
+      seconds: limit.as_secs().max(1),
+    }
+  }
+
+  /// Server answers become `Engine` errors with their status; anything else means we never got
+  /// an answer, so the engine is unreachable.
+  pub fn map_error(&self, operation: &str, e: BollardError) -> SandboxError {
+    match e {
+      BollardError::DockerResponseServerError {
+        status_code,
+        message,
+      } => SandboxError::Engine {
+        operation: operation.to_string(),
+        status: status_code,
+        detail: message,
+      },
+      BollardError::RequestTimeoutError => self.timeout(operation, CONTROL_TIMEOUT),
+      other => SandboxError::EngineUnreachable {
+        host: self.host.to_string(),
+        detail: format!("{operation}: {other}"),
+      },
+    }
+  }
+}
+
+/// The HTTP status of an engine error, when the engine answered.
+pub fn status_of(e: &SandboxError) -> Option<u16> {
+  match e {
+    SandboxError::Engine { status, .. } => Some(*status),
+    _ => None,
+  }
+}

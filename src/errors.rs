@@ -1,0 +1,167 @@
+//! The crate's one error type. Every variant has a stable code that the JavaScript layer maps
+//! to the error classes of the SandboxProvider contract (or to the host's own injected ones).
+
+use serde_json::json;
+
+/// Everything that can go wrong, each with a message that says what to do about it.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum SandboxError {
+  #[error("invalid option `{option}`: {reason}")]
+  InvalidOption { option: String, reason: String },
+
+  #[error("invalid argument `{argument}`: {reason}")]
+  InvalidArgument { argument: String, reason: String },
+
+  #[error("Sandbox '{sandbox_id}' no longer exists — it may have been auto-deleted")]
+  SandboxNotAvailable { sandbox_id: String },
+
+  #[error("File not found: {path}")]
+  FileNotFound { path: String },
+
+  #[error("Path is a directory, not a file: {path}")]
+  PathIsDirectory { path: String },
+
+  #[error("File too large: {path} ({size} bytes, max {max})")]
+  FileTooLarge { path: String, size: u64, max: u64 },
+
+  #[error("Path must not contain \"..\" segments: {path}")]
+  PathTraversal { path: String },
+
+  #[error("Invalid path {path:?}: {reason}")]
+  InvalidPath { path: String, reason: String },
+
+  #[error("Not a regular file ({kind}): {path}; only regular files can be downloaded")]
+  NotRegularFile { path: String, kind: String },
+
+  #[error("Docker engine at {host} is unreachable ({detail}); check that dockerd runs and that `dockerHost` points at it")]
+  EngineUnreachable { host: String, detail: String },
+
+  #[error("Docker engine at {host} did not answer {operation} within {seconds} s; it may be overloaded or hung")]
+  EngineTimeout {
+    host: String,
+    operation: String,
+    seconds: u64,
+  },
+
+  #[error("Docker engine refused {operation} (HTTP {status}): {detail}")]
+  Engine {
+    operation: String,
+    status: u16,
+    detail: String,
+  },
+
+  #[error("Image '{image}' is not in the Docker engine: {reason}")]
+  ImageNotAvailable { image: String, reason: String },
+
+  #[error("Creating the sandbox failed at {step}: {detail}")]
+  CreateFailed { step: String, detail: String },
+
+  #[error("{0}")]
+  Internal(String),
+}
+
+impl SandboxError {
+  /// The stable code the JavaScript layer switches on. Never rename one.
+  pub fn code(&self) -> &'static str {
+    match self {
+      Self::InvalidOption { .. } => "INVALID_OPTION",
+      Self::InvalidArgument { .. } => "INVALID_ARGUMENT",
+      Self::SandboxNotAvailable { .. } => "SANDBOX_NOT_AVAILABLE",
+      Self::FileNotFound { .. } => "FILE_NOT_FOUND",
+      Self::PathIsDirectory { .. } => "PATH_IS_DIRECTORY",
+      Self::FileTooLarge { .. } => "FILE_TOO_LARGE",
+      Self::PathTraversal { .. } => "PATH_TRAVERSAL",
+      Self::InvalidPath { .. } => "INVALID_PATH",
+      Self::NotRegularFile { .. } => "NOT_REGULAR_FILE",
+      Self::EngineUnreachable { .. } => "ENGINE_UNREACHABLE",
+      Self::EngineTimeout { .. } => "ENGINE_TIMEOUT",
+      Self::Engine { .. } => "ENGINE_ERROR",
+      Self::ImageNotAvailable { .. } => "IMAGE_NOT_AVAILABLE",
+      Self::CreateFailed { .. } => "CREATE_FAILED",
+      Self::Internal(_) => "INTERNAL",
+    }
+  }
+
+  /// Whether the failure is the engine's (the command never ran), as opposed to bad input.
+  pub fn is_infrastructure(&self) -> bool {
+    matches!(
+      self,
+      Self::EngineUnreachable { .. }
+        | Self::EngineTimeout { .. }
+        | Self::Engine { .. }
+        | Self::Internal(_)
+    )
+  }
+
+  /// The JSON document carried across the napi boundary: the code, the message and the
+  /// fields the contract's error constructors take.
+  pub fn to_payload(&self) -> serde_json::Value {
+    let mut v = json!({ "code": self.code(), "message": self.to_string() });
+    let o = v.as_object_mut().expect("object");
+    match self {
+      Self::SandboxNotAvailable { sandbox_id } => {
+        o.insert("sandboxId".into(), json!(sandbox_id));
+      }
+      Self::FileNotFound { path }
+      | Self::PathIsDirectory { path }
+      | Self::PathTraversal { path }
+      | Self::InvalidPath { path, .. }
+      | Self::NotRegularFile { path, .. } => {
+        o.insert("path".into(), json!(path));
+      }
+      Self::FileTooLarge { path, size, max } => {
+        o.insert("path".into(), json!(path));
+        o.insert("fileSize".into(), json!(size));
+        o.insert("maxSize".into(), json!(max));
+      }
+      Self::InvalidOption { option, .. } => {
+        o.insert("option".into(), json!(option));
+      }
+      _ => {}
+    }
+    v
+  }
+}
+
+pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn messages_match_the_contract() {
+    let e = SandboxError::SandboxNotAvailable {
+      sandbox_id: "/workspace/x".into(),
+    };
+    assert_eq!(
+      e.to_string(),
+      "Sandbox '/workspace/x' no longer exists — it may have been auto-deleted"
+    );
+    let e = SandboxError::FileTooLarge {
+      path: "/a".into(),
+      size: 11,
+      max: 10,
+    };
+    assert_eq!(e.to_string(), "File too large: /a (11 bytes, max 10)");
+    let p = e.to_payload();
+    assert_eq!(p["code"], "FILE_TOO_LARGE");
+    assert_eq!(p["fileSize"], 11);
+    assert_eq!(p["maxSize"], 10);
+    assert_eq!(
+      SandboxError::PathTraversal {
+        path: "a/../b".into()
+      }
+      .to_string(),
+      "Path must not contain \"..\" segments: a/../b"
+    );
+    assert_eq!(
+      SandboxError::FileNotFound { path: "/x".into() }.to_string(),
+      "File not found: /x"
+    );
+    assert_eq!(
+      SandboxError::PathIsDirectory { path: "/x".into() }.to_string(),
+      "Path is a directory, not a file: /x"
+    );
+  }
+}

@@ -1,0 +1,354 @@
+//! Running a command in a sandbox. A small POSIX-sh wrapper (passed the cwd, the command and a
+//! per-call token as positional arguments, never spliced into a script) reports its pid, runs
+//! the command with stderr merged into stdout (so output keeps its true order), and reports the
+//! exit status under the token. The call returns when that exit marker arrives, even if a
+//! background process still holds the output open, and on timeout it kills the command's
+//! process group plus every process that inherited the token.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use futures_util::StreamExt;
+use rand::Rng;
+
+use crate::client::Engine;
+use crate::errors::{Result, SandboxError};
+use crate::output::{CappedOutput, Marker, MarkerScanner};
+
+/// Exit code reported for a command killed by its timeout (as coreutils `timeout`).
+pub const TIMEOUT_EXIT_CODE: i32 = 124;
+/// The variable every process a command starts inherits; the timeout killer looks for it.
+pub const EXEC_ID_VAR: &str = "TRUEFORGE_EXEC_ID";
+
+/// $1 = working directory, $2 = command, $3 = token.
+const WRAPPER: &str = r#"exec 2>&1 </dev/null
+printf '\036TFX%s:p:%s\036' "$3" "$$"
+TRUEFORGE_EXEC_ID=$3; export TRUEFORGE_EXEC_ID
+if ! cd "$1" 2>/dev/null; then
+  printf 'cannot change directory to %s: no such directory\n' "$1"
+  printf '\036TFX%s:x:1\036' "$3"; exit 1
+fi
+if command -v bash >/dev/null 2>&1; then bash -c "$2"; else sh -c "$2"; fi
+s=$?
+printf '\036TFX%s:x:%s\036' "$3" "$s"
+exit "$s"
+"#;
+
+/// $1 = the wrapper's pid (its process group), $2 = token. Kills the group, then anything that
+/// escaped it (setsid, double fork) but still carries the token, a few rounds for fork races.
+const KILLER: &str = r#"kill -9 -"$1" 2>/dev/null
+n=0
+while [ "$n" -lt 5 ]; do
+  n=$((n+1)); hit=
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$p" = "$$" ] && continue
+    if tr '\0' '\n' 2>/dev/null < "$d/environ" | grep -qx "TRUEFORGE_EXEC_ID=$2"; then
+      kill -9 "$p" 2>/dev/null && hit=1
+    fi
+  done
+  [ -z "$hit" ] && break
+done
+exit 0
+"#;
+
+/// One command to run.
+#[derive(Debug, Clone)]
+pub struct ExecRequest {
+  pub command: String,
+  /// Absolute working directory.
+  pub cwd: String,
+  pub env: BTreeMap<String, String>,
+  pub timeout: Duration,
+  pub max_output: usize,
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+  pub exit_code: i32,
+  pub output: String,
+  pub timed_out: bool,
+}
+
+/// Why an exec could not start, so the caller can recover (start the container, re-resolve).
+#[derive(Debug)]
+pub enum StartError {
+  NotRunning,
+  Gone,
+  Other(SandboxError),
+}
+
+fn new_token() -> String {
+  format!("{:016x}", rand::rng().random::<u64>())
+}
+
+/// Runs `req` in `container`. Errors before the command started are `StartError`s.
+pub async fn run(
+  engine: &Engine,
+  container: &str,
+  req: &ExecRequest,
+) -> std::result::Result<ExecOutput, StartError> {
+  let token = new_token();
+  let env: Vec<String> = req.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+  let cmd = vec![
+    "/bin/sh".to_string(),
+    "-c".to_string(),
+    WRAPPER.to_string(),
+    "trueforge-exec".to_string(),
+    req.cwd.clone(),
+    req.command.clone(),
+    token.clone(),
+  ];
+  let opts = CreateExecOptions {
+    cmd: Some(cmd),
+    env: Some(env),
+    attach_stdout: Some(true),
+    attach_stderr: Some(true),
+    attach_stdin: Some(false),
+    tty: Some(false),
+    working_dir: Some("/".to_string()),
+    ..Default::default()
+  };
+  let created = engine
+    .control("create an exec", engine.docker.create_exec(container, opts))
+    .await
+    .map_err(classify_start)?;
+  let start = StartExecOptions {
+    detach: false,
+    tty: false,
+    output_capacity: Some(64 * 1024),
+  };
+  let started = engine
+    .control(
+      "start an exec",
+      engine.docker.start_exec(&created.id, Some(start)),
+    )
+    .await
+    .map_err(classify_start)?;
+  let StartExecResults::Attached { mut output, input } = started else {
+    return Err(StartError::Other(SandboxError::Internal(
+      "the engine detached an attached exec".into(),
+    )));
+  };
+  let deadline = Instant::now() + req.timeout;
+  let mut scanner = MarkerScanner::new(&token);
+  let mut kept = CappedOutput::new(req.max_output);
+  let mut markers = Vec::new();
+  let mut pid: Option<u32> = None;
+  let mut exit: Option<i32> = None;
+  let mut timed_out = false;
+  let mut stream_error: Option<SandboxError> = None;
+  loop {
+    let next = tokio::time::timeout_at(deadline.into(), output.next()).await;
+    let item = match next {
+      Err(_) => {
+        timed_out = true;
+        break;
+      }
+      Ok(None) => break,
+      Ok(Some(Err(e))) => {
+        stream_error = Some(engine.map_error("read exec output", e));
+        break;
+      }
+      Ok(Some(Ok(item))) => item,
+    };
+    let bytes = match item {
+      LogOutput::StdOut { message }
+      | LogOutput::StdErr { message }
+      | LogOutput::Console { message } => message,
+      LogOutput::StdIn { .. } => continue,
+    };
+    scanner.feed(&bytes, &mut |b| kept.push(b), &mut markers);
+    for m in markers.drain(..) {
+      match m {
+        Marker::Pid(p) => pid = pid.or(Some(p)),
+        Marker::Exit(c) => exit = Some(c),
+      }
+    }
+    if exit.is_some() {
+      break;
+    }
+  }
+  // Dropping the attach connection leaves background processes running, as in a terminal.
+  drop(output);
+  drop(input);
+  if exit.is_none() {
+    scanner.finish(&mut |b| kept.push(b));
+  }
+  if timed_out {
+    if let Some(pid) = pid {
+      kill_tree(engine, container, pid, &token).await;
+    }
+    let mut text = kept.into_text();
+    if !text.is_empty() && !text.ends_with('\n') {
+      text.push('\n');
+    }
+    text.push_str(&format!(
+      "[timed out after {} s: the command and every process it started were killed]",
+      format_secs(req.timeout)
+    ));
+    return Ok(ExecOutput {
+      exit_code: TIMEOUT_EXIT_CODE,
+      output: text,
+      timed_out: true,
+    });
+  }
+  if let Some(e) = stream_error {
+    if let Some(pid) = pid {
+      kill_tree(engine, container, pid, &token).await;
+    }
+    return Err(StartError::Other(e));
+  }
+  let exit_code = match exit {
+    Some(c) => c,
+    // The wrapper itself died (killed with its group, say): ask the engine.
+    None => exit_from_inspect(engine, &created.id)
+      .await
+      .map_err(StartError::Other)?,
+  };
+  Ok(ExecOutput {
+    exit_code,
+    output: kept.into_text(),
+    timed_out: false,
+  })
+}
+
+fn format_secs(d: Duration) -> String {
+  let s = d.as_secs_f64();
+  if s.fract() == 0.0 {
+    format!("{}", s as u64)
+  } else {
+    format!("{s:.1}")
+  }
+}
+
+fn classify_start(e: SandboxError) -> StartError {
+  match &e {
+    SandboxError::Engine { status: 409, .. } => StartError::NotRunning,
+    SandboxError::Engine { status: 404, .. } => StartError::Gone,
+    _ => StartError::Other(e),
+  }
+}
+
+async fn exit_from_inspect(engine: &Engine, exec_id: &str) -> Result<i32> {
+  for _ in 0..50 {
+    let info = engine
+      .control("inspect an exec", engine.docker.inspect_exec(exec_id))
+      .await?;
+    if info.running != Some(true) {
+      return Ok(info.exit_code.unwrap_or(-1) as i32);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+  }
+  Err(SandboxError::Internal(
+    "the command's output ended but the engine still reports it running".into(),
+  ))
+}
+
+/// Kills the command's process group and every process carrying its token. Best effort: a
+/// failure here is logged by the caller's outcome, never raised over the command's result.
+pub async fn kill_tree(engine: &Engine, container: &str, pid: u32, token: &str) {
+  let opts = CreateExecOptions {
+    cmd: Some(vec![
+      "/bin/sh".to_string(),
+      "-c".to_string(),
+      KILLER.to_string(),
+      "trueforge-kill".to_string(),
+      pid.to_string(),
+      token.to_string(),
+    ]),
+    attach_stdout: Some(true),
+    attach_stderr: Some(true),
+    working_dir: Some("/".to_string()),
+    ..Default::default()
+  };
+  let run = async {
+    let created = engine.docker.create_exec(container, opts).await?;
+    if let StartExecResults::Attached { mut output, .. } =
+      engine.docker.start_exec(&created.id, None).await?
+    {
+      while output.next().await.is_some() {}
+    }
+    Ok::<_, bollard::errors::Error>(())
+  };
+  let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+}
+
+/// Validates per-call environment variables: names a shell can export, values without NUL.
+pub fn validate_env(env: &BTreeMap<String, String>) -> Result<()> {
+  for (k, v) in env {
+    crate::config::validate_env_name(k).map_err(|r| SandboxError::InvalidArgument {
+      argument: format!("env.{k}"),
+      reason: r,
+    })?;
+    if v.contains('\0') {
+      return Err(SandboxError::InvalidArgument {
+        argument: format!("env.{k}"),
+        reason: "value contains a NUL byte".into(),
+      });
+    }
+  }
+  Ok(())
+}
+
+/// The absolute working directory for a call: the sandbox root, or `cwd` taken from it.
+pub fn working_dir(sandbox_root: &str, cwd: Option<&str>) -> Result<String> {
+  match cwd {
+    None | Some("") => Ok(sandbox_root.to_string()),
+    Some(c) if c.contains('\0') => Err(SandboxError::InvalidArgument {
+      argument: "cwd".into(),
+      reason: "contains a NUL byte".into(),
+    }),
+    Some(c) if c.len() > crate::layout::MAX_PATH_BYTES => Err(SandboxError::InvalidArgument {
+      argument: "cwd".into(),
+      reason: "longer than 4096 bytes".into(),
+    }),
+    Some(c) if c.starts_with('/') => Ok(c.to_string()),
+    Some(c) => Ok(format!("{sandbox_root}/{c}")),
+  }
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn working_dirs() {
+    assert_eq!(working_dir("/w/x", None).unwrap(), "/w/x");
+    assert_eq!(working_dir("/w/x", Some("")).unwrap(), "/w/x");
+    assert_eq!(
+      working_dir("/w/x", Some("sub/dir")).unwrap(),
+      "/w/x/sub/dir"
+    );
+    assert_eq!(working_dir("/w/x", Some("/tmp")).unwrap(), "/tmp");
+    assert!(working_dir("/w/x", Some("a\0")).is_err());
+  }
+
+  #[test]
+  fn env_validation() {
+    let mut env = BTreeMap::new();
+    env.insert("GOOD_1".to_string(), "it's \"$(x)\"\nline".to_string());
+    assert!(validate_env(&env).is_ok());
+    env.insert("1BAD".to_string(), "v".to_string());
+    assert!(matches!(
+      validate_env(&env),
+      Err(SandboxError::InvalidArgument { .. })
+    ));
+  }
+
+  #[test]
+  fn tokens_are_hex() {
+    let t = new_token();
+    assert_eq!(t.len(), 16);
+    assert!(t.bytes().all(|b| b.is_ascii_hexdigit()));
+  }
+
+  #[test]
+  fn timeouts_print_plainly() {
+    assert_eq!(format_secs(Duration::from_secs(5)), "5");
+    assert_eq!(format_secs(Duration::from_millis(1500)), "1.5");
+  }
+}

@@ -1,0 +1,16 @@
+//! A TrueForge sandbox provider: one Docker container per agent session, driven through the
+//! Docker Engine API. The engine-facing core holds no napi types; `binding` converts at the edge.
+
+pub mod binding;
+pub mod client;
+pub mod config;
+pub mod errors;
+pub mod exec;
+pub mod ids;
+pub mod image;
+pub mod layout;
+pub mod lifecycle;
+pub mod logging;
+pub mod output;
+pub mod provider;
+pub mod transfer;

@@ -1,0 +1,281 @@
+//! Exec output handling: a byte cap that keeps the head and the tail, and a scanner that finds
+//! the wrapper's per-call markers in the stream without ever buffering more than a marker.
+
+/// Keeps the first half of the cap and the last half; counts what falls in between.
+#[derive(Debug)]
+pub struct CappedOutput {
+  head: Vec<u8>,
+  head_cap: usize,
+  tail: Vec<u8>,
+  tail_cap: usize,
+  /// Write position in `tail` once it is full (a ring).
+  tail_pos: usize,
+  omitted: u64,
+}
+
+impl CappedOutput {
+  /// `cap` is the total number of bytes kept.
+  pub fn new(cap: usize) -> Self {
+    let head_cap = cap / 2;
+    let tail_cap = cap - head_cap;
+    Self {
+      head: Vec::new(),
+      head_cap,
+      tail: Vec::new(),
+      tail_cap,
+      tail_pos: 0,
+      omitted: 0,
+    }
+  }
+
+  pub fn push(&mut self, mut data: &[u8]) {
+    if self.head.len() < self.head_cap {
+      let n = data.len().min(self.head_cap - self.head.len());
+      self.head.extend_from_slice(&data[..n]);
+      data = &data[n..];
+    }
+    if data.is_empty() || self.tail_cap == 0 {
+      self.omitted += data.len() as u64;
+      return;
+    }
+    if data.len() >= self.tail_cap {
+      // The chunk alone fills the tail: everything held before is pushed out.
+      let cut = data.len() - self.tail_cap;
+      self.omitted += (self.tail.len() + cut) as u64;
+      self.tail.clear();
+      self.tail.extend_from_slice(&data[cut..]);
+      self.tail_pos = 0;
+      return;
+    }
+    let room = self.tail_cap - self.tail.len();
+    if room > 0 {
+      let n = data.len().min(room);
+      self.tail.extend_from_slice(&data[..n]);
+      data = &data[n..];
+    }
+    // Ring overwrite of the oldest bytes.
+    while !data.is_empty() {
+      let n = data.len().min(self.tail_cap - self.tail_pos);
+      self.tail[self.tail_pos..self.tail_pos + n].copy_from_slice(&data[..n]);
+      self.omitted += n as u64;
+      self.tail_pos = (self.tail_pos + n) % self.tail_cap;
+      data = &data[n..];
+    }
+  }
+
+  /// Bytes dropped from the middle.
+  pub fn omitted(&self) -> u64 {
+    self.omitted
+  }
+
+  /// The kept text: non-UTF-8 bytes become U+FFFD; a cut is marked by one line.
+  pub fn into_text(self) -> String {
+    let mut tail = self.tail;
+    tail.rotate_left(self.tail_pos);
+    let mut s = String::from_utf8_lossy(&self.head).into_owned();
+    if self.omitted > 0 {
+      if !s.ends_with('\n') {
+        s.push('\n');
+      }
+      s.push_str(&format!(
+        "[... {} bytes of output omitted ...]\n",
+        self.omitted
+      ));
+    }
+    s.push_str(&String::from_utf8_lossy(&tail));
+    s
+  }
+}
+
+/// What the scanner found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Marker {
+  /// The wrapper's pid inside the container (it leads the command's process group).
+  Pid(u32),
+  /// The command's exit status.
+  Exit(i32),
+}
+
+/// Splits a byte stream into payload and markers `\x1eTFX<token>:<kind>:<value>\x1e`.
+pub struct MarkerScanner {
+  prefix: Vec<u8>,
+  pending: Vec<u8>,
+}
+
+const MARK: u8 = 0x1e;
+const MAX_MARKER_VALUE: usize = 24;
+
+impl MarkerScanner {
+  pub fn new(token: &str) -> Self {
+    let mut prefix = vec![MARK];
+    prefix.extend_from_slice(b"TFX");
+    prefix.extend_from_slice(token.as_bytes());
+    prefix.push(b':');
+    Self {
+      prefix,
+      pending: Vec::new(),
+    }
+  }
+
+  /// Feeds a chunk; calls `out` with payload bytes and returns markers in order. Bytes that may
+  /// begin a marker are held until the next chunk decides.
+  pub fn feed(&mut self, chunk: &[u8], out: &mut dyn FnMut(&[u8]), markers: &mut Vec<Marker>) {
+    self.pending.extend_from_slice(chunk);
+    let buf = std::mem::take(&mut self.pending);
+    let mut start = 0;
+    let mut i = 0;
+    while i < buf.len() {
+      if buf[i] != MARK {
+        i += 1;
+        continue;
+      }
+      let rest = &buf[i..];
+      let cmp = rest.len().min(self.prefix.len());
+      if rest[..cmp] != self.prefix[..cmp] {
+        i += 1;
+        continue;
+      }
+      if rest.len() < self.prefix.len() {
+        break; // maybe a marker: wait for more
+      }
+      let body = &rest[self.prefix.len()..];
+      match body.iter().position(|&b| b == MARK) {
+        Some(end) => {
+          if let Some(m) = parse_marker(&body[..end]) {
+            out(&buf[start..i]);
+            markers.push(m);
+            i += self.prefix.len() + end + 1;
+            start = i;
+          } else {
+            i += 1;
+          }
+        }
+        None if body.len() <= MAX_MARKER_VALUE => break,
+        None => i += 1,
+      }
+    }
+    if i < buf.len() {
+      out(&buf[start..i]);
+      self.pending = buf[i..].to_vec();
+    } else {
+      out(&buf[start..]);
+    }
+  }
+
+  /// Bytes still held at the end of the stream (they were not a marker after all).
+  pub fn finish(&mut self, out: &mut dyn FnMut(&[u8])) {
+    let rest = std::mem::take(&mut self.pending);
+    out(&rest);
+  }
+}
+
+fn parse_marker(body: &[u8]) -> Option<Marker> {
+  let s = std::str::from_utf8(body).ok()?;
+  let (kind, value) = s.split_once(':')?;
+  match kind {
+    "p" => value.parse().ok().map(Marker::Pid),
+    "x" => value.parse().ok().map(Marker::Exit),
+    _ => None,
+  }
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  fn text(cap: usize, chunks: &[&[u8]]) -> (String, u64) {
+    let mut c = CappedOutput::new(cap);
+    for ch in chunks {
+      c.push(ch);
+    }
+    let o = c.omitted();
+    (c.into_text(), o)
+  }
+
+  #[test]
+  fn under_the_cap_is_untouched() {
+    assert_eq!(text(10, &[b"abc", b"def"]), ("abcdef".into(), 0));
+    assert_eq!(text(10, &[b"0123456789"]), ("0123456789".into(), 0));
+  }
+
+  #[test]
+  fn over_the_cap_keeps_head_and_tail() {
+    let (t, o) = text(10, &[b"01234", b"56789", b"abcdef"]);
+    assert_eq!(o, 6);
+    assert_eq!(t, "01234\n[... 6 bytes of output omitted ...]\nbcdef");
+    let (t, o) = text(10, &[b"0123456789abcdefghij"]);
+    assert_eq!(o, 10);
+    assert_eq!(t, "01234\n[... 10 bytes of output omitted ...]\nfghij");
+    // Many small pushes through the ring.
+    let mut c = CappedOutput::new(8);
+    for b in b"abcdefghijklmnopqrstuvwxyz" {
+      c.push(&[*b]);
+    }
+    assert_eq!(c.omitted(), 18);
+    assert_eq!(
+      c.into_text(),
+      "abcd\n[... 18 bytes of output omitted ...]\nwxyz"
+    );
+  }
+
+  #[test]
+  fn kept_bytes_match_a_reference_for_odd_chunking() {
+    let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+    for chunk in [1, 3, 7, 64, 999, 5000] {
+      let mut c = CappedOutput::new(100);
+      for ch in data.chunks(chunk) {
+        c.push(ch);
+      }
+      let mut tail = c.tail.clone();
+      tail.rotate_left(c.tail_pos);
+      assert_eq!(&c.head[..], &data[..50]);
+      assert_eq!(&tail[..], &data[4950..]);
+      assert_eq!(c.omitted(), 4900);
+    }
+  }
+
+  #[test]
+  fn invalid_utf8_becomes_replacement() {
+    assert_eq!(text(100, &[b"a\xffb"]).0, "a\u{fffd}b");
+  }
+
+  fn scan(token: &str, chunks: &[&[u8]]) -> (Vec<u8>, Vec<Marker>) {
+    let mut s = MarkerScanner::new(token);
+    let mut out = Vec::new();
+    let mut marks = Vec::new();
+    for ch in chunks {
+      s.feed(ch, &mut |b| out.extend_from_slice(b), &mut marks);
+    }
+    s.finish(&mut |b| out.extend_from_slice(b));
+    (out, marks)
+  }
+
+  #[test]
+  fn markers_are_found_across_any_split() {
+    let stream = b"\x1eTFXab12:p:42\x1ehello\x1e world\x1eTFXab12:x:3\x1etrailing";
+    for split in 0..stream.len() {
+      let (a, b) = stream.split_at(split);
+      let (out, marks) = scan("ab12", &[a, b]);
+      assert_eq!(
+        marks,
+        vec![Marker::Pid(42), Marker::Exit(3)],
+        "split at {split}"
+      );
+      assert_eq!(out, b"hello\x1e worldtrailing", "split at {split}");
+    }
+    let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+    let (out, marks) = scan("ab12", &bytes);
+    assert_eq!(marks.len(), 2);
+    assert_eq!(out, b"hello\x1e worldtrailing");
+  }
+
+  #[test]
+  fn other_tokens_and_lookalikes_are_payload() {
+    let (out, marks) = scan(
+      "ab12",
+      &[b"\x1eTFXzz99:x:1\x1e\x1eTFXab12:q:1\x1e\x1eTFXab12:x:"],
+    );
+    assert!(marks.is_empty());
+    assert_eq!(out, b"\x1eTFXzz99:x:1\x1e\x1eTFXab12:q:1\x1e\x1eTFXab12:x:");
+  }
+}

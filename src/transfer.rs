@@ -1,0 +1,469 @@
+//! File transfer over the Engine API archive endpoints: tar streamed in and out, no exec, no
+//! argv, no base64. Size, type and link target come from the archive stat (a HEAD request)
+//! before any body is read, so refusals cost one round trip and never stream a large body.
+
+use bollard::query_parameters::{
+  ContainerArchiveInfoOptions, DownloadFromContainerOptions, UploadToContainerOptions,
+};
+use bytes::{Bytes, BytesMut};
+use futures_util::{Stream, StreamExt};
+
+use crate::client::{status_of, Engine};
+use crate::errors::{Result, SandboxError};
+
+const BLOCK: usize = 512;
+/// Symlink hops followed before giving up (as the kernel's MAXSYMLINKS).
+const MAX_LINK_HOPS: usize = 40;
+
+// Go's os.FileMode type bits, as the engine reports them.
+const MODE_DIR: u32 = 1 << 31;
+const MODE_SYMLINK: u32 = 1 << 27;
+const MODE_DEVICE: u32 = 1 << 26;
+const MODE_PIPE: u32 = 1 << 25;
+const MODE_SOCKET: u32 = 1 << 24;
+const MODE_CHAR_DEVICE: u32 = 1 << 21;
+const MODE_IRREGULAR: u32 = 1 << 19;
+
+/// What the archive stat says about a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathStat {
+  pub size: u64,
+  pub mode: u32,
+  pub link_target: String,
+}
+
+/// The kind of a non-regular file, for messages; `None` for a regular file.
+pub fn special_kind(mode: u32) -> Option<&'static str> {
+  if mode & MODE_DIR != 0 {
+    Some("directory")
+  } else if mode & MODE_SYMLINK != 0 {
+    Some("symlink")
+  } else if mode & MODE_CHAR_DEVICE != 0 {
+    Some("character device")
+  } else if mode & MODE_DEVICE != 0 {
+    Some("block device")
+  } else if mode & MODE_PIPE != 0 {
+    Some("named pipe")
+  } else if mode & MODE_SOCKET != 0 {
+    Some("socket")
+  } else if mode & MODE_IRREGULAR != 0 {
+    Some("irregular file")
+  } else {
+    None
+  }
+}
+
+/// Archive stat of `path`; `Ok(None)` when the engine answers 404 (the path, or the container,
+/// is missing: the caller tells which).
+pub async fn stat(engine: &Engine, container: &str, path: &str) -> Result<Option<PathStat>> {
+  let opts = ContainerArchiveInfoOptions {
+    path: path.to_string(),
+  };
+  match engine
+    .control(
+      "stat a path in the sandbox",
+      engine
+        .docker
+        .get_container_archive_info(container, Some(opts)),
+    )
+    .await
+  {
+    Ok(s) => Ok(Some(PathStat {
+      size: s.size.max(0) as u64,
+      mode: s.file_mode,
+      link_target: s.link_target,
+    })),
+    Err(e) if status_of(&e) == Some(404) => Ok(None),
+    Err(e) => Err(e),
+  }
+}
+
+/// Reads one regular file, following symlinks inside the container. `shown` is the path as the
+/// caller gave it, for messages. Missing → `FileNotFound` (the caller re-checks the container).
+pub async fn download(
+  engine: &Engine,
+  container: &str,
+  shown: &str,
+  path: &str,
+  max: u64,
+) -> Result<Vec<u8>> {
+  let mut target = path.to_string();
+  let mut hops = 0;
+  let st = loop {
+    let st = stat(engine, container, &target)
+      .await?
+      .ok_or_else(|| SandboxError::FileNotFound {
+        path: shown.to_string(),
+      })?;
+    if st.mode & MODE_SYMLINK == 0 {
+      break st;
+    }
+    hops += 1;
+    if hops > MAX_LINK_HOPS || st.link_target.is_empty() {
+      return Err(SandboxError::InvalidPath {
+        path: shown.to_string(),
+        reason: "too many levels of symbolic links".into(),
+      });
+    }
+    target = resolve_link(&target, &st.link_target);
+  };
+  if st.mode & MODE_DIR != 0 {
+    return Err(SandboxError::PathIsDirectory {
+      path: shown.to_string(),
+    });
+  }
+  if let Some(kind) = special_kind(st.mode) {
+    return Err(SandboxError::NotRegularFile {
+      path: shown.to_string(),
+      kind: kind.to_string(),
+    });
+  }
+  if st.size > max {
+    return Err(SandboxError::FileTooLarge {
+      path: shown.to_string(),
+      size: st.size,
+      max,
+    });
+  }
+  let opts = DownloadFromContainerOptions {
+    path: target.clone(),
+  };
+  let body = engine.docker.download_from_container(container, Some(opts));
+  let body = body.map(|r| r.map_err(|e| engine.map_error("read a file from the sandbox", e)));
+  match tokio::time::timeout(transfer_deadline(max), read_single_file(body, shown, max)).await {
+    Ok(Err(e)) if status_of(&e) == Some(404) => Err(SandboxError::FileNotFound {
+      path: shown.to_string(),
+    }),
+    Ok(r) => r,
+    Err(_) => Err(engine.timeout("read a file from the sandbox", transfer_deadline(max))),
+  }
+}
+
+/// A deadline that scales with the payload: 30 s plus 1 s per 8 MiB.
+fn transfer_deadline(bytes: u64) -> std::time::Duration {
+  std::time::Duration::from_secs(30 + bytes / (8 << 20))
+}
+
+/// The engine reports link targets already absolute; relative ones are taken from the link's dir.
+fn resolve_link(link: &str, target: &str) -> String {
+  if target.starts_with('/') {
+    return target.to_string();
+  }
+  let dir = link.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+  format!("{dir}/{target}")
+}
+
+/// Pulls the first regular file out of a tar stream, holding only that file's bytes. Stops
+/// reading as soon as the file is complete.
+pub async fn read_single_file<S>(mut body: S, shown: &str, max: u64) -> Result<Vec<u8>>
+where
+  S: Stream<Item = Result<Bytes>> + Unpin,
+{
+  let mut buf = BytesMut::new();
+  // Fills `buf` to at least `n` bytes; false at end of stream.
+  async fn fill<S: Stream<Item = Result<Bytes>> + Unpin>(
+    body: &mut S,
+    buf: &mut BytesMut,
+    n: usize,
+  ) -> Result<bool> {
+    while buf.len() < n {
+      match body.next().await {
+        Some(chunk) => buf.extend_from_slice(&chunk?),
+        None => return Ok(false),
+      }
+    }
+    Ok(true)
+  }
+  let truncated = || SandboxError::Internal("the engine's archive stream ended early".into());
+  loop {
+    if !fill(&mut body, &mut buf, BLOCK).await? {
+      return Err(truncated());
+    }
+    let header_bytes = buf.split_to(BLOCK);
+    if header_bytes.iter().all(|&b| b == 0) {
+      return Err(SandboxError::FileNotFound {
+        path: shown.to_string(),
+      });
+    }
+    let header = tar::Header::from_byte_slice(&header_bytes);
+    let size = header
+      .entry_size()
+      .map_err(|e| SandboxError::Internal(format!("bad tar header from the engine: {e}")))?;
+    let padded = (size as usize).div_ceil(BLOCK) * BLOCK;
+    match header.entry_type() {
+      tar::EntryType::Regular | tar::EntryType::Continuous => {
+        if size > max {
+          return Err(SandboxError::FileTooLarge {
+            path: shown.to_string(),
+            size,
+            max,
+          });
+        }
+        let size = size as usize;
+        let mut out = Vec::with_capacity(size);
+        let take = buf.len().min(size);
+        out.extend_from_slice(&buf.split_to(take));
+        while out.len() < size {
+          match body.next().await {
+            Some(chunk) => {
+              let chunk = chunk?;
+              let n = chunk.len().min(size - out.len());
+              out.extend_from_slice(&chunk[..n]);
+            }
+            None => return Err(truncated()),
+          }
+        }
+        return Ok(out);
+      }
+      tar::EntryType::Directory => {
+        return Err(SandboxError::PathIsDirectory {
+          path: shown.to_string(),
+        })
+      }
+      // Long names and PAX records precede the entry they describe: skip their bodies.
+      tar::EntryType::GNULongName
+      | tar::EntryType::GNULongLink
+      | tar::EntryType::XHeader
+      | tar::EntryType::XGlobalHeader => {
+        if padded > (1 << 20) {
+          return Err(SandboxError::Internal(
+            "oversized tar extension header from the engine".into(),
+          ));
+        }
+        if !fill(&mut body, &mut buf, padded).await? {
+          return Err(truncated());
+        }
+        let _ = buf.split_to(padded);
+      }
+      other => {
+        return Err(SandboxError::NotRegularFile {
+          path: shown.to_string(),
+          kind: format!("{other:?}").to_lowercase(),
+        })
+      }
+    }
+  }
+}
+
+/// One tar entry's header blocks (with a GNU long-name record when the name needs it).
+pub fn entry_header(
+  name: &str,
+  size: u64,
+  mode: u32,
+  owner: Option<(u32, u32)>,
+  dir: bool,
+) -> Result<Vec<u8>> {
+  let mut out = Vec::with_capacity(BLOCK * 2);
+  let (uid, gid) = owner.unwrap_or((0, 0));
+  let mut h = tar::Header::new_gnu();
+  h.set_size(size);
+  h.set_mode(mode);
+  h.set_uid(uid as u64);
+  h.set_gid(gid as u64);
+  h.set_mtime(
+    std::time::SystemTime::now()
+      .duration_since(std::time::UNIX_EPOCH)
+      .map(|d| d.as_secs())
+      .unwrap_or(0),
+  );
+  h.set_entry_type(if dir {
+    tar::EntryType::Directory
+  } else {
+    tar::EntryType::Regular
+  });
+  let name_bytes = name.as_bytes();
+  if name_bytes.len() >= 100 {
+    let mut long = tar::Header::new_gnu();
+    long.set_entry_type(tar::EntryType::GNULongName);
+    long.set_size(name_bytes.len() as u64 + 1);
+    long.as_gnu_mut().expect("gnu").name[..13].copy_from_slice(b"././@LongLink");
+    long.set_mode(0o644);
+    long.set_cksum();
+    out.extend_from_slice(long.as_bytes());
+    out.extend_from_slice(name_bytes);
+    out.push(0);
+    out.resize(out.len().div_ceil(BLOCK) * BLOCK, 0);
+    h.as_gnu_mut().expect("gnu").name[..99].copy_from_slice(&name_bytes[..99]);
+  } else {
+    h.as_gnu_mut().expect("gnu").name[..name_bytes.len()].copy_from_slice(name_bytes);
+  }
+  h.set_cksum();
+  out.extend_from_slice(h.as_bytes());
+  Ok(out)
+}
+
+/// Padding after an entry's data plus the two zero blocks that end an archive.
+fn trailer(size: u64) -> Bytes {
+  let pad = (BLOCK - (size as usize % BLOCK)) % BLOCK;
+  Bytes::from(vec![0u8; pad + 2 * BLOCK])
+}
+
+/// Upload options: extract at `/` (entries carry the full path, so missing parents are made
+/// without an exec) and never replace a directory with a file.
+fn upload_options(owner: Option<(u32, u32)>) -> UploadToContainerOptions {
+  UploadToContainerOptions {
+    path: "/".to_string(),
+    no_overwrite_dir_non_dir: Some("true".to_string()),
+    copy_uidgid: owner.map(|_| "true".to_string()),
+  }
+}
+
+/// Writes `content` to the absolute `path`, replacing a file there (even a read-only one).
+pub async fn upload(
+  engine: &Engine,
+  container: &str,
+  shown: &str,
+  path: &str,
+  content: Bytes,
+  owner: Option<(u32, u32)>,
+) -> Result<()> {
+  let size = content.len() as u64;
+  let header = Bytes::from(entry_header(
+    path.trim_start_matches('/'),
+    size,
+    0o644,
+    owner,
+    false,
+  )?);
+  let parts = futures_util::stream::iter([header, content, trailer(size)]);
+  let deadline = transfer_deadline(size);
+  let res = engine
+    .within(
+      deadline,
+      "write a file into the sandbox",
+      engine.docker.upload_to_container(
+        container,
+        Some(upload_options(owner)),
+        bollard::body_stream(parts),
+      ),
+    )
+    .await;
+  res.map_err(|e| classify_upload_error(e, shown))
+}
+
+/// Creates directories (and their missing parents) owned by `owner`.
+pub async fn make_dirs(
+  engine: &Engine,
+  container: &str,
+  dirs: &[String],
+  owner: Option<(u32, u32)>,
+) -> Result<()> {
+  let mut tar = Vec::new();
+  for d in dirs {
+    tar.extend_from_slice(&entry_header(
+      &format!("{}/", d.trim_matches('/')),
+      0,
+      0o755,
+      owner,
+      true,
+    )?);
+  }
+  tar.extend_from_slice(&[0u8; 2 * BLOCK]);
+  engine
+    .control(
+      "create the sandbox layout",
+      engine.docker.upload_to_container(
+        container,
+        Some(upload_options(owner)),
+        bollard::body_full(Bytes::from(tar)),
+      ),
+    )
+    .await
+}
+
+fn classify_upload_error(e: SandboxError, shown: &str) -> SandboxError {
+  if let SandboxError::Engine { detail, .. } = &e {
+    if detail.contains("cannot overwrite directory") {
+      return SandboxError::PathIsDirectory {
+        path: shown.to_string(),
+      };
+    }
+    if detail.contains("not a directory") {
+      return SandboxError::InvalidPath {
+        path: shown.to_string(),
+        reason: "a parent of this path is a file, not a directory".into(),
+      };
+    }
+    if detail.contains("read-only file system") {
+      return SandboxError::InvalidPath {
+        path: shown.to_string(),
+        reason: "the path is on a read-only file system".into(),
+      };
+    }
+  }
+  e
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  fn tar_of(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut v = entry_header(name, data.len() as u64, 0o644, None, false).unwrap();
+    v.extend_from_slice(data);
+    v.extend_from_slice(&trailer(data.len() as u64));
+    v
+  }
+
+  async fn read(tar: Vec<u8>, chunk: usize, max: u64) -> Result<Vec<u8>> {
+    let chunks: Vec<Result<Bytes>> = tar
+      .chunks(chunk)
+      .map(|c| Ok(Bytes::copy_from_slice(c)))
+      .collect();
+    read_single_file(futures_util::stream::iter(chunks), "/f", max).await
+  }
+
+  #[tokio::test]
+  async fn round_trips_through_our_own_headers() {
+    let data: Vec<u8> = (0..70_000u32).map(|i| (i % 256) as u8).collect();
+    for chunk in [1, 100, 512, 4096, 1 << 20] {
+      assert_eq!(
+        read(tar_of("a/b.bin", &data), chunk, 1 << 20)
+          .await
+          .unwrap(),
+        data
+      );
+    }
+    let long = format!("{}/file.txt", "d".repeat(200));
+    assert_eq!(read(tar_of(&long, b"hi"), 7, 10).await.unwrap(), b"hi");
+    assert_eq!(read(tar_of("empty", b""), 512, 10).await.unwrap(), b"");
+  }
+
+  #[tokio::test]
+  async fn the_cap_is_enforced_from_the_header() {
+    let err = read(tar_of("big", &[0u8; 2000]), 512, 1000)
+      .await
+      .unwrap_err();
+    assert_eq!(
+      err,
+      SandboxError::FileTooLarge {
+        path: "/f".into(),
+        size: 2000,
+        max: 1000
+      }
+    );
+  }
+
+  #[test]
+  fn the_tar_crate_reads_what_we_write() {
+    let long = format!("{}/x", "n".repeat(150));
+    let bytes = tar_of(&long, b"payload");
+    let mut ar = tar::Archive::new(&bytes[..]);
+    let mut entries = ar.entries().unwrap();
+    let mut e = entries.next().unwrap().unwrap();
+    assert_eq!(e.path().unwrap().to_str().unwrap(), long);
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut e, &mut s).unwrap();
+    assert_eq!(s, "payload");
+  }
+
+  #[test]
+  fn modes() {
+    assert_eq!(special_kind(420), None);
+    assert_eq!(special_kind(2148532735), Some("directory"));
+    assert_eq!(special_kind(134218239), Some("symlink"));
+    assert_eq!(special_kind(69206454), Some("character device"));
+    assert_eq!(special_kind(33554852), Some("named pipe"));
+    assert_eq!(resolve_link("/a/b/l", "c"), "/a/b/c");
+  }
+}
