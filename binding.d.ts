@@ -27,6 +27,12 @@ export declare class NativeProvider {
   uploadFile(sandboxId: string, remotePath: string, content: Buffer): Promise<void>
   downloadFile(sandboxId: string, path: string): Promise<Buffer>
   removeSandbox(sandboxId: string): Promise<boolean>
+  /** Ends this instance's background work; never deletes sandboxes. */
+  dispose(): void
+  /** Removes this namespace's sandboxes stopped for longer than the delete interval. */
+  reapStale(): Promise<Array<string>>
+  /** Starts filling the warm pool (a no-op without `warmPool`). */
+  warmUp(): Promise<void>
   buildImage(): Promise<NativeBuild>
   getImageBuildStatus(): Promise<NativeBuild>
 }
@@ -63,3 +69,17 @@ export interface NativeLayout {
   gitDownloaderPath: string
   gitCredentialsPath: string
 }
+
+/** Options of the standalone reaper (the `reap` command). */
+export interface NativeReapOptions {
+  namespace?: string
+  dockerHost?: string
+  olderThanMinutes?: number
+  dryRun?: boolean
+}
+
+/**
+ * Removes sandboxes of one namespace stopped for longer than `olderThanMinutes` (default the
+ * provider's default delete interval); returns their ids. No provider needed (for cron).
+ */
+export declare function reapSandboxes(options: NativeReapOptions): Promise<Array<string>>

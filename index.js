@@ -4,7 +4,7 @@
 // contract. It shapes results, turns the binding's coded errors into the contract's error
 // classes (the host's own when injected) and forwards log events to the host's logger.
 
-const { NativeProvider } = require('./binding.js')
+const { NativeProvider, reapSandboxes: nativeReap } = require('./binding.js')
 const errors = require('./errors.js')
 
 const {
@@ -173,6 +173,22 @@ class DockerSandboxProvider {
     return this.#call(() => this.#native.removeSandbox(sandboxId))
   }
 
+  /** Removes this namespace's sandboxes stopped longer than `autoDeleteIntervalInMinutes`. */
+  async reapStale() {
+    const removed = await this.#call(() => this.#native.reapStale())
+    return { removed }
+  }
+
+  /** Starts filling the warm pool now instead of on the first createSandbox(). */
+  async warmUp() {
+    await this.#call(() => this.#native.warmUp())
+  }
+
+  /** Ends this instance's background work (the reaper it keeps alive). Never deletes sandboxes. */
+  dispose() {
+    this.#native.dispose()
+  }
+
   createCodeModeTransport() {
     throw new Error('Code Mode is not supported by the docker provider (DockerSandboxProvider)')
   }
@@ -288,7 +304,30 @@ function forward(logger, line) {
   }
 }
 
+/**
+ * Removes sandboxes of one namespace that have been stopped for longer than `olderThanMinutes`
+ * (default 7200), without a provider: what the `reap` command runs.
+ */
+async function reapSandboxes(options = {}) {
+  try {
+    const removed = await nativeReap({
+      namespace: options.namespace,
+      dockerHost: options.dockerHost,
+      olderThanMinutes: options.olderThanMinutes,
+      dryRun: options.dryRun,
+    })
+    return { removed }
+  } catch (e) {
+    const payload = parsePayload(e)
+    if (!payload) throw e
+    const err = payload.code === 'INVALID_OPTION' ? new TypeError(payload.message) : new SandboxEngineError(payload.message)
+    err.code = payload.code
+    throw err
+  }
+}
+
 module.exports = {
   DockerSandboxProvider,
+  reapSandboxes,
   ...errors,
 }

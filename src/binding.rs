@@ -198,6 +198,24 @@ impl NativeProvider {
     self.inner.remove_sandbox(&sandbox_id).await.map_err(to_js)
   }
 
+  /// Ends this instance's background work; never deletes sandboxes.
+  #[napi]
+  pub fn dispose(&self) {
+    self.inner.dispose()
+  }
+
+  /// Removes this namespace's sandboxes stopped for longer than the delete interval.
+  #[napi]
+  pub async fn reap_stale(&self) -> napi::Result<Vec<String>> {
+    self.inner.reap_stale().await.map_err(to_js)
+  }
+
+  /// Starts filling the warm pool (a no-op without `warmPool`).
+  #[napi]
+  pub async fn warm_up(&self) -> napi::Result<()> {
+    self.inner.warm_up().await.map_err(to_js)
+  }
+
   #[napi]
   pub async fn build_image(&self) -> napi::Result<NativeBuild> {
     self
@@ -217,4 +235,50 @@ impl NativeProvider {
       .map(Into::into)
       .map_err(to_js)
   }
+}
+
+/// Options of the standalone reaper (the `reap` command).
+#[napi(object)]
+pub struct NativeReapOptions {
+  pub namespace: Option<String>,
+  pub docker_host: Option<String>,
+  pub older_than_minutes: Option<f64>,
+  pub dry_run: Option<bool>,
+}
+
+/// Removes sandboxes of one namespace stopped for longer than `olderThanMinutes` (default the
+/// provider's default delete interval); returns their ids. No provider needed (for cron).
+#[napi]
+pub async fn reap_sandboxes(options: NativeReapOptions) -> napi::Result<Vec<String>> {
+  use crate::config;
+  let namespace = config::validate_namespace(
+    options
+      .namespace
+      .as_deref()
+      .unwrap_or(config::DEFAULT_NAMESPACE),
+  )
+  .map_err(to_js)?;
+  let host = match options.docker_host {
+    Some(h) => Some(config::normalize_docker_host(&h, "dockerHost").map_err(to_js)?),
+    None => None,
+  };
+  let minutes = options.older_than_minutes.map(Value::from);
+  let secs = config::minutes(
+    "olderThanMinutes",
+    minutes,
+    config::DEFAULT_AUTO_DELETE_MINUTES,
+  )
+  .map_err(to_js)?
+  .unwrap_or(0);
+  let host = crate::client::effective_host(host.as_deref()).map_err(to_js)?;
+  let engine = crate::client::engine_for(&host).await.map_err(to_js)?;
+  crate::reaper::reap(
+    &engine,
+    &namespace,
+    std::time::Duration::from_secs(secs),
+    options.dry_run.unwrap_or(false),
+    &Logger::default(),
+  )
+  .await
+  .map_err(to_js)
 }

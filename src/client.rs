@@ -72,7 +72,11 @@ async fn connect(host: &str) -> Result<Engine> {
     host: host.into(),
   };
   let negotiated = engine
-    .control("negotiate the API version", docker.negotiate_version())
+    .within(
+      CONTROL_TIMEOUT,
+      "negotiate the API version",
+      docker.negotiate_version(),
+    )
     .await?;
   Ok(Engine {
     docker: negotiated,
@@ -81,13 +85,44 @@ async fn connect(host: &str) -> Result<Engine> {
 }
 
 impl Engine {
-  /// Runs one control-plane request under `CONTROL_TIMEOUT`, mapping its error.
-  pub async fn control<T>(
+  /// Runs one idempotent control-plane request under `CONTROL_TIMEOUT`, mapping its error. A
+  /// connection that broke before any answer (an engine restart drops pooled connections) is
+  /// retried once on a fresh one.
+  pub async fn control<T, F, Fut>(&self, operation: &str, request: F) -> Result<T>
+  where
+    F: Fn() -> Fut,
+    Fut: Future<Output = std::result::Result<T, BollardError>>,
+  {
+    self
+      .control_within(CONTROL_TIMEOUT, operation, request)
+      .await
+  }
+
+  /// `control` with a shorter limit (a caller's own deadline).
+  pub async fn control_within<T, F, Fut>(
     &self,
+    limit: Duration,
     operation: &str,
-    fut: impl Future<Output = std::result::Result<T, BollardError>>,
-  ) -> Result<T> {
-    self.within(CONTROL_TIMEOUT, operation, fut).await
+    request: F,
+  ) -> Result<T>
+  where
+    F: Fn() -> Fut,
+    Fut: Future<Output = std::result::Result<T, BollardError>>,
+  {
+    let started = std::time::Instant::now();
+    match self.within(limit, operation, request()).await {
+      Err(SandboxError::EngineUnreachable { .. }) if started.elapsed() < limit / 2 => {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self
+          .within(
+            limit.saturating_sub(started.elapsed()),
+            operation,
+            request(),
+          )
+          .await
+      }
+      other => other,
+    }
   }
 
   /// Runs one request under `limit`, mapping its error.

@@ -20,6 +20,66 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 const MAX_EXEC_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
 /// Caps above 1 GiB would let one call hold that much in the host process.
 const MAX_BYTES_CAP: u64 = 1024 * 1024 * 1024;
+/// Default for `autoStopIntervalInMinutes`.
+pub const DEFAULT_AUTO_STOP_MINUTES: f64 = 15.0;
+/// Default for `autoDeleteIntervalInMinutes` (five days).
+pub const DEFAULT_AUTO_DELETE_MINUTES: f64 = 7200.0;
+/// Default for `resources.memoryBytes`: 8 GiB, swap never above it.
+pub const DEFAULT_MEMORY_BYTES: u64 = 8 << 30;
+/// Default for `resources.pidsLimit`: ample for builds, fatal to fork bombs.
+pub const DEFAULT_PIDS_LIMIT: u64 = 4096;
+/// Default for `network`.
+pub const DEFAULT_NETWORK: &str = "bridge";
+
+/// The capabilities kept by default: what package managers (apt, pip, npm) need to install,
+/// chown and switch users, plus signalling and low ports. Everything else Docker grants by
+/// default is dropped: NET_RAW (spoofing), MKNOD, AUDIT_WRITE, SETFCAP, SETPCAP, SYS_CHROOT.
+pub const DEFAULT_CAPABILITIES: [&str; 8] = [
+  "CHOWN",
+  "DAC_OVERRIDE",
+  "FOWNER",
+  "FSETID",
+  "KILL",
+  "SETGID",
+  "SETUID",
+  "NET_BIND_SERVICE",
+];
+
+/// Capabilities that may never be added: each one is a way out of the container.
+const FORBIDDEN_CAPABILITIES: [&str; 9] = [
+  "SYS_ADMIN",
+  "SYS_MODULE",
+  "SYS_PTRACE",
+  "SYS_RAWIO",
+  "SYS_BOOT",
+  "NET_ADMIN",
+  "DAC_READ_SEARCH",
+  "SYS_TIME",
+  "MAC_ADMIN",
+];
+
+/// Container resource limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resources {
+  pub memory_bytes: Option<u64>,
+  pub nano_cpus: Option<u64>,
+  pub pids_limit: Option<u64>,
+}
+
+/// An image built from a local context directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildSpec {
+  pub context: String,
+  pub dockerfile: String,
+  pub args: BTreeMap<String, String>,
+}
+
+/// Credentials for one registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegistryCredential {
+  Basic { username: String, password: String },
+  IdentityToken(String),
+}
 
 /// Which GPUs a sandbox gets, as `docker run --gpus` takes them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +102,22 @@ pub struct ProviderConfig {
   pub gpus: Option<Gpus>,
   pub env: BTreeMap<String, String>,
   pub labels: BTreeMap<String, String>,
+  /// Seconds without activity before a sandbox stops itself; `None` = never.
+  pub auto_stop_secs: Option<u64>,
+  /// Seconds stopped before the reaper removes a sandbox; `None` = never.
+  pub auto_delete_secs: Option<u64>,
+  pub capabilities: Vec<String>,
+  pub no_new_privileges: bool,
+  pub resources: Resources,
+  pub network: String,
+  pub user: Option<String>,
+  pub read_only_rootfs: bool,
+  pub runtime: Option<String>,
+  pub tenant: Option<String>,
+  pub build: Option<BuildSpec>,
+  pub registry_auth: BTreeMap<String, RegistryCredential>,
+  /// Ready sandboxes kept per configuration; 0 = no pool.
+  pub warm_pool_size: u32,
 }
 
 #[derive(Deserialize)]
@@ -56,7 +132,26 @@ struct RawOptions {
   gpus: Option<Value>,
   env: Option<Value>,
   labels: Option<Value>,
+  auto_stop_interval_in_minutes: Option<Value>,
+  auto_delete_interval_in_minutes: Option<Value>,
+  capabilities: Option<Value>,
+  no_new_privileges: Option<Value>,
+  resources: Option<Value>,
+  network: Option<Value>,
+  user: Option<Value>,
+  read_only_rootfs: Option<Value>,
+  runtime: Option<Value>,
+  tenant_name: Option<Value>,
+  build: Option<Value>,
+  registry_auth: Option<Value>,
+  warm_pool: Option<Value>,
 }
+
+const KNOWN_OPTIONS: &str =
+  "image, dockerHost, namespace, execTimeoutMs, fileMaxBytes, maxOutputBytes, \
+  gpus, env, labels, autoStopIntervalInMinutes, autoDeleteIntervalInMinutes, capabilities, \
+  noNewPrivileges, resources, network, user, readOnlyRootfs, runtime, tenantName, build, \
+  registryAuth, warmPool, errors, logger";
 
 fn bad(option: &str, reason: impl Into<String>) -> SandboxError {
   SandboxError::InvalidOption {
@@ -83,8 +178,7 @@ impl ProviderConfig {
       match msg.split('`').nth(1) {
         Some(field) if msg.starts_with("unknown field") => bad(
           field,
-          "unknown option; known ones are image, dockerHost, namespace, execTimeoutMs, \
-           fileMaxBytes, maxOutputBytes, gpus, env, labels, errors, logger",
+          format!("unknown option; known ones are {KNOWN_OPTIONS}"),
         ),
         _ => bad("options", msg),
       }
@@ -166,6 +260,84 @@ impl ProviderConfig {
         ));
       }
     }
+    let auto_stop_secs = minutes(
+      "autoStopIntervalInMinutes",
+      some(raw.auto_stop_interval_in_minutes),
+      DEFAULT_AUTO_STOP_MINUTES,
+    )?;
+    let auto_delete_secs = minutes(
+      "autoDeleteIntervalInMinutes",
+      some(raw.auto_delete_interval_in_minutes),
+      DEFAULT_AUTO_DELETE_MINUTES,
+    )?;
+    let capabilities = parse_capabilities(some(raw.capabilities))?;
+    let no_new_privileges = boolean("noNewPrivileges", some(raw.no_new_privileges), true)?;
+    let resources = parse_resources(some(raw.resources))?;
+    let network = match some(raw.network) {
+      None => DEFAULT_NETWORK.to_string(),
+      Some(Value::String(n)) => validate_network(&n)?,
+      Some(other) => {
+        return Err(bad(
+          "network",
+          format!("expected 'bridge', 'none' or a network name, got {other}"),
+        ))
+      }
+    };
+    let user = match some(raw.user) {
+      None => None,
+      Some(Value::String(u)) => Some(validate_user(&u)?),
+      Some(other) => {
+        return Err(bad(
+          "user",
+          format!("expected 'uid:gid' or a user name, got {other}"),
+        ))
+      }
+    };
+    let read_only_rootfs = boolean("readOnlyRootfs", some(raw.read_only_rootfs), false)?;
+    let runtime = match some(raw.runtime) {
+      None => None,
+      Some(Value::String(r)) if is_simple_name(&r, 64) => Some(r),
+      Some(other) => {
+        return Err(bad(
+          "runtime",
+          format!("expected a runtime name such as 'runsc', got {other}"),
+        ))
+      }
+    };
+    let tenant = match some(raw.tenant_name) {
+      None => None,
+      Some(Value::String(t)) if !t.is_empty() && t.len() <= 128 && !t.contains(['\0', '\n']) => {
+        Some(t)
+      }
+      Some(other) => {
+        return Err(bad(
+          "tenantName",
+          format!("expected a non-empty string up to 128 bytes, got {other}"),
+        ))
+      }
+    };
+    let build = some(raw.build).map(parse_build).transpose()?;
+    let registry_auth = parse_registry_auth(some(raw.registry_auth))?;
+    let warm_pool_size = match some(raw.warm_pool) {
+      None => 0,
+      Some(Value::Object(m)) => match m.get("size") {
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|v| v <= 64) => {
+          n.as_u64().unwrap_or(0) as u32
+        }
+        other => {
+          return Err(bad(
+            "warmPool.size",
+            format!("expected a whole number from 0 to 64, got {other:?}"),
+          ))
+        }
+      },
+      Some(other) => {
+        return Err(bad(
+          "warmPool",
+          format!("expected {{ size: number }}, got {other}"),
+        ))
+      }
+    };
     Ok(Self {
       image,
       docker_host,
@@ -176,6 +348,19 @@ impl ProviderConfig {
       gpus,
       env,
       labels,
+      auto_stop_secs,
+      auto_delete_secs,
+      capabilities,
+      no_new_privileges,
+      resources,
+      network,
+      user,
+      read_only_rootfs,
+      runtime,
+      tenant,
+      build,
+      registry_auth,
+      warm_pool_size,
     })
   }
 }
@@ -195,6 +380,230 @@ fn positive_int(option: &str, v: Option<Value>, default: u64, max: u64) -> Resul
     return Err(bad(option, format!("{v} is above the maximum {max}")));
   }
   Ok(n as u64)
+}
+
+fn boolean(option: &str, v: Option<Value>, default: bool) -> Result<bool> {
+  match v {
+    None => Ok(default),
+    Some(Value::Bool(b)) => Ok(b),
+    Some(other) => Err(bad(option, format!("expected true or false, got {other}"))),
+  }
+}
+
+/// Minutes (fractions allowed, 0 = never) as whole seconds, at least one.
+pub fn minutes(option: &str, v: Option<Value>, default: f64) -> Result<Option<u64>> {
+  let m = match v {
+    None => default,
+    Some(Value::Number(n)) => n.as_f64().unwrap_or(f64::NAN),
+    Some(other) => {
+      return Err(bad(
+        option,
+        format!("expected a number of minutes, got {other}"),
+      ))
+    }
+  };
+  if !m.is_finite() || !(0.0..=5_256_000.0).contains(&m) {
+    return Err(bad(
+      option,
+      format!("{m} is not a number of minutes from 0 (never) to ten years"),
+    ));
+  }
+  if m == 0.0 {
+    return Ok(None);
+  }
+  Ok(Some(((m * 60.0).round() as u64).max(1)))
+}
+
+fn parse_capabilities(v: Option<Value>) -> Result<Vec<String>> {
+  let Some(v) = v else {
+    return Ok(DEFAULT_CAPABILITIES.iter().map(|c| c.to_string()).collect());
+  };
+  let Value::Array(items) = v else {
+    return Err(bad(
+      "capabilities",
+      format!("expected a list such as ['CHOWN', 'SETUID'], got {v}"),
+    ));
+  };
+  let mut out = Vec::new();
+  for i in items {
+    let Value::String(c) = i else {
+      return Err(bad("capabilities", format!("{i} is not a capability name")));
+    };
+    let c = c.to_ascii_uppercase();
+    let c = c.strip_prefix("CAP_").unwrap_or(&c).to_string();
+    if c.is_empty() || !c.bytes().all(|b| b.is_ascii_uppercase() || b == b'_') {
+      return Err(bad(
+        "capabilities",
+        format!("{c:?} is not a capability name"),
+      ));
+    }
+    if c == "ALL" || FORBIDDEN_CAPABILITIES.contains(&c.as_str()) {
+      return Err(bad(
+        "capabilities",
+        format!("{c} would let code escape the sandbox; it cannot be granted"),
+      ));
+    }
+    if !out.contains(&c) {
+      out.push(c);
+    }
+  }
+  Ok(out)
+}
+
+fn parse_resources(v: Option<Value>) -> Result<Resources> {
+  let mut r = Resources {
+    memory_bytes: Some(DEFAULT_MEMORY_BYTES),
+    nano_cpus: None,
+    pids_limit: Some(DEFAULT_PIDS_LIMIT),
+  };
+  let Some(v) = v else { return Ok(r) };
+  let Value::Object(m) = v else {
+    return Err(bad(
+      "resources",
+      format!("expected {{ memoryBytes?, nanoCpus?, pidsLimit? }}, got {v}"),
+    ));
+  };
+  for (k, val) in m {
+    // null means "no limit" for memory and CPU; pids are always limited.
+    let n = |name: &str, min: u64, max: u64| -> Result<Option<u64>> {
+      match &val {
+        Value::Null if name != "resources.pidsLimit" => Ok(None),
+        v => positive_int(name, Some(v.clone()), 0, max).and_then(|x| {
+          if x < min {
+            Err(bad(name, format!("{x} is below the minimum {min}")))
+          } else {
+            Ok(Some(x))
+          }
+        }),
+      }
+    };
+    match k.as_str() {
+      "memoryBytes" => r.memory_bytes = n("resources.memoryBytes", 6 << 20, 1 << 44)?,
+      "nanoCpus" => r.nano_cpus = n("resources.nanoCpus", 10_000_000, 1024 * 1_000_000_000)?,
+      "pidsLimit" => r.pids_limit = n("resources.pidsLimit", 16, 4_194_304)?,
+      other => {
+        return Err(bad(
+          &format!("resources.{other}"),
+          "unknown; known ones are memoryBytes, nanoCpus, pidsLimit",
+        ))
+      }
+    }
+  }
+  Ok(r)
+}
+
+fn is_simple_name(s: &str, max: usize) -> bool {
+  !s.is_empty()
+    && s.len() <= max
+    && s
+      .bytes()
+      .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    && s.as_bytes()[0].is_ascii_alphanumeric()
+}
+
+/// `bridge`, `none` or a user-defined network; never the host's or another container's stack.
+pub fn validate_network(n: &str) -> Result<String> {
+  if n == "host" || n.starts_with("container:") {
+    return Err(bad(
+      "network",
+      format!("{n:?} would share a network stack with the host or another container"),
+    ));
+  }
+  if !is_simple_name(n, 128) {
+    return Err(bad("network", format!("{n:?} is not a network name")));
+  }
+  Ok(n.to_string())
+}
+
+/// `uid`, `uid:gid`, `name` or `name:group`.
+pub fn validate_user(u: &str) -> Result<String> {
+  let part_ok = |p: &str| is_simple_name(p, 32);
+  let ok = match u.split_once(':') {
+    Some((a, b)) => part_ok(a) && part_ok(b),
+    None => part_ok(u),
+  };
+  if !ok {
+    return Err(bad(
+      "user",
+      format!("{u:?} is not 'uid', 'uid:gid' or a user name"),
+    ));
+  }
+  Ok(u.to_string())
+}
+
+fn parse_build(v: Value) -> Result<BuildSpec> {
+  let Value::Object(m) = v else {
+    return Err(bad(
+      "build",
+      format!("expected {{ context, dockerfile?, args? }}, got {v}"),
+    ));
+  };
+  let mut context = None;
+  let mut dockerfile = "Dockerfile".to_string();
+  let mut args = BTreeMap::new();
+  for (k, val) in m {
+    match (k.as_str(), val) {
+      ("context", Value::String(c)) if !c.is_empty() => context = Some(c),
+      ("dockerfile", Value::String(d))
+        if !d.is_empty() && !d.contains("..") && !d.starts_with('/') =>
+      {
+        dockerfile = d
+      }
+      ("args", v @ Value::Object(_)) => args = string_map("build.args", Some(v))?,
+      ("context" | "dockerfile" | "args", Value::Null) => {}
+      (k @ ("context" | "dockerfile" | "args"), other) => {
+        return Err(bad(&format!("build.{k}"), format!("invalid value {other}")))
+      }
+      (other, _) => {
+        return Err(bad(
+          &format!("build.{other}"),
+          "unknown; known ones are context, dockerfile, args",
+        ))
+      }
+    }
+  }
+  let context =
+    context.ok_or_else(|| bad("build.context", "required: the directory to build from"))?;
+  Ok(BuildSpec {
+    context,
+    dockerfile,
+    args,
+  })
+}
+
+fn parse_registry_auth(v: Option<Value>) -> Result<BTreeMap<String, RegistryCredential>> {
+  let Some(v) = v else {
+    return Ok(BTreeMap::new());
+  };
+  let Value::Object(m) = v else {
+    return Err(bad(
+      "registryAuth",
+      "expected { 'registry.example:5000': { username, password } | { identityToken } }",
+    ));
+  };
+  let mut out = BTreeMap::new();
+  for (registry, cred) in m {
+    let name = format!("registryAuth.{registry}");
+    let Value::Object(c) = cred else {
+      return Err(bad(
+        &name,
+        "expected { username, password } or { identityToken }",
+      ));
+    };
+    let get = |k: &str| c.get(k).and_then(Value::as_str).map(str::to_string);
+    let cred = match (get("username"), get("password"), get("identityToken")) {
+      (Some(username), Some(password), None) => RegistryCredential::Basic { username, password },
+      (None, None, Some(t)) => RegistryCredential::IdentityToken(t),
+      _ => {
+        return Err(bad(
+          &name,
+          "give either username and password, or identityToken",
+        ))
+      }
+    };
+    out.insert(registry, cred);
+  }
+  Ok(out)
 }
 
 fn string_map(option: &str, v: Option<Value>) -> Result<BTreeMap<String, String>> {
@@ -431,6 +840,81 @@ mod tests {
       "dockerHost"
     );
     assert_eq!(err_option(json!({ "image": "x", "imgae": "y" })), "imgae");
+  }
+
+  #[test]
+  fn hardening_and_lifecycle_options() {
+    let c = ProviderConfig::from_json(json!({ "image": "x" })).unwrap();
+    assert_eq!(c.auto_stop_secs, Some(900));
+    assert_eq!(c.auto_delete_secs, Some(7200 * 60));
+    assert_eq!(c.capabilities.len(), DEFAULT_CAPABILITIES.len());
+    assert!(c.no_new_privileges);
+    assert_eq!(c.resources.pids_limit, Some(DEFAULT_PIDS_LIMIT));
+    assert_eq!(c.network, "bridge");
+    assert!(!c.read_only_rootfs);
+    let c = ProviderConfig::from_json(json!({
+      "image": "x", "autoStopIntervalInMinutes": 0.05, "autoDeleteIntervalInMinutes": 0,
+      "resources": { "memoryBytes": 67108864, "pidsLimit": 64, "nanoCpus": null },
+      "network": "none", "user": "1000:1000", "readOnlyRootfs": true, "runtime": "runsc",
+      "tenantName": "acme", "capabilities": ["cap_chown"], "warmPool": { "size": 2 },
+      "build": { "context": "/ctx", "args": { "V": "1" } },
+      "registryAuth": { "localhost:5000": { "username": "u", "password": "p" } }
+    }))
+    .unwrap();
+    assert_eq!(c.auto_stop_secs, Some(3));
+    assert_eq!(c.auto_delete_secs, None);
+    assert_eq!(
+      c.resources,
+      Resources {
+        memory_bytes: Some(64 << 20),
+        nano_cpus: None,
+        pids_limit: Some(64)
+      }
+    );
+    assert_eq!(c.capabilities, vec!["CHOWN".to_string()]);
+    assert_eq!(c.warm_pool_size, 2);
+    assert_eq!(c.build.unwrap().dockerfile, "Dockerfile");
+    assert_eq!(
+      err_option(json!({ "image": "x", "network": "host" })),
+      "network"
+    );
+    assert_eq!(
+      err_option(json!({ "image": "x", "network": "container:abc" })),
+      "network"
+    );
+    assert_eq!(
+      err_option(json!({ "image": "x", "capabilities": ["SYS_ADMIN"] })),
+      "capabilities"
+    );
+    assert_eq!(
+      err_option(json!({ "image": "x", "capabilities": ["ALL"] })),
+      "capabilities"
+    );
+    assert_eq!(
+      err_option(json!({ "image": "x", "resources": { "pidsLimit": null } })),
+      "resources.pidsLimit"
+    );
+    assert_eq!(
+      err_option(json!({ "image": "x", "resources": { "swap": 1 } })),
+      "resources.swap"
+    );
+    assert_eq!(err_option(json!({ "image": "x", "user": "a;b" })), "user");
+    assert_eq!(
+      err_option(json!({ "image": "x", "autoStopIntervalInMinutes": -1 })),
+      "autoStopIntervalInMinutes"
+    );
+    assert_eq!(
+      err_option(json!({ "image": "x", "build": {} })),
+      "build.context"
+    );
+    assert_eq!(
+      err_option(json!({ "image": "x", "registryAuth": { "r": { "username": "u" } } })),
+      "registryAuth.r"
+    );
+    assert_eq!(
+      err_option(json!({ "image": "x", "warmPool": { "size": -1 } })),
+      "warmPool.size"
+    );
   }
 
   #[test]

@@ -22,9 +22,13 @@ pub const TIMEOUT_EXIT_CODE: i32 = 124;
 /// The variable every process a command starts inherits; the timeout killer looks for it.
 pub const EXEC_ID_VAR: &str = "TRUEFORGE_EXEC_ID";
 
+/// Extra time the engine gets beyond a call's own timeout.
+pub const ENGINE_GRACE: Duration = Duration::from_secs(5);
+
 /// $1 = working directory, $2 = command, $3 = token.
 const WRAPPER: &str = r#"exec 2>&1 </dev/null
 printf '\036TFX%s:p:%s\036' "$3" "$$"
+: > /trueforge/.activity 2>/dev/null
 TRUEFORGE_EXEC_ID=$3; export TRUEFORGE_EXEC_ID
 if ! cd "$1" 2>/dev/null; then
   printf 'cannot change directory to %s: no such directory\n' "$1"
@@ -112,8 +116,13 @@ pub async fn run(
     working_dir: Some("/".to_string()),
     ..Default::default()
   };
+  // The engine gets the caller's deadline plus a grace period, so a hung engine cannot hold a
+  // call much past its timeout.
+  let limit = (req.timeout + ENGINE_GRACE).min(crate::client::CONTROL_TIMEOUT);
   let created = engine
-    .control("create an exec", engine.docker.create_exec(container, opts))
+    .control_within(limit, "create an exec", || {
+      engine.docker.create_exec(container, opts.clone())
+    })
     .await
     .map_err(classify_start)?;
   let start = StartExecOptions {
@@ -122,7 +131,8 @@ pub async fn run(
     output_capacity: Some(64 * 1024),
   };
   let started = engine
-    .control(
+    .within(
+      limit,
       "start an exec",
       engine.docker.start_exec(&created.id, Some(start)),
     )
@@ -236,7 +246,9 @@ fn classify_start(e: SandboxError) -> StartError {
 async fn exit_from_inspect(engine: &Engine, exec_id: &str) -> Result<i32> {
   for _ in 0..50 {
     let info = engine
-      .control("inspect an exec", engine.docker.inspect_exec(exec_id))
+      .control_within(ENGINE_GRACE, "inspect an exec", || {
+        engine.docker.inspect_exec(exec_id)
+      })
       .await?;
     if info.running != Some(true) {
       return Ok(info.exit_code.unwrap_or(-1) as i32);
@@ -274,7 +286,7 @@ pub async fn kill_tree(engine: &Engine, container: &str, pid: u32, token: &str) 
     }
     Ok::<_, bollard::errors::Error>(())
   };
-  let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+  let _ = tokio::time::timeout(ENGINE_GRACE, run).await;
 }
 
 /// Validates per-call environment variables: names a shell can export, values without NUL.

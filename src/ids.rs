@@ -24,7 +24,7 @@ pub fn new_ulid() -> String {
   let ms = SystemTime::now()
     .duration_since(UNIX_EPOCH)
     .map(|d| d.as_millis())
-    .unwrap_or(0) as u128;
+    .unwrap_or(0);
   let rnd: u128 = rand::rng().random::<u128>() & ((1u128 << 80) - 1);
   let v = ((ms & ((1u128 << 48) - 1)) << 80) | rnd;
   (0..ULID_LEN)

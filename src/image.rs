@@ -1,16 +1,27 @@
-//! Image readiness: whether the configured image is in the engine, and a background pull (one
-//! per image per process, however many callers) whose progress the status reports.
+//! Image readiness. `buildImage()` pulls the configured image or builds it from a context, in
+//! the background, one pull or build per image per process however many callers;
+//! `getImageBuildStatus()` only reads: the engine's images, the work this process has in flight,
+//! and its outcome. A ready image is probed once for what TrueForge's skill init needs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
-use bollard::query_parameters::CreateImageOptions;
+use bollard::auth::DockerCredentials;
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::{
+  BuildImageOptions, CreateImageOptions, LogsOptions, RemoveContainerOptions,
+};
 use futures_util::StreamExt;
 use serde_json::json;
 
 use crate::client::{status_of, Engine};
-use crate::errors::Result;
+use crate::config::{BuildSpec, ProviderConfig, RegistryCredential};
+use crate::context;
+use crate::errors::{Result, SandboxError};
+use crate::ids;
 use crate::logging::Logger;
+use crate::transfer;
 
 /// The three states TrueForge's settings page knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +48,18 @@ pub struct Build {
   pub reason: Option<String>,
   pub metadata: Option<BTreeMap<String, String>>,
 }
+
+/// Where a provider's image comes from.
+#[derive(Debug, Clone)]
+pub struct ImageSource {
+  /// The reference sandboxes are created from (for a build: the content-derived tag).
+  pub reference: String,
+  pub build: Option<BuildSpec>,
+  pub credentials: Option<DockerCredentials>,
+}
+
+/// The label on probe containers, so a crash mid-probe leaves nothing the reaper cannot find.
+pub const LABEL_PROBE: &str = "trueforge.sandbox.probe";
 
 #[derive(Debug, Clone, Default)]
 struct Progress {
@@ -74,6 +97,7 @@ fn human(b: u64) -> String {
 #[derive(Debug, Clone)]
 enum Work {
   Pulling(Progress),
+  Building(String),
   Failed(String),
 }
 
@@ -102,10 +126,71 @@ pub fn split_reference(image: &str) -> (String, String) {
   }
 }
 
+/// The registry host of a reference, as `docker login` names it.
+pub fn registry_of(image: &str) -> String {
+  match image.split_once('/') {
+    Some((first, _)) if first.contains(['.', ':']) || first == "localhost" => first.to_string(),
+    _ => "docker.io".to_string(),
+  }
+}
+
+fn credentials_for(cfg: &ProviderConfig, image: &str) -> Option<DockerCredentials> {
+  let registry = registry_of(image);
+  let norm = |k: &str| {
+    k.trim_start_matches("https://")
+      .trim_start_matches("http://")
+      .trim_end_matches('/')
+      .to_string()
+  };
+  let cred = cfg.registry_auth.iter().find(|(k, _)| {
+    let k = norm(k);
+    k == registry
+      || (registry == "docker.io" && (k == "index.docker.io" || k.starts_with("index.docker.io/")))
+  })?;
+  Some(match cred.1 {
+    RegistryCredential::Basic { username, password } => DockerCredentials {
+      username: Some(username.clone()),
+      password: Some(password.clone()),
+      serveraddress: Some(registry),
+      ..Default::default()
+    },
+    RegistryCredential::IdentityToken(t) => DockerCredentials {
+      identitytoken: Some(t.clone()),
+      serveraddress: Some(registry),
+      ..Default::default()
+    },
+  })
+}
+
+/// Works out where the image comes from. For a build this hashes the context (blocking I/O off
+/// the runtime), so the tag always reflects the files as they are now.
+pub async fn source(cfg: &ProviderConfig) -> Result<ImageSource> {
+  match &cfg.build {
+    None => Ok(ImageSource {
+      reference: cfg.image.clone(),
+      build: None,
+      credentials: credentials_for(cfg, &cfg.image),
+    }),
+    Some(spec) => {
+      let spec2 = spec.clone();
+      let prepared = tokio::task::spawn_blocking(move || context::prepare(&spec2))
+        .await
+        .map_err(|e| {
+          SandboxError::Internal(format!("hashing the build context panicked: {e}"))
+        })??;
+      Ok(ImageSource {
+        reference: prepared.tag,
+        build: Some(spec.clone()),
+        credentials: None,
+      })
+    }
+  }
+}
+
 /// The image's id when present; `None` when the engine does not have it.
 pub async fn present(engine: &Engine, image: &str) -> Result<Option<String>> {
   match engine
-    .control("inspect the image", engine.docker.inspect_image(image))
+    .control("inspect the image", || engine.docker.inspect_image(image))
     .await
   {
     Ok(i) => Ok(Some(i.id.unwrap_or_default())),
@@ -114,98 +199,357 @@ pub async fn present(engine: &Engine, image: &str) -> Result<Option<String>> {
   }
 }
 
-fn ready(image: &str, id: String) -> Build {
+/// What the probe found in an image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+  pub sh: bool,
+  pub bash: bool,
+  pub python3: bool,
+  pub pydantic: bool,
+  pub git: bool,
+}
+
+const PROBE_SCRIPT: &str = r#"for c in bash python3 git; do
+  if command -v "$c" >/dev/null 2>&1; then echo "$c=1"; else echo "$c=0"; fi
+done
+if command -v python3 >/dev/null 2>&1 && python3 -c 'import pydantic' >/dev/null 2>&1; then echo pydantic=1; else echo pydantic=0; fi
+"#;
+
+fn probes() -> &'static Mutex<HashMap<String, Probe>> {
+  static P: OnceLock<Mutex<HashMap<String, Probe>>> = OnceLock::new();
+  P.get_or_init(Default::default)
+}
+
+/// Probes an image once per image id per process: a throwaway container (no network) runs a
+/// short script; `/bin/sh` is checked first through the archive stat, since without it nothing
+/// can run at all.
+pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe> {
+  if let Some(p) = probes().lock().expect("probes").get(image_id) {
+    return Ok(p.clone());
+  }
+  let body = ContainerCreateBody {
+    image: Some(image.to_string()),
+    entrypoint: Some(vec!["/bin/sh".into(), "-c".into(), PROBE_SCRIPT.into()]),
+    labels: Some(HashMap::from([
+      (
+        ids::LABEL_MANAGED_BY.to_string(),
+        ids::MANAGED_BY.to_string(),
+      ),
+      (LABEL_PROBE.to_string(), "1".to_string()),
+    ])),
+    network_disabled: Some(true),
+    host_config: Some(HostConfig {
+      network_mode: Some("none".into()),
+      ..Default::default()
+    }),
+    ..Default::default()
+  };
+  let created = engine
+    .within(
+      crate::client::CONTROL_TIMEOUT,
+      "create a probe container",
+      engine.docker.create_container(None, body),
+    )
+    .await?;
+  let id = created.id;
+  let run = async {
+    let sh = transfer::stat(engine, &id, "/bin/sh").await?.is_some();
+    if !sh {
+      return Ok(Probe {
+        sh: false,
+        bash: false,
+        python3: false,
+        pydantic: false,
+        git: false,
+      });
+    }
+    engine
+      .control("start the probe", || {
+        engine.docker.start_container(&id, None)
+      })
+      .await?;
+    let mut wait = engine.docker.wait_container(&id, None);
+    let _ = tokio::time::timeout(Duration::from_secs(60), wait.next()).await;
+    let opts = LogsOptions {
+      stdout: true,
+      stderr: true,
+      tail: "all".into(),
+      ..Default::default()
+    };
+    let mut logs = engine.docker.logs(&id, Some(opts));
+    let mut text = String::new();
+    while let Some(Ok(chunk)) = logs.next().await {
+      text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
+    }
+    let has = |k: &str| text.lines().any(|l| l.trim() == format!("{k}=1"));
+    Ok::<_, SandboxError>(Probe {
+      sh: true,
+      bash: has("bash"),
+      python3: has("python3"),
+      pydantic: has("pydantic"),
+      git: has("git"),
+    })
+  };
+  let outcome = tokio::time::timeout(Duration::from_secs(90), run).await;
+  let rm = RemoveContainerOptions {
+    force: true,
+    v: true,
+    ..Default::default()
+  };
+  let _ = engine
+    .control("remove the probe", || {
+      engine.docker.remove_container(&id, Some(rm.clone()))
+    })
+    .await;
+  let p = outcome.map_err(|_| engine.timeout("probe the image", Duration::from_secs(90)))??;
+  probes()
+    .lock()
+    .expect("probes")
+    .insert(image_id.to_string(), p.clone());
+  Ok(p)
+}
+
+async fn ready(engine: &Engine, src: &ImageSource, id: String) -> Result<Build> {
   let mut m = BTreeMap::new();
-  m.insert("image".to_string(), image.to_string());
+  m.insert("image".to_string(), src.reference.clone());
   if !id.is_empty() {
-    m.insert("imageId".to_string(), id);
+    m.insert("imageId".to_string(), id.clone());
   }
-  Build {
+  if let Ok(info) = engine
+    .control("inspect the image", || {
+      engine.docker.inspect_image(&src.reference)
+    })
+    .await
+  {
+    if let Some(d) = info.repo_digests.and_then(|d| d.into_iter().next()) {
+      m.insert("digest".to_string(), d);
+    }
+  }
+  if let Some(b) = &src.build {
+    m.insert("buildContext".to_string(), b.context.clone());
+  }
+  let p = probe(engine, &src.reference, &id).await?;
+  let yes = |b: bool| if b { "yes" } else { "no" }.to_string();
+  m.insert("sh".into(), yes(p.sh));
+  m.insert("bash".into(), yes(p.bash));
+  m.insert("python3".into(), yes(p.python3));
+  m.insert("pydantic".into(), yes(p.pydantic));
+  m.insert("git".into(), yes(p.git));
+  if !p.sh {
+    return Ok(Build {
+      status: BuildStatus::Failed,
+      reason: Some(format!(
+        "image {} has no /bin/sh: the sandbox cannot run commands in it",
+        src.reference
+      )),
+      metadata: Some(m),
+    });
+  }
+  let mut missing = Vec::new();
+  if !p.python3 {
+    missing.push("python3");
+  } else if !p.pydantic {
+    missing.push("the python3 module pydantic");
+  }
+  if !p.git {
+    missing.push("git");
+  }
+  let reason = (!missing.is_empty()).then(|| {
+    format!(
+      "image {} is ready but lacks {}, which TrueForge's skill init needs: sessions will fail at init",
+      src.reference,
+      missing.join(" and ")
+    )
+  });
+  Ok(Build {
     status: BuildStatus::Ready,
-    reason: None,
+    reason,
     metadata: Some(m),
+  })
+}
+
+fn meta(src: &ImageSource) -> Option<BTreeMap<String, String>> {
+  let mut m = BTreeMap::from([("image".to_string(), src.reference.clone())]);
+  if let Some(b) = &src.build {
+    m.insert("buildContext".to_string(), b.context.clone());
   }
+  Some(m)
 }
 
-fn meta(image: &str) -> Option<BTreeMap<String, String>> {
-  Some(BTreeMap::from([("image".to_string(), image.to_string())]))
-}
-
-/// Read-only status: never starts work, never reports work that is not happening.
-pub async fn status(engine: &Engine, image: &str) -> Result<Build> {
-  if let Some(id) = present(engine, image).await? {
-    return Ok(ready(image, id));
+/// Read-only status: never starts a pull or build, never reports work that is not happening.
+pub async fn status(engine: &Engine, src: &ImageSource) -> Result<Build> {
+  if let Some(id) = present(engine, &src.reference).await? {
+    return ready(engine, src, id).await;
   }
   let work = works()
     .lock()
     .expect("works")
-    .get(&key(engine, image))
+    .get(&key(engine, &src.reference))
     .cloned();
   Ok(match work {
-    Some(Work::Pulling(p)) => Build { status: BuildStatus::Pending, reason: Some(p.describe(image)), metadata: meta(image) },
-    Some(Work::Failed(reason)) => Build { status: BuildStatus::Failed, reason: Some(reason), metadata: meta(image) },
+    Some(Work::Pulling(p)) => Build { status: BuildStatus::Pending, reason: Some(p.describe(&src.reference)), metadata: meta(src) },
+    Some(Work::Building(step)) => Build { status: BuildStatus::Pending, reason: Some(step), metadata: meta(src) },
+    Some(Work::Failed(reason)) => Build { status: BuildStatus::Failed, reason: Some(reason), metadata: meta(src) },
     None => Build {
       status: BuildStatus::Failed,
       reason: Some(format!(
-        "image {image} is not in the Docker engine and no pull is running; save the sandbox settings again to pull it"
+        "image {} is not in the Docker engine and no {} is running (the server may have restarted mid-way); save the sandbox settings again to start it",
+        src.reference,
+        if src.build.is_some() { "build" } else { "pull" }
       )),
-      metadata: meta(image),
+      metadata: meta(src),
     },
   })
 }
 
-/// Idempotent: `ready` when present, else starts (or joins) the background pull.
-pub async fn build(engine: &Engine, image: &str, log: &Logger) -> Result<Build> {
-  if let Some(id) = present(engine, image).await? {
-    return Ok(ready(image, id));
+/// Idempotent: `ready` when present, else starts (or joins) the background pull or build and
+/// returns `pending` at once. A failed attempt is retried.
+pub async fn build(engine: &Engine, src: &ImageSource, log: &Logger) -> Result<Build> {
+  if let Some(id) = present(engine, &src.reference).await? {
+    return ready(engine, src, id).await;
   }
-  let k = key(engine, image);
-  let start = {
-    let mut w = works().lock().expect("works");
-    match w.get(&k) {
-      Some(Work::Pulling(_)) => false,
-      _ => {
-        w.insert(k.clone(), Work::Pulling(Progress::default()));
-        true
-      }
-    }
-  };
-  if start {
-    log.info("pulling image", json!({ "image": image }));
-    let engine = engine.clone();
-    let image_owned = image.to_string();
-    let log = log.clone();
-    tokio::spawn(async move {
-      let outcome = pull(&engine, &image_owned, &k).await;
-      let mut w = works().lock().expect("works");
-      match outcome {
-        Ok(()) => {
-          w.remove(&k);
-          log.info("image pulled", json!({ "image": image_owned }));
-        }
-        Err(reason) => {
-          log.warn(
-            "image pull failed",
-            json!({ "image": image_owned, "reason": reason }),
-          );
-          w.insert(k, Work::Failed(reason));
-        }
-      }
-    });
-  }
-  status(engine, image).await
+  start(engine, src, log);
+  status(engine, src).await
 }
 
-async fn pull(engine: &Engine, image: &str, k: &str) -> std::result::Result<(), String> {
+/// Starts the work unless it is already in flight in this process.
+fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
+  let k = key(engine, &src.reference);
+  {
+    let mut w = works().lock().expect("works");
+    if matches!(w.get(&k), Some(Work::Pulling(_) | Work::Building(_))) {
+      return;
+    }
+    let first = match &src.build {
+      Some(_) => Work::Building(format!("building {}: sending the context", src.reference)),
+      None => Work::Pulling(Progress::default()),
+    };
+    w.insert(k.clone(), first);
+  }
+  let (engine, src, log) = (engine.clone(), src.clone(), log.clone());
+  tokio::spawn(async move {
+    let what = if src.build.is_some() { "build" } else { "pull" };
+    log.info(
+      &format!("image {what} started"),
+      json!({ "image": src.reference }),
+    );
+    let outcome = match &src.build {
+      Some(spec) => run_build(&engine, &src.reference, spec, &k, &log).await,
+      None => pull(&engine, &src, &k, &log).await,
+    };
+    let mut w = works().lock().expect("works");
+    match outcome {
+      Ok(()) => {
+        w.remove(&k);
+        log.info(
+          &format!("image {what} finished"),
+          json!({ "image": src.reference }),
+        );
+      }
+      Err(reason) => {
+        log.warn(
+          &format!("image {what} failed"),
+          json!({ "image": src.reference, "reason": reason }),
+        );
+        w.insert(k, Work::Failed(reason));
+      }
+    }
+  });
+}
+
+/// Makes sure the image is present before a sandbox is created from it: starts or joins the
+/// single pull or build and waits for it, up to `limit`.
+pub async fn ensure(
+  engine: &Engine,
+  src: &ImageSource,
+  log: &Logger,
+  limit: Duration,
+) -> Result<()> {
+  if present(engine, &src.reference).await?.is_some() {
+    return Ok(());
+  }
+  log.info(
+    "image absent; fetching it before creating the sandbox",
+    json!({ "image": src.reference }),
+  );
+  let k = key(engine, &src.reference);
+  // A failure from an earlier attempt is retried once here.
+  if matches!(
+    works().lock().expect("works").get(&k),
+    Some(Work::Failed(_))
+  ) {
+    works().lock().expect("works").remove(&k);
+  }
+  start(engine, src, log);
+  let deadline = Instant::now() + limit;
+  let mut last_reason = String::new();
+  loop {
+    let work = works().lock().expect("works").get(&k).cloned();
+    match work {
+      None => {
+        return match present(engine, &src.reference).await? {
+          Some(_) => Ok(()),
+          None => Err(SandboxError::ImageNotAvailable {
+            image: src.reference.clone(),
+            reason: "it vanished right after it was fetched".into(),
+          }),
+        }
+      }
+      Some(Work::Failed(reason)) => {
+        return Err(SandboxError::ImageNotAvailable {
+          image: src.reference.clone(),
+          reason,
+        })
+      }
+      Some(Work::Pulling(p)) => {
+        let r = p.describe(&src.reference);
+        if r != last_reason {
+          log.info(&r, json!({ "image": src.reference }));
+          last_reason = r;
+        }
+      }
+      Some(Work::Building(step)) => {
+        if step != last_reason {
+          log.info(&step, json!({ "image": src.reference }));
+          last_reason = step;
+        }
+      }
+    }
+    if Instant::now() > deadline {
+      return Err(SandboxError::ImageNotAvailable {
+        image: src.reference.clone(),
+        reason: format!(
+          "still being fetched after {} s ({last_reason})",
+          limit.as_secs()
+        ),
+      });
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+  }
+}
+
+async fn pull(
+  engine: &Engine,
+  src: &ImageSource,
+  k: &str,
+  log: &Logger,
+) -> std::result::Result<(), String> {
+  let image = &src.reference;
   let (repo, tag) = split_reference(image);
   let opts = CreateImageOptions {
     from_image: Some(repo),
     tag: Some(tag),
     ..Default::default()
   };
-  let mut stream = engine.docker.create_image(Some(opts), None, None);
+  let mut stream = engine
+    .docker
+    .create_image(Some(opts), None, src.credentials.clone());
+  let mut last_log = Instant::now();
   while let Some(item) = stream.next().await {
-    let info = item.map_err(|e| engine.map_error("pull the image", e).to_string())?;
+    let info = item.map_err(|e| match engine.map_error("pull the image", e) {
+      SandboxError::Engine { detail, .. } => format!("pulling {image} failed: {detail}"),
+      other => other.to_string(),
+    })?;
     if let Some(err) = info.error_detail.and_then(|d| d.message) {
       return Err(format!("pulling {image} failed: {err}"));
     }
@@ -225,6 +569,10 @@ async fn pull(engine: &Engine, image: &str, k: &str) -> std::result::Result<(), 
           entry.2 = true;
           entry.0 = entry.1;
         }
+        if last_log.elapsed() > Duration::from_secs(2) {
+          log.debug(&p.describe(image), json!({ "image": image }));
+          last_log = Instant::now();
+        }
       }
     }
   }
@@ -232,6 +580,82 @@ async fn pull(engine: &Engine, image: &str, k: &str) -> std::result::Result<(), 
     Ok(Some(_)) => Ok(()),
     Ok(None) => Err(format!(
       "pulling {image} ended but the engine does not have the image"
+    )),
+    Err(e) => Err(e.to_string()),
+  }
+}
+
+async fn run_build(
+  engine: &Engine,
+  tag: &str,
+  spec: &BuildSpec,
+  k: &str,
+  log: &Logger,
+) -> std::result::Result<(), String> {
+  let spec2 = spec.clone();
+  let prepared = tokio::task::spawn_blocking(move || context::prepare(&spec2))
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+  let opts = BuildImageOptions {
+    dockerfile: spec.dockerfile.clone(),
+    t: Some(tag.to_string()),
+    rm: true,
+    forcerm: true,
+    buildargs: Some(context::build_args(spec)),
+    labels: Some(HashMap::from([(
+      ids::LABEL_MANAGED_BY.to_string(),
+      ids::MANAGED_BY.to_string(),
+    )])),
+    ..Default::default()
+  };
+  let mut stream =
+    engine
+      .docker
+      .build_image(opts, None, Some(bollard::body_full(prepared.tar.into())));
+  let mut log_lines: Vec<String> = Vec::new();
+  while let Some(item) = stream.next().await {
+    let info = match item {
+      Ok(i) => i,
+      Err(e) => {
+        let detail = match engine.map_error("build the image", e) {
+          SandboxError::Engine { detail, .. } => detail,
+          other => other.to_string(),
+        };
+        log_lines.push(detail);
+        return Err(format!(
+          "building {tag} failed:\n{}",
+          context::last_lines(&log_lines, 15)
+        ));
+      }
+    };
+    if let Some(line) = info.stream {
+      if let Some(step) = line.lines().find(|l| l.starts_with("Step ")) {
+        let step = step.split(" : ").next().unwrap_or(step).to_string();
+        let mut w = works().lock().expect("works");
+        if let Some(Work::Building(s)) = w.get_mut(k) {
+          *s = format!("building {tag}: {step}");
+        }
+        log.debug(&format!("building {tag}: {step}"), json!({}));
+      }
+      log_lines.push(line);
+      if log_lines.len() > 200 {
+        log_lines.drain(..100);
+      }
+    }
+    if let Some(err) = info.error_detail.and_then(|d| d.message) {
+      log_lines.push(err);
+      return Err(format!(
+        "building {tag} failed:\n{}",
+        context::last_lines(&log_lines, 15)
+      ));
+    }
+  }
+  match present(engine, tag).await {
+    Ok(Some(_)) => Ok(()),
+    Ok(None) => Err(format!(
+      "building {tag} ended without an image:\n{}",
+      context::last_lines(&log_lines, 15)
     )),
     Err(e) => Err(e.to_string()),
   }
@@ -263,6 +687,30 @@ mod tests {
       split_reference("a@sha256:abc"),
       ("a".into(), "sha256:abc".into())
     );
+    assert_eq!(registry_of("localhost:5000/a/b:t"), "localhost:5000");
+    assert_eq!(registry_of("ghcr.io/x/y"), "ghcr.io");
+    assert_eq!(registry_of("python:3.12"), "docker.io");
+    assert_eq!(registry_of("library/python"), "docker.io");
+  }
+
+  #[test]
+  fn credentials_are_matched_by_registry() {
+    let cfg = ProviderConfig::from_json(serde_json::json!({
+      "image": "localhost:5000/team/img:1",
+      "registryAuth": { "localhost:5000": { "username": "u", "password": "p" }, "ghcr.io": { "identityToken": "t" } }
+    }))
+    .unwrap();
+    let c = credentials_for(&cfg, "localhost:5000/team/img:1").unwrap();
+    assert_eq!(c.username.as_deref(), Some("u"));
+    assert_eq!(c.serveraddress.as_deref(), Some("localhost:5000"));
+    assert_eq!(
+      credentials_for(&cfg, "ghcr.io/a/b")
+        .unwrap()
+        .identitytoken
+        .as_deref(),
+      Some("t")
+    );
+    assert!(credentials_for(&cfg, "python:3").is_none());
   }
 
   #[test]

@@ -4,6 +4,7 @@
 pub mod binding;
 pub mod client;
 pub mod config;
+pub mod context;
 pub mod errors;
 pub mod exec;
 pub mod ids;
@@ -12,5 +13,7 @@ pub mod layout;
 pub mod lifecycle;
 pub mod logging;
 pub mod output;
+pub mod pool;
 pub mod provider;
+pub mod reaper;
 pub mod transfer;

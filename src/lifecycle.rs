@@ -17,8 +17,31 @@ use crate::layout;
 use crate::logging::Logger;
 use crate::transfer;
 
-/// Keeps the container alive under the init process; exits at once on SIGTERM so stops are fast.
-pub const KEEPALIVE_SCRIPT: &str = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done";
+/// The container's main process (under the init, which reaps zombies). It keeps the container
+/// alive and stops it after `$1` idle seconds (0 = never), checking every `$2` seconds, so idle
+/// sandboxes stop with no server process alive. Activity is the mtime of the activity file
+/// (touched by every exec, upload and download) or a command still running (an exec wrapper,
+/// whose `$0` is `trueforge-exec`, is alive). Exits at once on SIGTERM so stops are fast.
+pub const INIT_SCRIPT: &str = r#"trap 'exit 0' TERM INT
+act=/trueforge/.activity
+: > "$act" 2>/dev/null
+last=$(date +%s 2>/dev/null || echo 0)
+if [ "$1" = 0 ]; then while :; do sleep 3600 & wait $!; done; fi
+while :; do
+  sleep "$2" & wait $!
+  now=$(date +%s)
+  if grep -qs 'trueforge-e[x]ec' /proc/[0-9]*/cmdline; then : > "$act" 2>/dev/null; last=$now; continue; fi
+  m=$(stat -c %Y "$act" 2>/dev/null) && [ "$m" -gt "$last" ] && last=$m
+  if [ $((now - last)) -ge "$1" ]; then exit 0; fi
+done
+"#;
+
+/// Where activity is recorded inside the container.
+pub const ACTIVITY_FILE: &str = "/trueforge/.activity";
+/// The label naming the tenant a sandbox belongs to.
+pub const LABEL_TENANT: &str = "trueforge.sandbox.tenant";
+/// The label marking a warm-pool member (its value: the configuration's fingerprint).
+pub const LABEL_POOL: &str = "trueforge.sandbox.pool";
 
 /// A sandbox container we verified as ours.
 #[derive(Debug, Clone)]
@@ -38,6 +61,14 @@ fn cache() -> &'static Mutex<HashMap<String, Target>> {
 
 fn cache_key(engine: &Engine, name: &str) -> String {
   format!("{}\n{name}", engine.host)
+}
+
+/// Records a container as ours (a claimed pool member).
+pub fn remember(engine: &Engine, target: &Target) {
+  cache()
+    .lock()
+    .expect("cache")
+    .insert(cache_key(engine, &target.name), target.clone());
 }
 
 /// Forgets a container (it was removed, or its id 404s): the next call looks it up again.
@@ -60,24 +91,42 @@ pub fn name_for(namespace: &str, sandbox_id: &str) -> Result<String> {
   Ok(ids::container_name(namespace, ulid))
 }
 
-/// Whether inspect output describes our container for this id and namespace.
+/// Who a provider is: the scope a container must match to be ours.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+  pub namespace: String,
+  pub tenant: Option<String>,
+}
+
+impl Scope {
+  pub fn of(cfg: &ProviderConfig) -> Self {
+    Self {
+      namespace: cfg.namespace.clone(),
+      tenant: cfg.tenant.clone(),
+    }
+  }
+}
+
+/// Whether inspect output describes our container for this id and scope: the name derives
+/// from the id AND the labels (managed-by, namespace, id, tenant) match.
 pub fn is_ours(
   info: &ContainerInspectResponse,
   name: &str,
-  namespace: &str,
+  scope: &Scope,
   sandbox_id: &str,
 ) -> bool {
   let labels = info.config.as_ref().and_then(|c| c.labels.as_ref());
   let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
   info.name.as_deref() == Some(&format!("/{name}"))
     && label(ids::LABEL_MANAGED_BY) == Some(ids::MANAGED_BY)
-    && label(ids::LABEL_NAMESPACE) == Some(namespace)
+    && label(ids::LABEL_NAMESPACE) == Some(scope.namespace.as_str())
     && label(ids::LABEL_ID) == Some(sandbox_id)
+    && label(LABEL_TENANT) == scope.tenant.as_deref()
 }
 
 /// Finds our container for `sandbox_id`, from the process cache or one inspect.
-pub async fn resolve(engine: &Engine, namespace: &str, sandbox_id: &str) -> Result<Target> {
-  let name = name_for(namespace, sandbox_id)?;
+pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result<Target> {
+  let name = name_for(&scope.namespace, sandbox_id)?;
   if let Some(t) = cache()
     .lock()
     .expect("cache")
@@ -86,17 +135,16 @@ pub async fn resolve(engine: &Engine, namespace: &str, sandbox_id: &str) -> Resu
     return Ok(t.clone());
   }
   let info = match engine
-    .control(
-      "inspect the sandbox container",
-      engine.docker.inspect_container(&name, None),
-    )
+    .control("inspect the sandbox container", || {
+      engine.docker.inspect_container(&name, None)
+    })
     .await
   {
     Ok(i) => i,
     Err(e) if status_of(&e) == Some(404) => return Err(not_available(sandbox_id)),
     Err(e) => return Err(e),
   };
-  if !is_ours(&info, &name, namespace, sandbox_id) {
+  if !is_ours(&info, &name, scope, sandbox_id) {
     return Err(not_available(sandbox_id));
   }
   let container_id = info
@@ -125,15 +173,14 @@ pub async fn resolve(engine: &Engine, namespace: &str, sandbox_id: &str) -> Resu
 
 /// Whether the container still exists as ours (used to tell a missing file from a missing
 /// container after a 404).
-pub async fn still_exists(engine: &Engine, namespace: &str, target: &Target) -> Result<bool> {
+pub async fn still_exists(engine: &Engine, scope: &Scope, target: &Target) -> Result<bool> {
   match engine
-    .control(
-      "inspect the sandbox container",
-      engine.docker.inspect_container(&target.container_id, None),
-    )
+    .control("inspect the sandbox container", || {
+      engine.docker.inspect_container(&target.container_id, None)
+    })
     .await
   {
-    Ok(info) => Ok(is_ours(&info, &target.name, namespace, &target.sandbox_id)),
+    Ok(info) => Ok(is_ours(&info, &target.name, scope, &target.sandbox_id)),
     Err(e) if status_of(&e) == Some(404) => {
       forget(engine, &target.name);
       Ok(false)
@@ -155,10 +202,9 @@ pub async fn ensure_started(engine: &Engine, target: &Target, log: &Logger) -> R
     .clone();
   let _guard = lock.lock().await;
   let info = match engine
-    .control(
-      "inspect the sandbox container",
-      engine.docker.inspect_container(&target.container_id, None),
-    )
+    .control("inspect the sandbox container", || {
+      engine.docker.inspect_container(&target.container_id, None)
+    })
     .await
   {
     Ok(i) => i,
@@ -178,10 +224,9 @@ pub async fn ensure_started(engine: &Engine, target: &Target, log: &Logger) -> R
       json!({ "sandboxId": target.sandbox_id }),
     );
     return engine
-      .control(
-        "unpause the sandbox",
-        engine.docker.unpause_container(&target.container_id),
-      )
+      .control("unpause the sandbox", || {
+        engine.docker.unpause_container(&target.container_id)
+      })
       .await;
   }
   log.info(
@@ -189,10 +234,9 @@ pub async fn ensure_started(engine: &Engine, target: &Target, log: &Logger) -> R
     json!({ "sandboxId": target.sandbox_id }),
   );
   match engine
-    .control(
-      "start the sandbox container",
-      engine.docker.start_container(&target.container_id, None),
-    )
+    .control("start the sandbox container", || {
+      engine.docker.start_container(&target.container_id, None)
+    })
     .await
   {
     Ok(()) => Ok(()),
@@ -227,49 +271,124 @@ pub fn device_requests(gpus: &Gpus) -> Vec<DeviceRequest> {
   vec![req]
 }
 
-/// The container definition for a new sandbox.
-pub fn container_body(cfg: &ProviderConfig, sandbox_id: &str) -> ContainerCreateBody {
+/// How often the init checks for idleness: often enough for short test intervals, at most
+/// every 30 s.
+pub fn idle_check_secs(idle: u64) -> u64 {
+  (idle / 6).clamp(1, 30)
+}
+
+/// The container definition for a new sandbox: least privilege by default (see README).
+pub fn container_body(
+  cfg: &ProviderConfig,
+  sandbox_id: &str,
+  image: &str,
+  pool: Option<&str>,
+) -> ContainerCreateBody {
   let mut labels: HashMap<String, String> = cfg.labels.clone().into_iter().collect();
   labels.insert(ids::LABEL_MANAGED_BY.into(), ids::MANAGED_BY.into());
   labels.insert(ids::LABEL_NAMESPACE.into(), cfg.namespace.clone());
   labels.insert(ids::LABEL_ID.into(), sandbox_id.to_string());
   labels.insert(ids::LABEL_CREATED_AT.into(), ids::rfc3339_now());
+  if let Some(t) = &cfg.tenant {
+    labels.insert(LABEL_TENANT.into(), t.clone());
+  }
+  if let Some(p) = pool {
+    labels.insert(LABEL_POOL.into(), p.to_string());
+  }
   let env: Vec<String> = cfg.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+  let idle = cfg.auto_stop_secs.unwrap_or(0);
+  let r = &cfg.resources;
+  let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+  // A read-only root still needs the sandbox root, the layout and /tmp writable: volumes keep
+  // the first two across stops (nothing stored is lost), /tmp is scratch.
+  let (volumes, tmpfs) = if cfg.read_only_rootfs {
+    (
+      Some(vec![
+        ids::WORKSPACE_ROOT.to_string(),
+        layout::LAYOUT_ROOT.to_string(),
+      ]),
+      Some(HashMap::from([(
+        "/tmp".to_string(),
+        "rw,nosuid,nodev,mode=1777".to_string(),
+      )])),
+    )
+  } else {
+    (None, None)
+  };
   ContainerCreateBody {
-    image: Some(cfg.image.clone()),
-    entrypoint: Some(vec!["/bin/sh".into(), "-c".into(), KEEPALIVE_SCRIPT.into()]),
+    image: Some(image.to_string()),
+    entrypoint: Some(vec![
+      "/bin/sh".into(),
+      "-c".into(),
+      INIT_SCRIPT.into(),
+      "trueforge-init".into(),
+      idle.to_string(),
+      idle_check_secs(idle).to_string(),
+    ]),
     env: Some(env),
     labels: Some(labels),
     working_dir: Some(sandbox_id.to_string()),
     hostname: Some("sandbox".into()),
+    user: cfg.user.clone(),
+    volumes,
     attach_stdin: Some(false),
     attach_stdout: Some(false),
     attach_stderr: Some(false),
     tty: Some(false),
     open_stdin: Some(false),
+    network_disabled: None,
     host_config: Some(HostConfig {
       init: Some(true),
       device_requests: cfg.gpus.as_ref().map(device_requests),
+      cap_drop: Some(vec!["ALL".into()]),
+      cap_add: Some(cfg.capabilities.clone()),
+      security_opt: cfg
+        .no_new_privileges
+        .then(|| vec!["no-new-privileges:true".to_string()]),
+      privileged: Some(false),
+      memory: r.memory_bytes.map(to_i64),
+      // Swap never above memory: the same figure for memory+swap means no swap at all.
+      memory_swap: r.memory_bytes.map(to_i64),
+      nano_cpus: r.nano_cpus.map(to_i64),
+      pids_limit: r.pids_limit.map(to_i64),
+      network_mode: Some(cfg.network.clone()),
+      readonly_rootfs: Some(cfg.read_only_rootfs),
+      tmpfs,
+      runtime: cfg.runtime.clone(),
       ..Default::default()
     }),
     ..Default::default()
   }
 }
 
-/// Creates, lays out and starts a sandbox. On any failure the container is removed.
-pub async fn create(engine: &Engine, cfg: &ProviderConfig, log: &Logger) -> Result<Target> {
+/// Creates, lays out and starts a sandbox from `image` (the resolved reference). A pool member
+/// (`pool` = the configuration's fingerprint) gets a name no id resolves to until it is claimed.
+/// On any failure the container is removed.
+pub async fn create(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  image: &str,
+  pool: Option<&str>,
+  log: &Logger,
+) -> Result<Target> {
   let sandbox_id = ids::new_sandbox_id();
-  let name = name_for(&cfg.namespace, &sandbox_id)?;
+  let final_name = name_for(&cfg.namespace, &sandbox_id)?;
+  let name = if pool.is_some() {
+    pool_name(&final_name)
+  } else {
+    final_name
+  };
   let opts = CreateContainerOptions {
     name: Some(name.clone()),
     ..Default::default()
   };
+  let body = container_body(cfg, &sandbox_id, image, pool);
+  // Not retried: a create that reached the engine would collide with its own name.
   let created = engine
-    .control(
+    .within(
+      crate::client::CONTROL_TIMEOUT,
       "create the sandbox container",
-      engine
-        .docker
-        .create_container(Some(opts), container_body(cfg, &sandbox_id)),
+      engine.docker.create_container(Some(opts), body),
     )
     .await
     .map_err(|e| match e {
@@ -278,11 +397,19 @@ pub async fn create(engine: &Engine, cfg: &ProviderConfig, log: &Logger) -> Resu
         detail,
         ..
       } if detail.contains("image") => SandboxError::ImageNotAvailable {
-        image: cfg.image.clone(),
+        image: image.to_string(),
         reason: format!(
           "{detail}; call buildImage() and wait until getImageBuildStatus() says ready"
         ),
       },
+      SandboxError::Engine { detail, .. } if detail.contains("runtime") => {
+        SandboxError::CreateFailed {
+          step: "create the container".into(),
+          detail: format!(
+            "{detail}; the `runtime` option names a runtime this engine does not have"
+          ),
+        }
+      }
       SandboxError::Engine { detail, .. } => SandboxError::CreateFailed {
         step: "create the container".into(),
         detail,
@@ -292,10 +419,9 @@ pub async fn create(engine: &Engine, cfg: &ProviderConfig, log: &Logger) -> Resu
   let container_id = created.id;
   let finish = async {
     let info = engine
-      .control(
-        "inspect the new sandbox",
-        engine.docker.inspect_container(&container_id, None),
-      )
+      .control("inspect the new sandbox", || {
+        engine.docker.inspect_container(&container_id, None)
+      })
       .await?;
     let user = info
       .config
@@ -310,10 +436,9 @@ pub async fn create(engine: &Engine, cfg: &ProviderConfig, log: &Logger) -> Resu
       .await
       .map_err(|e| step_failed("create the sandbox layout", e))?;
     engine
-      .control(
-        "start the sandbox container",
-        engine.docker.start_container(&container_id, None),
-      )
+      .control("start the sandbox container", || {
+        engine.docker.start_container(&container_id, None)
+      })
       .await
       .map_err(|e| step_failed("start the container", e))?;
     Ok::<_, SandboxError>(Target {
@@ -332,7 +457,7 @@ pub async fn create(engine: &Engine, cfg: &ProviderConfig, log: &Logger) -> Resu
         .insert(cache_key(engine, &name), t.clone());
       log.info(
         "sandbox created",
-        json!({ "sandboxId": sandbox_id, "container": name, "image": cfg.image }),
+        json!({ "sandboxId": sandbox_id, "container": name, "image": image }),
       );
       Ok(t)
     }
@@ -345,6 +470,11 @@ pub async fn create(engine: &Engine, cfg: &ProviderConfig, log: &Logger) -> Resu
       Err(e)
     }
   }
+}
+
+/// The name a pool member carries until it is claimed.
+pub fn pool_name(final_name: &str) -> String {
+  format!("{final_name}-pool")
 }
 
 fn step_failed(step: &str, e: SandboxError) -> SandboxError {
@@ -365,10 +495,11 @@ pub async fn force_remove(engine: &Engine, container: &str) -> Result<()> {
     ..Default::default()
   };
   match engine
-    .control(
-      "remove the sandbox container",
-      engine.docker.remove_container(container, Some(opts)),
-    )
+    .control("remove the sandbox container", || {
+      engine
+        .docker
+        .remove_container(container, Some(opts.clone()))
+    })
     .await
   {
     Ok(()) => Ok(()),
@@ -379,8 +510,8 @@ pub async fn force_remove(engine: &Engine, container: &str) -> Result<()> {
 }
 
 /// Removes one sandbox; a sandbox that is already gone (or was never ours) is not an error.
-pub async fn remove(engine: &Engine, namespace: &str, sandbox_id: &str) -> Result<bool> {
-  let target = match resolve(engine, namespace, sandbox_id).await {
+pub async fn remove(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result<bool> {
+  let target = match resolve(engine, scope, sandbox_id).await {
     Ok(t) => t,
     Err(SandboxError::SandboxNotAvailable { .. }) => return Ok(false),
     Err(e) => return Err(e),
@@ -489,7 +620,7 @@ mod tests {
       "image": "img:1", "namespace": "ns1", "labels": { "team": "a" }, "env": { "A": "1" }
     }))
     .unwrap();
-    let b = container_body(&cfg, "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV");
+    let b = container_body(&cfg, "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV", "img:1", None);
     let l = b.labels.unwrap();
     assert_eq!(l[ids::LABEL_MANAGED_BY], ids::MANAGED_BY);
     assert_eq!(l[ids::LABEL_NAMESPACE], "ns1");
@@ -499,6 +630,19 @@ mod tests {
     let hc = b.host_config.unwrap();
     assert_eq!(hc.init, Some(true));
     assert_eq!(hc.device_requests, None);
+    assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+    assert_eq!(hc.privileged, Some(false));
+    assert_eq!(
+      hc.security_opt,
+      Some(vec!["no-new-privileges:true".to_string()])
+    );
+    assert_eq!(hc.memory, hc.memory_swap);
+    assert!(hc.pids_limit.is_some());
+    assert_eq!(hc.network_mode.as_deref(), Some("bridge"));
+    assert!(
+      hc.binds.is_none() && hc.mounts.is_none() && hc.pid_mode.is_none() && hc.ipc_mode.is_none()
+    );
+    assert!(b.volumes.is_none());
     assert_eq!(b.env.unwrap(), vec!["A=1".to_string()]);
   }
 

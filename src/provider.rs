@@ -7,15 +7,22 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::json;
 
+use std::sync::{Arc, Mutex};
+
 use crate::client::{self, Engine};
 use crate::config::ProviderConfig;
 use crate::errors::{Result, SandboxError};
 use crate::exec::{self, ExecRequest, StartError};
 use crate::image::{self, Build};
 use crate::layout;
-use crate::lifecycle::{self, Target};
+use crate::lifecycle::{self, Scope, Target};
 use crate::logging::Logger;
+use crate::pool;
+use crate::reaper;
 use crate::transfer;
+
+/// How long `createSandbox()` waits for an absent image to be pulled or built.
+const IMAGE_WAIT: Duration = Duration::from_secs(30 * 60);
 
 /// Per-call exec parameters, as the contract's `SandboxExecParams`.
 #[derive(Debug, Clone, Default)]
@@ -37,14 +44,35 @@ pub enum ExecOutcome {
 /// One provider configuration. Cheap to build: no I/O until the first call.
 pub struct Provider {
   cfg: ProviderConfig,
+  scope: Scope,
   host: String,
   log: Logger,
+  /// Keeps the process's background reaper for this engine and namespace alive; `None` before
+  /// the first call and after `dispose()`.
+  lease: Mutex<Option<Arc<reaper::Lease>>>,
+  disposed: std::sync::atomic::AtomicBool,
 }
 
 impl Provider {
   pub fn new(cfg: ProviderConfig, log: Logger) -> Result<Self> {
     let host = client::effective_host(cfg.docker_host.as_deref())?;
-    Ok(Self { cfg, host, log })
+    let scope = Scope::of(&cfg);
+    Ok(Self {
+      cfg,
+      scope,
+      host,
+      log,
+      lease: Mutex::new(None),
+      disposed: Default::default(),
+    })
+  }
+
+  /// Ends this instance's background work. Sandboxes are never deleted by it.
+  pub fn dispose(&self) {
+    self
+      .disposed
+      .store(true, std::sync::atomic::Ordering::SeqCst);
+    self.lease.lock().expect("lease").take();
   }
 
   pub fn config(&self) -> &ProviderConfig {
@@ -56,22 +84,85 @@ impl Provider {
   }
 
   async fn engine(&self) -> Result<Engine> {
-    client::engine_for(&self.host).await
+    let engine = client::engine_for(&self.host).await?;
+    if let Some(older_than) = self.cfg.auto_delete_secs {
+      if !self.disposed.load(std::sync::atomic::Ordering::SeqCst) {
+        let mut lease = self.lease.lock().expect("lease");
+        if lease.is_none() {
+          *lease = Some(reaper::lease(
+            &engine,
+            &self.cfg.namespace,
+            Duration::from_secs(older_than),
+            &self.log,
+          ));
+        }
+      }
+    }
+    Ok(engine)
   }
 
   async fn target(&self, sandbox_id: &str) -> Result<(Engine, Target)> {
     // Malformed ids are refused before any engine request.
     lifecycle::name_for(&self.cfg.namespace, sandbox_id)?;
     let engine = self.engine().await?;
-    let target = lifecycle::resolve(&engine, &self.cfg.namespace, sandbox_id).await?;
+    let target = lifecycle::resolve(&engine, &self.scope, sandbox_id).await?;
     Ok((engine, target))
   }
 
-  /// Creates a sandbox and returns its id.
+  /// Creates a sandbox (from the warm pool when it has one) and returns its id. An absent
+  /// image is pulled or built first.
   pub async fn create_sandbox(&self) -> Result<String> {
     let engine = self.engine().await?;
-    let t = lifecycle::create(&engine, &self.cfg, &self.log).await?;
+    let src = image::source(&self.cfg).await?;
+    if self.cfg.warm_pool_size > 0 {
+      let fp = pool::fingerprint(&self.cfg, &src.reference);
+      let claimed = pool::claim(&engine, &self.scope, &fp).await?;
+      pool::refill(&engine, &self.cfg, &src.reference, &fp, &self.log);
+      if let Some(t) = claimed {
+        self.log.info(
+          "sandbox taken from the warm pool",
+          json!({ "sandboxId": t.sandbox_id }),
+        );
+        return Ok(t.sandbox_id);
+      }
+    }
+    let t = match lifecycle::create(&engine, &self.cfg, &src.reference, None, &self.log).await {
+      Err(SandboxError::ImageNotAvailable { .. }) => {
+        image::ensure(&engine, &src, &self.log, IMAGE_WAIT).await?;
+        lifecycle::create(&engine, &self.cfg, &src.reference, None, &self.log).await?
+      }
+      other => other?,
+    };
     Ok(t.sandbox_id)
+  }
+
+  /// Fills the warm pool now (in the background); a no-op without `warmPool`.
+  pub async fn warm_up(&self) -> Result<()> {
+    if self.cfg.warm_pool_size == 0 {
+      return Ok(());
+    }
+    let engine = self.engine().await?;
+    let src = image::source(&self.cfg).await?;
+    image::ensure(&engine, &src, &self.log, IMAGE_WAIT).await?;
+    let fp = pool::fingerprint(&self.cfg, &src.reference);
+    pool::refill(&engine, &self.cfg, &src.reference, &fp, &self.log);
+    Ok(())
+  }
+
+  /// Removes this namespace's sandboxes stopped for longer than the delete interval.
+  pub async fn reap_stale(&self) -> Result<Vec<String>> {
+    let engine = self.engine().await?;
+    let Some(secs) = self.cfg.auto_delete_secs else {
+      return Ok(Vec::new());
+    };
+    reaper::reap(
+      &engine,
+      &self.cfg.namespace,
+      Duration::from_secs(secs),
+      false,
+      &self.log,
+    )
+    .await
   }
 
   /// Runs a command. `Err` only for `SandboxNotAvailable`; every other failure is an outcome.
@@ -134,7 +225,7 @@ impl Provider {
         }
         Err(StartError::Gone) if attempt < 2 => {
           lifecycle::forget(&engine, &target.name);
-          target = lifecycle::resolve(&engine, &self.cfg.namespace, &p.sandbox_id).await?;
+          target = lifecycle::resolve(&engine, &self.scope, &p.sandbox_id).await?;
         }
         Err(StartError::NotRunning) => {
           return Err(SandboxError::Internal(
@@ -180,7 +271,7 @@ impl Provider {
     .await
     {
       Err(e) if client::status_of(&e) == Some(404) => {
-        if lifecycle::still_exists(&engine, &self.cfg.namespace, &target).await? {
+        if lifecycle::still_exists(&engine, &self.scope, &target).await? {
           Err(e)
         } else {
           Err(SandboxError::SandboxNotAvailable {
@@ -196,17 +287,10 @@ impl Provider {
   pub async fn download_file(&self, sandbox_id: &str, path: &str) -> Result<Vec<u8>> {
     let abs = layout::resolve_path(sandbox_id, path)?;
     let (engine, target) = self.target(sandbox_id).await?;
-    match transfer::download(
-      &engine,
-      &target.container_id,
-      path,
-      &abs,
-      self.cfg.file_max_bytes,
-    )
-    .await
-    {
+    let max = self.cfg.file_max_bytes;
+    let out = match transfer::download(&engine, &target.container_id, path, &abs, max).await {
       Err(e @ SandboxError::FileNotFound { .. }) => {
-        if lifecycle::still_exists(&engine, &self.cfg.namespace, &target).await? {
+        if lifecycle::still_exists(&engine, &self.scope, &target).await? {
           Err(e)
         } else {
           Err(SandboxError::SandboxNotAvailable {
@@ -215,7 +299,13 @@ impl Provider {
         }
       }
       other => other,
+    };
+    // A download is activity too; recording it must not delay the caller.
+    if out.is_ok() && self.cfg.auto_stop_secs.is_some() {
+      let (engine, container, owner) = (engine.clone(), target.container_id.clone(), target.owner);
+      tokio::spawn(async move { transfer::touch_activity(&engine, &container, owner).await });
     }
+    out
   }
 
   /// Deletes a sandbox now. Idempotent: true when something was removed.
@@ -224,7 +314,7 @@ impl Provider {
       return Ok(false);
     }
     let engine = self.engine().await?;
-    let removed = lifecycle::remove(&engine, &self.cfg.namespace, sandbox_id).await?;
+    let removed = lifecycle::remove(&engine, &self.scope, sandbox_id).await?;
     if removed {
       self
         .log
@@ -235,12 +325,14 @@ impl Provider {
 
   pub async fn build_image(&self) -> Result<Build> {
     let engine = self.engine().await?;
-    image::build(&engine, &self.cfg.image, &self.log).await
+    let src = image::source(&self.cfg).await?;
+    image::build(&engine, &src, &self.log).await
   }
 
   pub async fn image_status(&self) -> Result<Build> {
     let engine = self.engine().await?;
-    image::status(&engine, &self.cfg.image).await
+    let src = image::source(&self.cfg).await?;
+    image::status(&engine, &src).await
   }
 
   /// Text appended to the agent's system prompt.

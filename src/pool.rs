@@ -1,0 +1,210 @@
+//! The warm pool: ready sandboxes (started, layout made) kept per provider configuration and
+//! shared by every provider instance in the process. A member is named `<final name>-pool`, so
+//! no id resolves to it (it is nobody's session) until it is claimed by renaming it to the name
+//! its id derives from. The engine serialises renames of one container, so when two processes
+//! race for a member exactly one rename succeeds.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, OnceLock};
+
+use bollard::query_parameters::{
+  ListContainersOptions, RemoveContainerOptions, RenameContainerOptions,
+};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::client::Engine;
+use crate::config::ProviderConfig;
+use crate::errors::Result;
+use crate::ids;
+use crate::lifecycle::{self, Scope, Target, LABEL_POOL};
+use crate::logging::Logger;
+
+/// A stable fingerprint of everything that shapes a sandbox: members are only handed to a
+/// provider whose configuration would have created the same container.
+pub fn fingerprint(cfg: &ProviderConfig, image: &str) -> String {
+  let body = lifecycle::container_body(cfg, "/workspace/00000000000000000000000000", image, None);
+  let mut h = Sha256::new();
+  let mut host = body.host_config.clone().unwrap_or_default();
+  host.device_requests = host.device_requests.take();
+  h.update(format!("{:?}", host).as_bytes());
+  h.update(
+    format!(
+      "{:?}{:?}{:?}{:?}",
+      body.env, body.user, body.volumes, body.entrypoint
+    )
+    .as_bytes(),
+  );
+  let mut labels: Vec<_> = cfg.labels.iter().collect();
+  labels.sort();
+  h.update(format!("{labels:?}{:?}{}{}", cfg.tenant, cfg.namespace, image).as_bytes());
+  h.finalize()
+    .iter()
+    .take(8)
+    .map(|b| format!("{b:02x}"))
+    .collect()
+}
+
+type Owners = Mutex<HashMap<String, Option<(u32, u32)>>>;
+
+/// uid:gid of members, learnt when this process made them, so a claim needs no inspect.
+fn owners() -> &'static Owners {
+  static O: OnceLock<Owners> = OnceLock::new();
+  O.get_or_init(Default::default)
+}
+
+fn list_filters(scope: &Scope, fp: &str) -> HashMap<String, Vec<String>> {
+  HashMap::from([(
+    "label".to_string(),
+    vec![
+      format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
+      format!("{}={}", ids::LABEL_NAMESPACE, scope.namespace),
+      format!("{LABEL_POOL}={fp}"),
+    ],
+  )])
+}
+
+/// Takes one running member, if any. Returns the claimed sandbox.
+pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Target>> {
+  let mut filters = list_filters(scope, fp);
+  filters.insert("status".to_string(), vec!["running".to_string()]);
+  let opts = ListContainersOptions {
+    all: false,
+    filters: Some(filters),
+    ..Default::default()
+  };
+  let list = engine
+    .control("list pool members", || {
+      engine.docker.list_containers(Some(opts.clone()))
+    })
+    .await?;
+  for c in list {
+    let (Some(id), Some(labels)) = (c.id, c.labels) else {
+      continue;
+    };
+    let Some(sandbox_id) = labels.get(ids::LABEL_ID) else {
+      continue;
+    };
+    let Ok(final_name) = lifecycle::name_for(&scope.namespace, sandbox_id) else {
+      continue;
+    };
+    let current = c
+      .names
+      .unwrap_or_default()
+      .into_iter()
+      .next()
+      .unwrap_or_default();
+    if current.trim_start_matches('/') != lifecycle::pool_name(&final_name) {
+      continue;
+    }
+    if labels.get(lifecycle::LABEL_TENANT) != scope.tenant.as_ref() {
+      continue;
+    }
+    let rename = RenameContainerOptions {
+      name: final_name.clone(),
+    };
+    // Not retried: a second attempt could "win" a member the first already took.
+    if engine
+      .within(
+        crate::client::CONTROL_TIMEOUT,
+        "claim a pool member",
+        engine.docker.rename_container(&id, rename),
+      )
+      .await
+      .is_err()
+    {
+      continue;
+    }
+    let owner = owners().lock().expect("owners").get(fp).copied();
+    let target = match owner {
+      Some(owner) => Target {
+        sandbox_id: sandbox_id.clone(),
+        name: final_name,
+        container_id: id,
+        owner,
+        user: None,
+      },
+      None => lifecycle::resolve(engine, scope, sandbox_id).await?,
+    };
+    lifecycle::remember(engine, &target);
+    return Ok(Some(target));
+  }
+  Ok(None)
+}
+
+fn refilling() -> &'static Mutex<HashSet<String>> {
+  static R: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+  R.get_or_init(Default::default)
+}
+
+/// Tops the pool up to `cfg.warm_pool_size` running members in the background (one refill per
+/// configuration at a time). Stopped members are removed: they are nobody's session.
+pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log: &Logger) {
+  let key = format!("{}\n{fp}", engine.host);
+  if !refilling().lock().expect("refilling").insert(key.clone()) {
+    return;
+  }
+  let (engine, cfg, image, fp, log) = (
+    engine.clone(),
+    cfg.clone(),
+    image.to_string(),
+    fp.to_string(),
+    log.clone(),
+  );
+  tokio::spawn(async move {
+    let outcome = async {
+      let scope = Scope::of(&cfg);
+      let opts = ListContainersOptions {
+        all: true,
+        filters: Some(list_filters(&scope, &fp)),
+        ..Default::default()
+      };
+      let list = engine
+        .control("list pool members", || {
+          engine.docker.list_containers(Some(opts.clone()))
+        })
+        .await?;
+      let mut running = 0usize;
+      for c in list {
+        let pooled = c
+          .names
+          .unwrap_or_default()
+          .iter()
+          .any(|n| n.ends_with("-pool"));
+        if !pooled {
+          continue;
+        }
+        if c
+          .state
+          .as_ref()
+          .map(|s| format!("{s:?}").to_lowercase())
+          .as_deref()
+          == Some("running")
+        {
+          running += 1;
+        } else if let Some(id) = c.id {
+          let rm = RemoveContainerOptions {
+            force: true,
+            v: true,
+            ..Default::default()
+          };
+          let _ = engine
+            .control("remove a stopped pool member", || {
+              engine.docker.remove_container(&id, Some(rm.clone()))
+            })
+            .await;
+        }
+      }
+      for _ in running..cfg.warm_pool_size as usize {
+        let t = lifecycle::create(&engine, &cfg, &image, Some(&fp), &log).await?;
+        owners().lock().expect("owners").insert(fp.clone(), t.owner);
+      }
+      Ok::<_, crate::errors::SandboxError>(())
+    }
+    .await;
+    if let Err(e) = outcome {
+      log.warn("warm pool refill failed", json!({ "error": e.to_string() }));
+    }
+    refilling().lock().expect("refilling").remove(&key);
+  });
+}

@@ -1,0 +1,267 @@
+//! Removing sandboxes that have been stopped for longer than the delete interval. Runs in the
+//! background for every live provider (at most one task per process, engine and namespace, at
+//! most once a minute, never blocking a call), on demand (`reapStale()`), and from the `reap`
+//! command for cron. It only ever touches containers with our labels and namespace, and only
+//! stopped ones: a container running a command is never removed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
+use serde_json::json;
+
+use crate::client::{status_of, Engine};
+use crate::errors::Result;
+use crate::ids;
+use crate::image::LABEL_PROBE;
+use crate::logging::Logger;
+
+/// How often the background reaper runs.
+pub const REAP_PERIOD: Duration = Duration::from_secs(60);
+/// Probe containers left by a crash are removed after this long.
+const PROBE_GRACE_SECS: u64 = 600;
+
+/// Parses the engine's RFC 3339 timestamps (`2026-11-29T09:00:00.123456789Z`) to epoch
+/// seconds; `None` for the zero time the engine uses for "never".
+pub fn parse_time(s: &str) -> Option<u64> {
+  let b = s.as_bytes();
+  if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' {
+    return None;
+  }
+  let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+  let (y, mo, d, h, mi, se) = (
+    n(0..4)?,
+    n(5..7)?,
+    n(8..10)?,
+    n(11..13)?,
+    n(14..16)?,
+    n(17..19)?,
+  );
+  if y < 1970 {
+    return None;
+  }
+  // Days from civil (Howard Hinnant's algorithm).
+  let y2 = if mo <= 2 { y - 1 } else { y };
+  let era = y2.div_euclid(400);
+  let yoe = y2 - era * 400;
+  let mp = (mo + 9) % 12;
+  let doy = (153 * mp + 2) / 5 + d - 1;
+  let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  let days = era * 146_097 + doe - 719_468;
+  let mut secs = days * 86_400 + h * 3600 + mi * 60 + se;
+  // A zone offset such as +02:00 after the seconds (and any fraction).
+  let rest = &s[19..];
+  let rest = rest.trim_start_matches(|c: char| c == '.' || c.is_ascii_digit());
+  if let Some(off) = rest.strip_prefix(['+', '-']) {
+    let sign = if rest.starts_with('+') { -1 } else { 1 };
+    let oh = off.get(0..2)?.parse::<i64>().ok()?;
+    let om = off.get(3..5)?.parse::<i64>().ok()?;
+    secs += sign * (oh * 3600 + om * 60);
+  }
+  u64::try_from(secs).ok()
+}
+
+fn now_secs() -> u64 {
+  SystemTime::now()
+    .duration_since(UNIX_EPOCH)
+    .map(|d| d.as_secs())
+    .unwrap_or(0)
+}
+
+/// Removes this namespace's sandboxes that have been stopped for at least `older_than`
+/// (created-but-never-started ones count from creation). Returns the sandbox ids removed (or,
+/// with `dry_run`, that would be).
+pub async fn reap(
+  engine: &Engine,
+  namespace: &str,
+  older_than: Duration,
+  dry_run: bool,
+  log: &Logger,
+) -> Result<Vec<String>> {
+  let filters = HashMap::from([
+    (
+      "label".to_string(),
+      vec![
+        format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
+        format!("{}={namespace}", ids::LABEL_NAMESPACE),
+      ],
+    ),
+    (
+      "status".to_string(),
+      vec![
+        "exited".to_string(),
+        "created".to_string(),
+        "dead".to_string(),
+      ],
+    ),
+  ]);
+  let opts = ListContainersOptions {
+    all: true,
+    filters: Some(filters),
+    ..Default::default()
+  };
+  let list = engine
+    .control("list sandbox containers", || {
+      engine.docker.list_containers(Some(opts.clone()))
+    })
+    .await?;
+  let now = now_secs();
+  let mut removed = Vec::new();
+  for c in list {
+    let Some(id) = c.id else { continue };
+    let labels = c.labels.unwrap_or_default();
+    // Belt and braces: the filter already says so, but never act on a container without both.
+    if labels.get(ids::LABEL_MANAGED_BY).map(String::as_str) != Some(ids::MANAGED_BY)
+      || labels.get(ids::LABEL_NAMESPACE).map(String::as_str) != Some(namespace)
+    {
+      continue;
+    }
+    let info = match engine
+      .control("inspect a stopped sandbox", || {
+        engine.docker.inspect_container(&id, None)
+      })
+      .await
+    {
+      Ok(i) => i,
+      Err(e) if status_of(&e) == Some(404) => continue,
+      Err(e) => return Err(e),
+    };
+    let state = info.state.unwrap_or_default();
+    if state.running == Some(true) || state.restarting == Some(true) || state.paused == Some(true) {
+      continue;
+    }
+    let since = state
+      .finished_at
+      .as_deref()
+      .and_then(parse_time)
+      .or_else(|| info.created.as_deref().and_then(parse_time));
+    let Some(since) = since else { continue };
+    if now.saturating_sub(since) < older_than.as_secs() {
+      continue;
+    }
+    let sandbox_id = labels
+      .get(ids::LABEL_ID)
+      .cloned()
+      .unwrap_or_else(|| id.clone());
+    if !dry_run {
+      // Not forced: if a call started it again meanwhile, the engine refuses and it stays.
+      let rm = RemoveContainerOptions {
+        force: false,
+        v: true,
+        ..Default::default()
+      };
+      match engine
+        .control("remove a stale sandbox", || {
+          engine.docker.remove_container(&id, Some(rm.clone()))
+        })
+        .await
+      {
+        Ok(()) => {}
+        Err(e) if matches!(status_of(&e), Some(404 | 409)) => continue,
+        Err(e) => return Err(e),
+      }
+      log.info(
+        "removed stale sandbox",
+        json!({ "sandboxId": sandbox_id, "stoppedSeconds": now.saturating_sub(since) }),
+      );
+    }
+    removed.push(sandbox_id);
+  }
+  if !dry_run {
+    reap_probes(engine, now).await;
+  }
+  Ok(removed)
+}
+
+async fn reap_probes(engine: &Engine, now: u64) {
+  let filters = HashMap::from([(
+    "label".to_string(),
+    vec![
+      format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
+      format!("{LABEL_PROBE}=1"),
+    ],
+  )]);
+  let opts = ListContainersOptions {
+    all: true,
+    filters: Some(filters),
+    ..Default::default()
+  };
+  let Ok(list) = engine
+    .control("list probe containers", || {
+      engine.docker.list_containers(Some(opts.clone()))
+    })
+    .await
+  else {
+    return;
+  };
+  for c in list {
+    let old = c
+      .created
+      .map(|t| now.saturating_sub(t.max(0) as u64) > PROBE_GRACE_SECS)
+      .unwrap_or(false);
+    if let (true, Some(id)) = (old, c.id) {
+      let rm = RemoveContainerOptions {
+        force: true,
+        v: true,
+        ..Default::default()
+      };
+      let _ = engine
+        .control("remove a probe container", || {
+          engine.docker.remove_container(&id, Some(rm.clone()))
+        })
+        .await;
+    }
+  }
+}
+
+/// Held by live providers; the background reaper runs while any is held.
+pub struct Lease;
+
+fn leases() -> &'static Mutex<HashMap<String, Weak<Lease>>> {
+  static L: OnceLock<Mutex<HashMap<String, Weak<Lease>>>> = OnceLock::new();
+  L.get_or_init(Default::default)
+}
+
+/// Joins (or starts) the background reaper for this engine and namespace.
+pub fn lease(engine: &Engine, namespace: &str, older_than: Duration, log: &Logger) -> Arc<Lease> {
+  let key = format!("{}\n{namespace}", engine.host);
+  let mut map = leases().lock().expect("leases");
+  if let Some(l) = map.get(&key).and_then(Weak::upgrade) {
+    return l;
+  }
+  let lease = Arc::new(Lease);
+  map.insert(key, Arc::downgrade(&lease));
+  let weak = Arc::downgrade(&lease);
+  let (engine, namespace, log) = (engine.clone(), namespace.to_string(), log.clone());
+  tokio::spawn(async move {
+    while weak.upgrade().is_some() {
+      if let Err(e) = reap(&engine, &namespace, older_than, false, &log).await {
+        log.warn(
+          "background reaper failed; it will try again",
+          json!({ "error": e.to_string() }),
+        );
+      }
+      tokio::time::sleep(REAP_PERIOD).await;
+    }
+  });
+  lease
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn times() {
+    assert_eq!(parse_time("1970-01-01T00:00:00Z"), Some(0));
+    assert_eq!(
+      parse_time("2026-12-31T23:59:59.123456789Z"),
+      Some(1_798_761_599)
+    );
+    assert_eq!(parse_time("2000-02-29T00:00:00Z"), Some(951_782_400));
+    assert_eq!(parse_time("2000-02-29T02:00:00+02:00"), Some(951_782_400));
+    assert_eq!(parse_time("0001-01-01T00:00:00Z"), None);
+    assert_eq!(parse_time("garbage"), None);
+  }
+}
