@@ -62,6 +62,34 @@ export interface DockerSandboxProviderOptions {
   env?: Record<string, string>
   /** Extra container labels (the `trueforge.sandbox.` prefix is reserved). Default none. */
   labels?: Record<string, string>
+  /** Minutes without activity (exec, upload, download, a running command) before a sandbox stops itself, even with no server running; 0 = never. Fractions allowed. Default 15. */
+  autoStopIntervalInMinutes?: number
+  /** Minutes a sandbox may stay stopped before the reaper removes it; 0 = never. Fractions allowed. Default 7200. */
+  autoDeleteIntervalInMinutes?: number
+  /** Linux capabilities kept (all others are dropped). Default CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE. SYS_ADMIN and other escape hatches are refused. */
+  capabilities?: string[]
+  /** Set `no-new-privileges` (setuid binaries cannot gain privileges). Default true. */
+  noNewPrivileges?: boolean
+  /** Resource limits. Defaults: memoryBytes 8 GiB (swap never above it; null = unlimited), nanoCpus unlimited, pidsLimit 4096. */
+  resources?: { memoryBytes?: number | null; nanoCpus?: number | null; pidsLimit?: number }
+  /** `'bridge'`, `'none'` or a user-defined network name (never `host`). Default `'bridge'`. */
+  network?: string
+  /** Run commands as this `uid[:gid]` or user name; uploads and the layout then belong to it. Default: the image's user. */
+  user?: string
+  /** Make the root filesystem read-only; /workspace and /trueforge (volumes) and /tmp (tmpfs) stay writable. Default false. */
+  readOnlyRootfs?: boolean
+  /** OCI runtime, e.g. `'runsc'` (gVisor) or a Kata runtime. Default: the engine's default. */
+  runtime?: string
+  /** Recorded as a label; sandboxes of another tenant are not reachable from this provider. Default none. */
+  tenantName?: string
+  /** Build the image from a local context through the Engine build API (tag derived from a hash of the context and args). */
+  build?: { context: string; dockerfile?: string; args?: Record<string, string> }
+  /** Credentials per registry host, e.g. `{ 'registry.example:5000': { username, password } }` or `{ identityToken }`. */
+  registryAuth?: Record<string, { username: string; password: string } | { identityToken: string }>
+  /** Deadline for one engine request that is not a command or a transfer (a hung engine then fails the call). Default 30000. */
+  engineTimeoutMs?: number
+  /** Keep this many ready sandboxes per configuration (shared in the process). Default: no pool. */
+  warmPool?: { size: number }
   /** Error constructors to throw instead of this package's classes. */
   errors?: InjectedErrors
   /** Receives the provider's log events. Default: none. */
@@ -91,6 +119,12 @@ export declare class DockerSandboxProvider {
   uploadFile(p: { sandboxId: string; remotePath: string; content: Buffer }): Promise<void>
   /** Deletes a sandbox now; resolves true when something was removed. Idempotent. */
   removeSandbox(sandboxId: string): Promise<boolean>
+  /** Removes this namespace's sandboxes stopped for longer than `autoDeleteIntervalInMinutes`. */
+  reapStale(): Promise<{ removed: string[] }>
+  /** Starts filling the warm pool now (a no-op without `warmPool`). */
+  warmUp(): Promise<void>
+  /** Ends this instance's background work; never deletes sandboxes. */
+  dispose(): void
   /** Always throws: Code Mode is not supported by the docker provider. */
   createCodeModeTransport(): never
 }
@@ -128,12 +162,22 @@ export declare class SandboxPathTraversalError extends SandboxError {
 }
 /** A path with a NUL byte, over 4096 bytes, or whose parent is a file. */
 export declare class SandboxInvalidPathError extends SandboxError {
+  constructor(message: string, path: string)
   readonly path: string
 }
 /** Download of a device, FIFO, socket or other non-regular file. */
 export declare class SandboxNotRegularFileError extends SandboxError {
+  constructor(message: string, path: string)
   readonly path: string
 }
 /** The Docker engine could not be reached, timed out, or refused the request. */
 export declare class SandboxEngineError extends SandboxError {}
 export declare const CONTRACT_ERROR_NAMES: readonly string[]
+
+/** Removes sandboxes of one namespace stopped for at least `olderThanMinutes` (default 7200), without a provider. */
+export declare function reapSandboxes(options?: {
+  namespace?: string
+  dockerHost?: string
+  olderThanMinutes?: number
+  dryRun?: boolean
+}): Promise<{ removed: string[] }>

@@ -271,7 +271,9 @@ pub async fn reap_sandboxes(options: NativeReapOptions) -> napi::Result<Vec<Stri
   .map_err(to_js)?
   .unwrap_or(0);
   let host = crate::client::effective_host(host.as_deref()).map_err(to_js)?;
-  let engine = crate::client::engine_for(&host).await.map_err(to_js)?;
+  let engine = crate::client::engine_for(&host, crate::client::CONTROL_TIMEOUT)
+    .await
+    .map_err(to_js)?;
   crate::reaper::reap(
     &engine,
     &namespace,

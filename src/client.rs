@@ -15,7 +15,7 @@ use crate::errors::{Result, SandboxError};
 
 /// The socket used when neither `dockerHost` nor `DOCKER_HOST` says otherwise.
 pub const DEFAULT_DOCKER_HOST: &str = "unix:///var/run/docker.sock";
-/// Deadline for one control-plane request (inspect, create, start, archive stat …).
+/// Default deadline for one control-plane request (inspect, create, start, archive stat …).
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A connected engine: the client plus the address it was made for (for error messages).
@@ -23,6 +23,8 @@ pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Engine {
   pub docker: Docker,
   pub host: Arc<str>,
+  /// Deadline for one control-plane request; a provider sets its own (`engineTimeoutMs`).
+  pub control_timeout: Duration,
 }
 
 type Slot = Arc<OnceCell<Engine>>;
@@ -45,15 +47,15 @@ pub fn effective_host(configured: Option<&str>) -> Result<String> {
 
 /// The shared engine for `host`, connecting (and negotiating) on first use. A failed attempt
 /// is not cached: the next call tries again, so an engine that comes back is picked up.
-pub async fn engine_for(host: &str) -> Result<Engine> {
+pub async fn engine_for(host: &str, limit: Duration) -> Result<Engine> {
   let slot = {
     let mut reg = registry().lock().expect("engine registry poisoned");
     reg.entry(host.to_string()).or_default().clone()
   };
-  slot.get_or_try_init(|| connect(host)).await.cloned()
+  slot.get_or_try_init(|| connect(host, limit)).await.cloned()
 }
 
-async fn connect(host: &str) -> Result<Engine> {
+async fn connect(host: &str, limit: Duration) -> Result<Engine> {
   let unreachable = |detail: String| SandboxError::EngineUnreachable {
     host: host.to_string(),
     detail,
@@ -70,10 +72,11 @@ async fn connect(host: &str) -> Result<Engine> {
   let engine = Engine {
     docker: docker.clone(),
     host: host.into(),
+    control_timeout: limit,
   };
   let negotiated = engine
     .within(
-      CONTROL_TIMEOUT,
+      limit,
       "negotiate the API version",
       docker.negotiate_version(),
     )
@@ -81,6 +84,7 @@ async fn connect(host: &str) -> Result<Engine> {
   Ok(Engine {
     docker: negotiated,
     host: host.into(),
+    control_timeout: CONTROL_TIMEOUT,
   })
 }
 
@@ -94,7 +98,7 @@ impl Engine {
     Fut: Future<Output = std::result::Result<T, BollardError>>,
   {
     self
-      .control_within(CONTROL_TIMEOUT, operation, request)
+      .control_within(self.control_timeout, operation, request)
       .await
   }
 
@@ -158,7 +162,7 @@ impl Engine {
         status: status_code,
         detail: message,
       },
-      BollardError::RequestTimeoutError => self.timeout(operation, CONTROL_TIMEOUT),
+      BollardError::RequestTimeoutError => self.timeout(operation, self.control_timeout),
       other => SandboxError::EngineUnreachable {
         host: self.host.to_string(),
         detail: format!("{operation}: {other}"),

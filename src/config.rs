@@ -20,6 +20,8 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 const MAX_EXEC_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
 /// Caps above 1 GiB would let one call hold that much in the host process.
 const MAX_BYTES_CAP: u64 = 1024 * 1024 * 1024;
+/// Default for `engineTimeoutMs`.
+pub const DEFAULT_ENGINE_TIMEOUT_MS: u64 = 30_000;
 /// Default for `autoStopIntervalInMinutes`.
 pub const DEFAULT_AUTO_STOP_MINUTES: f64 = 15.0;
 /// Default for `autoDeleteIntervalInMinutes` (five days).
@@ -118,6 +120,8 @@ pub struct ProviderConfig {
   pub registry_auth: BTreeMap<String, RegistryCredential>,
   /// Ready sandboxes kept per configuration; 0 = no pool.
   pub warm_pool_size: u32,
+  /// Deadline for one engine request that is not a command or a transfer.
+  pub engine_timeout_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -145,13 +149,14 @@ struct RawOptions {
   build: Option<Value>,
   registry_auth: Option<Value>,
   warm_pool: Option<Value>,
+  engine_timeout_ms: Option<Value>,
 }
 
 const KNOWN_OPTIONS: &str =
   "image, dockerHost, namespace, execTimeoutMs, fileMaxBytes, maxOutputBytes, \
   gpus, env, labels, autoStopIntervalInMinutes, autoDeleteIntervalInMinutes, capabilities, \
   noNewPrivileges, resources, network, user, readOnlyRootfs, runtime, tenantName, build, \
-  registryAuth, warmPool, errors, logger";
+  registryAuth, warmPool, engineTimeoutMs, errors, logger";
 
 fn bad(option: &str, reason: impl Into<String>) -> SandboxError {
   SandboxError::InvalidOption {
@@ -338,7 +343,14 @@ impl ProviderConfig {
         ))
       }
     };
+    let engine_timeout_ms = positive_int(
+      "engineTimeoutMs",
+      some(raw.engine_timeout_ms),
+      DEFAULT_ENGINE_TIMEOUT_MS,
+      600_000,
+    )?;
     Ok(Self {
+      engine_timeout_ms,
       image,
       docker_host,
       namespace,

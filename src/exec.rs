@@ -42,7 +42,7 @@ exit "$s"
 
 /// $1 = the wrapper's pid (its process group), $2 = token. Kills the group, then anything that
 /// escaped it (setsid, double fork) but still carries the token, a few rounds for fork races.
-const KILLER: &str = r#"kill -9 -"$1" 2>/dev/null
+const KILLER: &str = r#"[ -n "$1" ] && kill -9 -"$1" 2>/dev/null
 n=0
 while [ "$n" -lt 5 ]; do
   n=$((n+1)); hit=
@@ -96,7 +96,10 @@ pub async fn run(
   req: &ExecRequest,
 ) -> std::result::Result<ExecOutput, StartError> {
   let token = new_token();
-  let env: Vec<String> = req.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+  // The token is in the exec's own environment too, so the killer finds even a wrapper whose
+  // pid it never learnt (a timeout that fired before the wrapper printed it).
+  let mut env: Vec<String> = req.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+  env.push(format!("{EXEC_ID_VAR}={token}"));
   let cmd = vec![
     "/bin/sh".to_string(),
     "-c".to_string(),
@@ -118,7 +121,7 @@ pub async fn run(
   };
   // The engine gets the caller's deadline plus a grace period, so a hung engine cannot hold a
   // call much past its timeout.
-  let limit = (req.timeout + ENGINE_GRACE).min(crate::client::CONTROL_TIMEOUT);
+  let limit = (req.timeout + ENGINE_GRACE).min(engine.control_timeout);
   let created = engine
     .control_within(limit, "create an exec", || {
       engine.docker.create_exec(container, opts.clone())
@@ -182,6 +185,22 @@ pub async fn run(
       break;
     }
   }
+  if timed_out && pid.is_none() {
+    // The wrapper may not have started yet (a loaded engine): wait briefly for its pid so the
+    // group kill below cannot miss a command that starts right after.
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+      while let Some(Ok(item)) = output.next().await {
+        if let LogOutput::StdOut { message } | LogOutput::StdErr { message } = item {
+          scanner.feed(&message, &mut |b| kept.push(b), &mut markers);
+          if let Some(Marker::Pid(p)) = markers.iter().find(|m| matches!(m, Marker::Pid(_))) {
+            pid = Some(*p);
+            break;
+          }
+        }
+      }
+    })
+    .await;
+  }
   // Dropping the attach connection leaves background processes running, as in a terminal.
   drop(output);
   drop(input);
@@ -189,9 +208,7 @@ pub async fn run(
     scanner.finish(&mut |b| kept.push(b));
   }
   if timed_out {
-    if let Some(pid) = pid {
-      kill_tree(engine, container, pid, &token).await;
-    }
+    kill_tree(engine, container, pid, &token).await;
     let mut text = kept.into_text();
     if !text.is_empty() && !text.ends_with('\n') {
       text.push('\n');
@@ -207,9 +224,7 @@ pub async fn run(
     });
   }
   if let Some(e) = stream_error {
-    if let Some(pid) = pid {
-      kill_tree(engine, container, pid, &token).await;
-    }
+    kill_tree(engine, container, pid, &token).await;
     return Err(StartError::Other(e));
   }
   let exit_code = match exit {
@@ -262,14 +277,14 @@ async fn exit_from_inspect(engine: &Engine, exec_id: &str) -> Result<i32> {
 
 /// Kills the command's process group and every process carrying its token. Best effort: a
 /// failure here is logged by the caller's outcome, never raised over the command's result.
-pub async fn kill_tree(engine: &Engine, container: &str, pid: u32, token: &str) {
+pub async fn kill_tree(engine: &Engine, container: &str, pid: Option<u32>, token: &str) {
   let opts = CreateExecOptions {
     cmd: Some(vec![
       "/bin/sh".to_string(),
       "-c".to_string(),
       KILLER.to_string(),
       "trueforge-kill".to_string(),
-      pid.to_string(),
+      pid.map(|p| p.to_string()).unwrap_or_default(),
       token.to_string(),
     ]),
     attach_stdout: Some(true),
@@ -296,6 +311,12 @@ pub fn validate_env(env: &BTreeMap<String, String>) -> Result<()> {
       argument: format!("env.{k}"),
       reason: r,
     })?;
+    if k == EXEC_ID_VAR {
+      return Err(SandboxError::InvalidArgument {
+        argument: format!("env.{k}"),
+        reason: "this name is reserved: the provider uses it to find a command's processes".into(),
+      });
+    }
     if v.contains('\0') {
       return Err(SandboxError::InvalidArgument {
         argument: format!("env.{k}"),

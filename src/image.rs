@@ -246,7 +246,7 @@ pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe
   };
   let created = engine
     .within(
-      crate::client::CONTROL_TIMEOUT,
+      engine.control_timeout,
       "create a probe container",
       engine.docker.create_container(None, body),
     )

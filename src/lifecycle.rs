@@ -52,6 +52,8 @@ pub struct Target {
   /// uid:gid the exec user maps to; `None` means root (no ownership to carry).
   pub owner: Option<(u32, u32)>,
   pub user: Option<String>,
+  /// The tenant the container was verified for: a cached entry serves only that tenant.
+  pub tenant: Option<String>,
 }
 
 fn cache() -> &'static Mutex<HashMap<String, Target>> {
@@ -132,7 +134,9 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
     .expect("cache")
     .get(&cache_key(engine, &name))
   {
-    return Ok(t.clone());
+    if t.tenant == scope.tenant {
+      return Ok(t.clone());
+    }
   }
   let info = match engine
     .control("inspect the sandbox container", || {
@@ -163,6 +167,7 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
     container_id,
     owner,
     user,
+    tenant: scope.tenant.clone(),
   };
   cache()
     .lock()
@@ -386,7 +391,7 @@ pub async fn create(
   // Not retried: a create that reached the engine would collide with its own name.
   let created = engine
     .within(
-      crate::client::CONTROL_TIMEOUT,
+      engine.control_timeout,
       "create the sandbox container",
       engine.docker.create_container(Some(opts), body),
     )
@@ -429,12 +434,22 @@ pub async fn create(
       .and_then(|c| c.user.clone())
       .filter(|u| !u.is_empty());
     let owner = resolve_owner(engine, &container_id, user.as_deref()).await?;
-    let mut dirs: Vec<String> = layout::LAYOUT_DIRS.iter().map(|d| d.to_string()).collect();
-    dirs.push(ids::WORKSPACE_ROOT.to_string());
+    // With a read-only root the volumes at /workspace and /trueforge take the entries.
+    let mut dirs: Vec<String> = layout::LAYOUT_DIRS
+      .iter()
+      .filter(|d| !cfg.read_only_rootfs || **d != layout::LAYOUT_ROOT)
+      .map(|d| d.to_string())
+      .collect();
+    if !cfg.read_only_rootfs {
+      dirs.push(ids::WORKSPACE_ROOT.to_string());
+    }
     dirs.push(sandbox_id.clone());
-    transfer::make_dirs(engine, &container_id, &dirs, owner)
+    transfer::make_dirs(engine, &container_id, &dirs, owner, cfg.read_only_rootfs)
       .await
       .map_err(|e| step_failed("create the sandbox layout", e))?;
+    // The activity file is made here, owned by the exec user, so commands can refresh it even
+    // when the layout root itself is not theirs.
+    transfer::touch_activity(engine, &container_id, owner).await;
     engine
       .control("start the sandbox container", || {
         engine.docker.start_container(&container_id, None)
@@ -447,6 +462,7 @@ pub async fn create(
       container_id: container_id.clone(),
       owner,
       user,
+      tenant: cfg.tenant.clone(),
     })
   };
   match finish.await {

@@ -106,7 +106,7 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
     // Not retried: a second attempt could "win" a member the first already took.
     if engine
       .within(
-        crate::client::CONTROL_TIMEOUT,
+        engine.control_timeout,
         "claim a pool member",
         engine.docker.rename_container(&id, rename),
       )
@@ -123,6 +123,7 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
         container_id: id,
         owner,
         user: None,
+        tenant: scope.tenant.clone(),
       },
       None => lifecycle::resolve(engine, scope, sandbox_id).await?,
     };

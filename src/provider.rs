@@ -84,7 +84,9 @@ impl Provider {
   }
 
   async fn engine(&self) -> Result<Engine> {
-    let engine = client::engine_for(&self.host).await?;
+    let limit = Duration::from_millis(self.cfg.engine_timeout_ms);
+    let mut engine = client::engine_for(&self.host, limit).await?;
+    engine.control_timeout = limit;
     if let Some(older_than) = self.cfg.auto_delete_secs {
       if !self.disposed.load(std::sync::atomic::Ordering::SeqCst) {
         let mut lease = self.lease.lock().expect("lease");
@@ -267,6 +269,7 @@ impl Provider {
       &path,
       content,
       target.owner,
+      self.cfg.read_only_rootfs,
     )
     .await
     {

@@ -73,6 +73,11 @@ pub async fn stat(engine: &Engine, container: &str, path: &str) -> Result<Option
       link_target: s.link_target,
     })),
     Err(e) if status_of(&e) == Some(404) => Ok(None),
+    // The engine answers 500 with no detail when it cannot resolve the path (a symlink loop).
+    Err(SandboxError::Engine { status: 500, .. }) => Err(SandboxError::InvalidPath {
+      path: path.to_string(),
+      reason: "the engine cannot resolve it (a symbolic link loop?)".into(),
+    }),
     Err(e) => Err(e),
   }
 }
@@ -86,6 +91,7 @@ pub async fn download(
   path: &str,
   max: u64,
 ) -> Result<Vec<u8>> {
+  refuse_kernel_trees(shown, path)?;
   let mut target = path.to_string();
   let mut hops = 0;
   let st = loop {
@@ -105,6 +111,7 @@ pub async fn download(
       });
     }
     target = resolve_link(&target, &st.link_target);
+    refuse_kernel_trees(shown, &target)?;
   };
   if st.mode & MODE_DIR != 0 {
     return Err(SandboxError::PathIsDirectory {
@@ -136,6 +143,20 @@ pub async fn download(
     Ok(r) => r,
     Err(_) => Err(engine.timeout("read a file from the sandbox", transfer_deadline(max))),
   }
+}
+
+/// /dev, /proc and /sys are mounted at run time, so the archive stat cannot see them; nothing in
+/// them is a file worth downloading (devices stream without end, /proc files report size 0).
+fn refuse_kernel_trees(shown: &str, path: &str) -> Result<()> {
+  for tree in ["/dev", "/proc", "/sys"] {
+    if path == tree || path.starts_with(&format!("{tree}/")) {
+      return Err(SandboxError::NotRegularFile {
+        path: shown.to_string(),
+        kind: format!("a file under {tree}"),
+      });
+    }
+  }
+  Ok(())
 }
 
 /// A deadline that scales with the payload: 30 s plus 1 s per 8 MiB.
@@ -298,17 +319,39 @@ fn trailer(size: u64) -> Bytes {
   Bytes::from(vec![0u8; pad + 2 * BLOCK])
 }
 
-/// Upload options: extract at `/` (entries carry the full path, so missing parents are made
-/// without an exec) and never replace a directory with a file.
-fn upload_options(owner: Option<(u32, u32)>) -> UploadToContainerOptions {
+/// Upload options: extract at `root` with entries carrying the rest of the path, so missing
+/// parents are made without an exec; never replace a directory with a file. Ownership comes
+/// from the entries' headers (`copyUIDGID` would look the user up in the *host's* passwd).
+fn upload_options(root: &str, _owner: Option<(u32, u32)>) -> UploadToContainerOptions {
   UploadToContainerOptions {
-    path: "/".to_string(),
+    path: root.to_string(),
     no_overwrite_dir_non_dir: Some("true".to_string()),
-    copy_uidgid: owner.map(|_| "true".to_string()),
+    copy_uidgid: None,
   }
 }
 
+/// Where an archive for `path` is extracted, and the entry name under it. With a read-only
+/// root filesystem the engine only writes into volumes, so the archive must be extracted at the
+/// volume that holds the path.
+pub fn extract_point(path: &str, read_only: bool) -> Result<(&'static str, String)> {
+  if !read_only {
+    return Ok(("/", path.trim_start_matches('/').to_string()));
+  }
+  for root in [crate::ids::WORKSPACE_ROOT, crate::layout::LAYOUT_ROOT] {
+    if let Some(rest) = path.strip_prefix(root).and_then(|r| r.strip_prefix('/')) {
+      if !rest.is_empty() {
+        return Ok((root, rest.to_string()));
+      }
+    }
+  }
+  Err(SandboxError::InvalidPath {
+    path: path.to_string(),
+    reason: "the sandbox's root filesystem is read-only: files can be written under /workspace and /trueforge".into(),
+  })
+}
+
 /// Writes `content` to the absolute `path`, replacing a file there (even a read-only one).
+#[allow(clippy::too_many_arguments)]
 pub async fn upload(
   engine: &Engine,
   container: &str,
@@ -316,25 +359,29 @@ pub async fn upload(
   path: &str,
   content: Bytes,
   owner: Option<(u32, u32)>,
+  read_only: bool,
 ) -> Result<()> {
+  let (root, entry) = extract_point(path, read_only).map_err(|e| match e {
+    SandboxError::InvalidPath { reason, .. } => SandboxError::InvalidPath {
+      path: shown.to_string(),
+      reason,
+    },
+    other => other,
+  })?;
   let size = content.len() as u64;
-  let header = Bytes::from(entry_header(
-    path.trim_start_matches('/'),
-    size,
-    0o644,
-    owner,
-    false,
-  )?);
-  // The same archive also refreshes the activity file: an upload is activity for the idle timer.
+  let header = Bytes::from(entry_header(&entry, size, 0o644, owner, false)?);
+  // The same archive refreshes the activity file when it lands in the same tree: an upload is
+  // activity for the idle timer.
+  let activity = match root {
+    "/" => Some("trueforge/.activity"),
+    r if r == crate::layout::LAYOUT_ROOT => Some(".activity"),
+    _ => None,
+  };
   let pad = (BLOCK - (size as usize % BLOCK)) % BLOCK;
   let mut tail = vec![0u8; pad];
-  tail.extend_from_slice(&entry_header(
-    crate::lifecycle::ACTIVITY_FILE.trim_start_matches('/'),
-    0,
-    0o644,
-    owner,
-    false,
-  )?);
+  if let Some(a) = activity {
+    tail.extend_from_slice(&entry_header(a, 0, 0o644, owner, false)?);
+  }
   tail.extend_from_slice(&[0u8; 2 * BLOCK]);
   let parts = futures_util::stream::iter([header, content, Bytes::from(tail)]);
   let deadline = transfer_deadline(size);
@@ -344,25 +391,22 @@ pub async fn upload(
       "write a file into the sandbox",
       engine.docker.upload_to_container(
         container,
-        Some(upload_options(owner)),
+        Some(upload_options(root, owner)),
         bollard::body_stream(parts),
       ),
     )
     .await;
-  res.map_err(|e| classify_upload_error(e, shown))
+  res.map_err(|e| classify_upload_error(e, shown))?;
+  if activity.is_none() {
+    touch_activity(engine, container, owner).await;
+  }
+  Ok(())
 }
 
 /// Records activity (the idle timer's clock) with one tiny archive write; best effort.
 pub async fn touch_activity(engine: &Engine, container: &str, owner: Option<(u32, u32)>) {
-  let mut tar = match entry_header(
-    crate::lifecycle::ACTIVITY_FILE.trim_start_matches('/'),
-    0,
-    0o644,
-    owner,
-    false,
-  ) {
-    Ok(h) => h,
-    Err(_) => return,
+  let Ok(mut tar) = entry_header(".activity", 0, 0o644, owner, false) else {
+    return;
   };
   tar.extend_from_slice(&[0u8; 2 * BLOCK]);
   let _ = engine
@@ -371,41 +415,51 @@ pub async fn touch_activity(engine: &Engine, container: &str, owner: Option<(u32
       "record activity",
       engine.docker.upload_to_container(
         container,
-        Some(upload_options(owner)),
+        Some(upload_options(crate::layout::LAYOUT_ROOT, owner)),
         bollard::body_full(tar.into()),
       ),
     )
     .await;
 }
 
-/// Creates directories (and their missing parents) owned by `owner`.
+/// Creates directories (and their missing parents) owned by `owner`: one archive per
+/// extraction point.
 pub async fn make_dirs(
   engine: &Engine,
   container: &str,
   dirs: &[String],
   owner: Option<(u32, u32)>,
+  read_only: bool,
 ) -> Result<()> {
-  let mut tar = Vec::new();
+  let mut groups: Vec<(&'static str, Vec<u8>)> = Vec::new();
   for d in dirs {
-    tar.extend_from_slice(&entry_header(
-      &format!("{}/", d.trim_matches('/')),
+    let (root, entry) = extract_point(d, read_only)?;
+    let header = entry_header(
+      &format!("{}/", entry.trim_end_matches('/')),
       0,
       0o755,
       owner,
       true,
-    )?);
+    )?;
+    match groups.iter_mut().find(|(r, _)| *r == root) {
+      Some((_, tar)) => tar.extend_from_slice(&header),
+      None => groups.push((root, header)),
+    }
   }
-  tar.extend_from_slice(&[0u8; 2 * BLOCK]);
-  let tar = Bytes::from(tar);
-  engine
-    .control("create the sandbox layout", || {
-      engine.docker.upload_to_container(
-        container,
-        Some(upload_options(owner)),
-        bollard::body_full(tar.clone()),
-      )
-    })
-    .await
+  for (root, mut tar) in groups {
+    tar.extend_from_slice(&[0u8; 2 * BLOCK]);
+    let tar = Bytes::from(tar);
+    engine
+      .control("create the sandbox layout", || {
+        engine.docker.upload_to_container(
+          container,
+          Some(upload_options(root, owner)),
+          bollard::body_full(tar.clone()),
+        )
+      })
+      .await?;
+  }
+  Ok(())
 }
 
 fn classify_upload_error(e: SandboxError, shown: &str) -> SandboxError {
@@ -492,6 +546,30 @@ mod tests {
     let mut s = String::new();
     std::io::Read::read_to_string(&mut e, &mut s).unwrap();
     assert_eq!(s, "payload");
+  }
+
+  #[test]
+  fn extract_points() {
+    assert_eq!(
+      extract_point("/etc/x", false).unwrap(),
+      ("/", "etc/x".to_string())
+    );
+    assert_eq!(
+      extract_point("/workspace/A/b", true).unwrap(),
+      ("/workspace", "A/b".to_string())
+    );
+    assert_eq!(
+      extract_point("/trueforge/uploads/f", true).unwrap(),
+      ("/trueforge", "uploads/f".to_string())
+    );
+    assert!(matches!(
+      extract_point("/tmp/f", true),
+      Err(SandboxError::InvalidPath { .. })
+    ));
+    assert!(matches!(
+      extract_point("/workspacex/f", true),
+      Err(SandboxError::InvalidPath { .. })
+    ));
   }
 
   #[test]

@@ -1,0 +1,188 @@
+// Shared helpers for the integration tests: a thin docker CLI wrapper (setup, inspection and
+// cleanup only; the CLI is never the thing under test), unique namespaces so test files running
+// in parallel never see each other's containers, and small assertion helpers.
+
+import { execFileSync, spawnSync } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
+
+import { DockerSandboxProvider } from '..'
+
+export const BUSYBOX = 'trueforge-sandbox-busybox:1'
+export const DEBIAN = 'trueforge-sandbox-debian:12'
+
+export const LABEL_MANAGED_BY = 'trueforge.sandbox.managed-by'
+export const LABEL_NAMESPACE = 'trueforge.sandbox.namespace'
+export const LABEL_ID = 'trueforge.sandbox.id'
+export const LABEL_CREATED_AT = 'trueforge.sandbox.created-at'
+export const MANAGED_BY = 'trueforge-docker-sandbox'
+/** Put on containers the tests make with the CLI (not ours), so cleanup finds them too. */
+export const LABEL_TEST_NAMESPACE = 'trueforge-test.namespace'
+
+const CROCKFORD = '0123456789ABCDEFGHJKMNPQRSTVWXYZ'
+
+/** The contract's exec result. */
+export type ExecResult =
+  | { success: true; response: { exitCode: number; result: string } }
+  | { success: false; error: string }
+
+export interface ExecParams {
+  sandboxId: string
+  command: string
+  cwd?: string
+  env?: Record<string, string>
+  timeoutSeconds?: number
+}
+
+export type Provider = InstanceType<typeof DockerSandboxProvider>
+
+/** Runs the docker CLI; throws (with stderr in the message) on a non-zero exit. */
+export function docker(args: string[], input?: string | Buffer): string {
+  try {
+    return execFileSync('docker', args, {
+      input,
+      encoding: 'utf8',
+      stdio: ['pipe', 'pipe', 'pipe'],
+      timeout: 60_000,
+      maxBuffer: 64 * 1024 * 1024,
+    }).trim()
+  } catch (e) {
+    const err = e as { stderr?: string; message: string }
+    throw new Error(`docker ${args.join(' ')} failed: ${err.stderr || err.message}`)
+  }
+}
+
+/** Runs the docker CLI and reports the outcome instead of throwing. */
+export function dockerTry(args: string[]): { status: number; stdout: string; stderr: string } {
+  const r = spawnSync('docker', args, { encoding: 'utf8', timeout: 60_000 })
+  return { status: r.status ?? -1, stdout: (r.stdout ?? '').trim(), stderr: (r.stderr ?? '').trim() }
+}
+
+/** `docker inspect` of one container, parsed; null when it does not exist. */
+export function inspectContainer(nameOrId: string): any | null {
+  const r = dockerTry(['inspect', '--type', 'container', nameOrId])
+  if (r.status !== 0) return null
+  const parsed = JSON.parse(r.stdout) as any[]
+  return parsed[0] ?? null
+}
+
+/** A namespace no other test file (or earlier run) uses: `<prefix>-<8 hex>`, at most 32 long. */
+export function uniqueNamespace(prefix: string): string {
+  const ns = `${prefix}-${randomBytes(4).toString('hex')}`
+  if (!/^[a-z0-9-]{1,32}$/.test(ns)) throw new Error(`bad test namespace ${ns}`)
+  return ns
+}
+
+/** A random, well-formed ULID (as our ids carry) that no provider ever made. */
+export function randomUlid(): string {
+  const bytes = randomBytes(26)
+  let s = '0'
+  for (let i = 1; i < 26; i++) s += CROCKFORD[bytes[i] % 32]
+  return s
+}
+
+/** The ULID at the end of a sandbox id. */
+export function ulidOf(sandboxId: string): string {
+  const m = /^\/workspace\/([0-9A-Z]{26})$/.exec(sandboxId)
+  if (!m) throw new Error(`not a sandbox id: ${sandboxId}`)
+  return m[1]
+}
+
+/** The container name the provider derives for an id in a namespace. */
+export function containerNameFor(namespace: string, sandboxId: string): string {
+  return `trueforge-${namespace}-${ulidOf(sandboxId).toLowerCase()}`
+}
+
+/** Ids of every container (running or not) labelled with this namespace, ours or the tests'. */
+export function containersInNamespace(namespace: string): string[] {
+  const ids = new Set<string>()
+  for (const label of [LABEL_NAMESPACE, LABEL_TEST_NAMESPACE]) {
+    const out = docker(['ps', '-aq', '--filter', `label=${label}=${namespace}`])
+    for (const id of out.split('\n')) if (id.trim()) ids.add(id.trim())
+  }
+  return [...ids]
+}
+
+/** Force-removes every container of a namespace. Never throws: it runs in afterAll. */
+export function cleanupNamespace(namespace: string): void {
+  try {
+    const ids = containersInNamespace(namespace)
+    if (ids.length > 0) dockerTry(['rm', '-f', '-v', ...ids])
+  } catch (e) {
+    console.warn(`cleanup of namespace ${namespace} failed: ${(e as Error).message}`)
+  }
+}
+
+/**
+ * Tracks the sandboxes a test file creates and removes them all at the end, through the
+ * provider and then with the CLI for anything left in the namespace.
+ */
+export class SandboxTracker {
+  readonly ids = new Set<string>()
+
+  constructor(readonly namespace: string) {}
+
+  async create(provider: Provider): Promise<string> {
+    const { sandboxId } = await provider.createSandbox()
+    this.ids.add(sandboxId)
+    return sandboxId
+  }
+
+  async cleanup(provider: Provider): Promise<void> {
+    for (const id of this.ids) {
+      try {
+        await provider.removeSandbox(id)
+      } catch (e) {
+        console.warn(`removeSandbox(${id}) failed during cleanup: ${(e as Error).message}`)
+      }
+    }
+    this.ids.clear()
+    cleanupNamespace(this.namespace)
+  }
+}
+
+/** Runs a command and asserts that it ran (success: true); returns exit code and output. */
+export async function run(
+  provider: Provider,
+  sandboxId: string,
+  command: string,
+  extra: Partial<ExecParams> = {},
+): Promise<{ exitCode: number; result: string }> {
+  const r = (await provider.exec({ sandboxId, command, ...extra })) as ExecResult
+  if (!r.success) throw new Error(`exec of ${JSON.stringify(command)} did not run: ${r.error}`)
+  return r.response
+}
+
+/** Runs a command that must exit 0; returns its output. */
+export async function ok(
+  provider: Provider,
+  sandboxId: string,
+  command: string,
+  extra: Partial<ExecParams> = {},
+): Promise<string> {
+  const r = await run(provider, sandboxId, command, extra)
+  if (r.exitCode !== 0) {
+    throw new Error(`${JSON.stringify(command)} exited ${r.exitCode}: ${r.result}`)
+  }
+  return r.result
+}
+
+/** Awaits a promise that must reject; returns the rejection for further assertions. */
+export async function rejection(p: Promise<unknown>): Promise<any> {
+  try {
+    await p
+  } catch (e) {
+    return e
+  }
+  throw new Error('expected the call to reject, but it resolved')
+}
+
+/** Milliseconds a promise took, with its value. */
+export async function timed<T>(p: () => Promise<T>): Promise<{ value: T; ms: number }> {
+  const start = performance.now()
+  const value = await p()
+  return { value, ms: performance.now() - start }
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms))
+}

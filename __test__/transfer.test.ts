@@ -1,0 +1,254 @@
+// uploadFile and downloadFile: exact bytes, path resolution, caps, file kinds, symlinks,
+// directories, the layout dirs and concurrency.
+
+import { randomBytes } from 'node:crypto'
+
+import {
+  DockerSandboxProvider,
+  SandboxFileNotFoundError,
+  SandboxFileTooLargeError,
+  SandboxInvalidPathError,
+  SandboxNotRegularFileError,
+  SandboxPathIsDirectoryError,
+  SandboxPathTraversalError,
+} from '..'
+import { BUSYBOX, DEBIAN, ok, rejection, run, SandboxTracker, timed, uniqueNamespace } from './helpers'
+
+const namespace = uniqueNamespace('t-transfer')
+const tracker = new SandboxTracker(namespace)
+const provider = new DockerSandboxProvider({ image: BUSYBOX, namespace })
+const small = new DockerSandboxProvider({ image: BUSYBOX, namespace, fileMaxBytes: 1024 })
+let id: string
+
+beforeAll(async () => {
+  id = await tracker.create(provider)
+})
+
+afterAll(async () => {
+  await tracker.cleanup(provider)
+})
+
+test('5 MiB of every byte value round-trips exactly', async () => {
+  const content = Buffer.alloc(5 * 1024 * 1024)
+  for (let i = 0; i < content.length; i++) content[i] = i % 256
+  await provider.uploadFile({ sandboxId: id, remotePath: 'all-bytes.bin', content })
+  const back = await provider.downloadFile({ sandboxId: id, path: 'all-bytes.bin' })
+  expect(back.length).toBe(content.length)
+  expect(back.equals(content)).toBe(true)
+  // The container sees the same bytes.
+  const sizeAndSum = await ok(provider, id, 'wc -c < all-bytes.bin; md5sum all-bytes.bin')
+  const md5 = require('node:crypto').createHash('md5').update(content).digest('hex')
+  expect(sizeAndSum).toBe(`${content.length}\n${md5}  all-bytes.bin\n`)
+})
+
+test('empty files and Uint8Arrays round-trip too', async () => {
+  await provider.uploadFile({ sandboxId: id, remotePath: 'empty.txt', content: Buffer.alloc(0) })
+  expect((await provider.downloadFile({ sandboxId: id, path: 'empty.txt' })).length).toBe(0)
+  expect((await run(provider, id, 'test -f empty.txt && test ! -s empty.txt')).exitCode).toBe(0)
+  const u8 = new Uint8Array([0, 1, 2, 253, 254, 255])
+  await provider.uploadFile({ sandboxId: id, remotePath: 'u8.bin', content: u8 as Buffer })
+  expect([...(await provider.downloadFile({ sandboxId: id, path: 'u8.bin' }))]).toEqual([...u8])
+})
+
+test('a relative upload path resolves against the sandbox root; missing parents are made', async () => {
+  await provider.uploadFile({ sandboxId: id, remotePath: 'rel/dir/file.txt', content: Buffer.from('relative') })
+  expect(await ok(provider, id, `cat ${id}/rel/dir/file.txt`)).toBe('relative')
+  expect(await ok(provider, id, 'cat rel/dir/file.txt')).toBe('relative')
+
+  await provider.uploadFile({ sandboxId: id, remotePath: '/tmp/a/b/c/deep.txt', content: Buffer.from('deep') })
+  expect(await ok(provider, id, 'test -d /tmp/a/b/c && cat /tmp/a/b/c/deep.txt')).toBe('deep')
+  // Odd but legal names are taken literally.
+  const odd = 'name with spaces & $(x) `y` ü.txt'
+  await provider.uploadFile({ sandboxId: id, remotePath: odd, content: Buffer.from('odd') })
+  expect(await ok(provider, id, `cat '${odd}'`)).toBe('odd')
+  expect((await provider.downloadFile({ sandboxId: id, path: `${id}/${odd}` })).toString()).toBe('odd')
+  // A long path (over tar's 100-byte name field).
+  const long = `${'d'.repeat(120)}/${'f'.repeat(120)}.txt`
+  await provider.uploadFile({ sandboxId: id, remotePath: long, content: Buffer.from('long') })
+  expect(await ok(provider, id, `cat ${long}`)).toBe('long')
+})
+
+test('uploading over a read-only (0555) file replaces its content', async () => {
+  await ok(provider, id, 'echo old > ro.sh && chmod 0555 ro.sh')
+  await provider.uploadFile({ sandboxId: id, remotePath: 'ro.sh', content: Buffer.from('new content') })
+  expect(await ok(provider, id, 'cat ro.sh')).toBe('new content')
+  expect((await provider.downloadFile({ sandboxId: id, path: 'ro.sh' })).toString()).toBe('new content')
+  // And the server's `chmod 0555` afterwards still works.
+  await ok(provider, id, 'chmod 0555 ro.sh')
+})
+
+test('".." segments are SandboxPathTraversalError, and nothing is written', async () => {
+  for (const remotePath of ['../x', 'a/../b', `${id}/../escape.txt`, '/tmp/../etc/passwd']) {
+    const e = await rejection(provider.uploadFile({ sandboxId: id, remotePath, content: Buffer.from('x') }))
+    expect(e).toBeInstanceOf(SandboxPathTraversalError)
+    expect(e.path).toBe(remotePath)
+    expect(e.message).toBe(`Path must not contain ".." segments: ${remotePath}`)
+  }
+  const d = await rejection(provider.downloadFile({ sandboxId: id, path: '../x' }))
+  expect(d).toBeInstanceOf(SandboxPathTraversalError)
+  expect((await run(provider, id, 'test -e /workspace/escape.txt || test -e /workspace/x')).exitCode).not.toBe(0)
+  expect(await ok(provider, id, 'head -1 /etc/passwd')).toMatch(/^root:/)
+})
+
+test('an upload over fileMaxBytes is SandboxFileTooLargeError and writes nothing', async () => {
+  const e = await rejection(small.uploadFile({ sandboxId: id, remotePath: 'too-big.bin', content: Buffer.alloc(2000, 7) }))
+  expect(e).toBeInstanceOf(SandboxFileTooLargeError)
+  expect(e.fileSize).toBe(2000)
+  expect(e.maxSize).toBe(1024)
+  expect(e.statusCode).toBe(413)
+  expect((await run(provider, id, 'test -e too-big.bin')).exitCode).toBe(1)
+  // Exactly at the cap is fine.
+  const atCap = randomBytes(1024)
+  await small.uploadFile({ sandboxId: id, remotePath: 'at-cap.bin', content: atCap })
+  expect((await small.downloadFile({ sandboxId: id, path: 'at-cap.bin' })).equals(atCap)).toBe(true)
+})
+
+test('a download over fileMaxBytes is SandboxFileTooLargeError', async () => {
+  await ok(provider, id, 'head -c 2000 /dev/zero > made-by-exec.bin')
+  const e = await rejection(small.downloadFile({ sandboxId: id, path: 'made-by-exec.bin' }))
+  expect(e).toBeInstanceOf(SandboxFileTooLargeError)
+  expect(e.fileSize).toBe(2000)
+  expect(e.maxSize).toBe(1024)
+  expect(e.message).toBe('File too large: made-by-exec.bin (2000 bytes, max 1024)')
+  // The default cap lets it through.
+  expect((await provider.downloadFile({ sandboxId: id, path: 'made-by-exec.bin' })).equals(Buffer.alloc(2000))).toBe(
+    true,
+  )
+})
+
+test('a directory is SandboxPathIsDirectoryError; a missing file SandboxFileNotFoundError', async () => {
+  await ok(provider, id, 'mkdir -p some/dir')
+  for (const path of ['some/dir', `${id}/some`, '/', '/tmp']) {
+    const e = await rejection(provider.downloadFile({ sandboxId: id, path }))
+    expect(e).toBeInstanceOf(SandboxPathIsDirectoryError)
+    expect(e.message).toBe(`Path is a directory, not a file: ${path}`)
+  }
+  for (const path of ['missing.txt', '/nope/missing.txt', 'some/dir/missing']) {
+    const e = await rejection(provider.downloadFile({ sandboxId: id, path }))
+    expect(e).toBeInstanceOf(SandboxFileNotFoundError)
+    expect(e.message).toBe(`File not found: ${path}`)
+  }
+})
+
+test('/dev/zero is SandboxNotRegularFileError, promptly (busybox image)', async () => {
+  const { value: e, ms } = await timed(() => rejection(provider.downloadFile({ sandboxId: id, path: '/dev/zero' })))
+  expect(ms).toBeLessThan(3000)
+  // The device exists in the sandbox: it is not "not found".
+  expect((await run(provider, id, 'test -c /dev/zero')).exitCode).toBe(0)
+  expect(e).toBeInstanceOf(SandboxNotRegularFileError)
+})
+
+test('/dev/zero is SandboxNotRegularFileError, promptly (debian image)', async () => {
+  const deb = new DockerSandboxProvider({ image: DEBIAN, namespace })
+  const debId = await tracker.create(deb)
+  const { value: e, ms } = await timed(() => rejection(deb.downloadFile({ sandboxId: debId, path: '/dev/zero' })))
+  expect(ms).toBeLessThan(3000)
+  expect(e).toBeInstanceOf(SandboxNotRegularFileError)
+  expect(e.code).toBe('NOT_REGULAR_FILE')
+  expect(e.message).toMatch(/character device|under \/dev/)
+})
+
+test('a named pipe is SandboxNotRegularFileError and does not block', async () => {
+  await ok(provider, id, 'mkfifo fifo')
+  const { value: e, ms } = await timed(() => rejection(provider.downloadFile({ sandboxId: id, path: 'fifo' })))
+  expect(ms).toBeLessThan(3000)
+  expect(e).toBeInstanceOf(SandboxNotRegularFileError)
+  expect(e.message).toMatch(/named pipe/)
+})
+
+test('symlinks are followed inside the container', async () => {
+  await ok(
+    provider,
+    id,
+    [
+      'mkdir -p links/inner',
+      'printf target-bytes > links/target.txt',
+      'cd links',
+      'ln -sf target.txt rel-link',
+      `ln -sf ${id}/links/target.txt abs-link`,
+      'ln -sf rel-link chain-link',
+      'ln -sf ../target.txt inner/up-link',
+      'printf in-inner > inner/x.txt',
+      'ln -sf inner dir-link',
+      'ln -sf missing-target dangling',
+    ].join(' && '),
+  )
+  for (const link of ['links/rel-link', 'links/abs-link', 'links/chain-link', 'links/inner/up-link']) {
+    expect((await provider.downloadFile({ sandboxId: id, path: link })).toString()).toBe('target-bytes')
+  }
+  // A symlinked directory in the middle of the path.
+  expect((await provider.downloadFile({ sandboxId: id, path: 'links/dir-link/x.txt' })).toString()).toBe('in-inner')
+  expect(await rejection(provider.downloadFile({ sandboxId: id, path: 'links/dir-link' }))).toBeInstanceOf(
+    SandboxPathIsDirectoryError,
+  )
+  expect(await rejection(provider.downloadFile({ sandboxId: id, path: 'links/dangling' }))).toBeInstanceOf(
+    SandboxFileNotFoundError,
+  )
+})
+
+test('a symlink loop is a path error (SandboxInvalidPathError), not an engine failure', async () => {
+  await ok(provider, id, 'mkdir -p loops && ln -sf loop-b loops/loop-a && ln -sf loop-a loops/loop-b && ln -sf self loops/self')
+  for (const path of ['loops/loop-a', 'loops/self']) {
+    const { value: e, ms } = await timed(() => rejection(provider.downloadFile({ sandboxId: id, path })))
+    expect(ms).toBeLessThan(3000)
+    expect({ path, name: e.name, statusCode: e.statusCode }).toEqual({
+      path,
+      name: 'SandboxInvalidPathError',
+      statusCode: 400,
+    })
+    expect(e).toBeInstanceOf(SandboxInvalidPathError)
+  }
+})
+
+test('an upload onto an existing directory is SandboxPathIsDirectoryError and keeps the directory', async () => {
+  await ok(provider, id, 'mkdir -p keepdir/sub && echo inside > keepdir/sub/file.txt && echo top > keepdir/top.txt')
+  const e = await rejection(provider.uploadFile({ sandboxId: id, remotePath: 'keepdir', content: Buffer.from('x') }))
+  expect(e).toBeInstanceOf(SandboxPathIsDirectoryError)
+  expect(e.path).toBe('keepdir')
+  expect(await ok(provider, id, 'test -d keepdir && cat keepdir/sub/file.txt keepdir/top.txt')).toBe('inside\ntop\n')
+  // A path ending in '/' or naming '/' is a directory too.
+  for (const remotePath of ['newdir/', '/']) {
+    const e2 = await rejection(provider.uploadFile({ sandboxId: id, remotePath, content: Buffer.from('x') }))
+    expect(e2).toBeInstanceOf(SandboxPathIsDirectoryError)
+  }
+})
+
+test('an upload under a regular file is refused and leaves the file alone', async () => {
+  await ok(provider, id, 'echo plain > plainfile')
+  const e = await rejection(
+    provider.uploadFile({ sandboxId: id, remotePath: 'plainfile/child.txt', content: Buffer.from('x') }),
+  )
+  expect(e).toBeInstanceOf(SandboxInvalidPathError)
+  expect(await ok(provider, id, 'cat plainfile')).toBe('plain\n')
+})
+
+test('uploads into the uploads and tool-results dirs work, by absolute path', async () => {
+  const uploads = provider.getFileUploadsDir(id)
+  const results = provider.getToolResultDumpDir(id)
+  await provider.uploadFile({ sandboxId: id, remotePath: `${uploads}/report.csv`, content: Buffer.from('a,b\n1,2\n') })
+  await provider.uploadFile({ sandboxId: id, remotePath: `${results}/call-1.txt`, content: Buffer.from('result') })
+  expect(await ok(provider, id, `cat ${uploads}/report.csv ${results}/call-1.txt`)).toBe('a,b\n1,2\nresult')
+  expect((await provider.downloadFile({ sandboxId: id, path: `${results}/call-1.txt` })).toString()).toBe('result')
+})
+
+test('concurrent uploads and downloads on one sandbox', async () => {
+  const files = Array.from({ length: 8 }, (_, i) => ({ path: `conc/f${i}.bin`, content: randomBytes(50_000 + i * 1000) }))
+  await Promise.all(files.map((f) => provider.uploadFile({ sandboxId: id, remotePath: f.path, content: f.content })))
+  // Downloads of those, fresh uploads and execs, all at once.
+  const more = Array.from({ length: 4 }, (_, i) => ({ path: `conc/g${i}.bin`, content: randomBytes(30_000) }))
+  const [downs] = await Promise.all([
+    Promise.all(files.map((f) => provider.downloadFile({ sandboxId: id, path: f.path }))),
+    Promise.all(more.map((f) => provider.uploadFile({ sandboxId: id, remotePath: f.path, content: f.content }))),
+    Promise.all([0, 1, 2].map((i) => ok(provider, id, `echo exec-${i}`))),
+  ])
+  downs.forEach((d, i) => expect(d.equals(files[i].content)).toBe(true))
+  const back = await Promise.all(more.map((f) => provider.downloadFile({ sandboxId: id, path: f.path })))
+  back.forEach((d, i) => expect(d.equals(more[i].content)).toBe(true))
+})
+
+test('non-Buffer content and non-string paths are TypeErrors', async () => {
+  await expect(
+    provider.uploadFile({ sandboxId: id, remotePath: 'x', content: 'text' as unknown as Buffer }),
+  ).rejects.toBeInstanceOf(TypeError)
+  await expect(provider.downloadFile({ sandboxId: id, path: 3 as unknown as string })).rejects.toBeInstanceOf(TypeError)
+})
