@@ -7,6 +7,8 @@ pub mod config;
 pub mod context;
 pub mod errors;
 pub mod exec;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod ids;
 pub mod image;
 pub mod layout;

@@ -72,6 +72,12 @@ impl CappedOutput {
   pub fn into_text(self) -> String {
     let mut tail = self.tail;
     tail.rotate_left(self.tail_pos);
+    if self.omitted == 0 {
+      // Nothing was cut: decode in one piece so a character straddling head and tail survives.
+      let mut all = self.head;
+      all.extend_from_slice(&tail);
+      return String::from_utf8_lossy(&all).into_owned();
+    }
     let mut s = String::from_utf8_lossy(&self.head).into_owned();
     if self.omitted > 0 {
       if !s.ends_with('\n') {
