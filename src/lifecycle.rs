@@ -444,12 +444,9 @@ pub async fn create(
       dirs.push(ids::WORKSPACE_ROOT.to_string());
     }
     dirs.push(sandbox_id.clone());
-    transfer::make_dirs(engine, &container_id, &dirs, owner, cfg.read_only_rootfs)
+    transfer::make_layout(engine, &container_id, &dirs, owner, cfg.read_only_rootfs)
       .await
       .map_err(|e| step_failed("create the sandbox layout", e))?;
-    // The activity file is made here, owned by the exec user, so commands can refresh it even
-    // when the layout root itself is not theirs.
-    transfer::touch_activity(engine, &container_id, owner).await;
     engine
       .control("start the sandbox container", || {
         engine.docker.start_container(&container_id, None)

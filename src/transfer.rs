@@ -422,9 +422,9 @@ pub async fn touch_activity(engine: &Engine, container: &str, owner: Option<(u32
     .await;
 }
 
-/// Creates directories (and their missing parents) owned by `owner`: one archive per
-/// extraction point.
-pub async fn make_dirs(
+/// Creates directories (and their missing parents) plus the activity file, owned by `owner`:
+/// one archive per extraction point (one in all unless the root filesystem is read-only).
+pub async fn make_layout(
   engine: &Engine,
   container: &str,
   dirs: &[String],
@@ -445,6 +445,14 @@ pub async fn make_dirs(
       Some((_, tar)) => tar.extend_from_slice(&header),
       None => groups.push((root, header)),
     }
+  }
+  // The activity file is made here, owned by the exec user, so commands can refresh it even
+  // when the layout root itself is not theirs.
+  let (root, entry) = extract_point(crate::lifecycle::ACTIVITY_FILE, read_only)?;
+  let header = entry_header(&entry, 0, 0o644, owner, false)?;
+  match groups.iter_mut().find(|(r, _)| *r == root) {
+    Some((_, tar)) => tar.extend_from_slice(&header),
+    None => groups.push((root, header)),
   }
   for (root, mut tar) in groups {
     tar.extend_from_slice(&[0u8; 2 * BLOCK]);
