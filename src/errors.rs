@@ -82,17 +82,6 @@ impl SandboxError {
     }
   }
 
-  /// Whether the failure is the engine's (the command never ran), as opposed to bad input.
-  pub fn is_infrastructure(&self) -> bool {
-    matches!(
-      self,
-      Self::EngineUnreachable { .. }
-        | Self::EngineTimeout { .. }
-        | Self::Engine { .. }
-        | Self::Internal(_)
-    )
-  }
-
   /// The JSON document carried across the napi boundary: the code, the message and the
   /// fields the contract's error constructors take.
   pub fn to_payload(&self) -> serde_json::Value {

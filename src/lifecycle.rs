@@ -2,7 +2,7 @@
 //! a stopped one once however many callers race, removing. A container is ours only when its
 //! name derives from the id and its labels (managed-by, namespace, id) match.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bollard::models::{ContainerCreateBody, ContainerInspectResponse, DeviceRequest, HostConfig};
@@ -599,16 +599,6 @@ fn lookup<'a>(db: &'a str, field: usize, value: &str) -> Option<Vec<&'a str>> {
   db.lines()
     .map(|l| l.split(':').collect::<Vec<_>>())
     .find(|f| f.len() >= 4 && f[field] == value)
-}
-
-/// Labels as a sorted map, for tests and listings.
-pub fn labels_of(info: &ContainerInspectResponse) -> BTreeMap<String, String> {
-  info
-    .config
-    .as_ref()
-    .and_then(|c| c.labels.clone())
-    .map(|l| l.into_iter().collect())
-    .unwrap_or_default()
 }
 
 #[cfg(test)]
