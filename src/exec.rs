@@ -208,7 +208,17 @@ pub async fn run(
     scanner.finish(&mut |b| kept.push(b));
   }
   if timed_out {
-    kill_tree(engine, container, pid, &token).await;
+    if !kill_tree(engine, container, pid, &token).await {
+      // Never claim a kill that did not happen.
+      return Err(StartError::Other(SandboxError::EngineTimeout {
+        host: engine.host.to_string(),
+        operation: format!(
+          "kill the command after its {} s timeout (its processes may still be running)",
+          format_secs(req.timeout)
+        ),
+        seconds: ENGINE_GRACE.as_secs(),
+      }));
+    }
     let mut text = kept.into_text();
     if !text.is_empty() && !text.ends_with('\n') {
       text.push('\n');
@@ -224,7 +234,7 @@ pub async fn run(
     });
   }
   if let Some(e) = stream_error {
-    kill_tree(engine, container, pid, &token).await;
+    let _ = kill_tree(engine, container, pid, &token).await;
     return Err(StartError::Other(e));
   }
   let exit_code = match exit {
@@ -277,7 +287,7 @@ async fn exit_from_inspect(engine: &Engine, exec_id: &str) -> Result<i32> {
 
 /// Kills the command's process group and every process carrying its token. Best effort: a
 /// failure here is logged by the caller's outcome, never raised over the command's result.
-pub async fn kill_tree(engine: &Engine, container: &str, pid: Option<u32>, token: &str) {
+pub async fn kill_tree(engine: &Engine, container: &str, pid: Option<u32>, token: &str) -> bool {
   let opts = CreateExecOptions {
     cmd: Some(vec![
       "/bin/sh".to_string(),
@@ -301,7 +311,7 @@ pub async fn kill_tree(engine: &Engine, container: &str, pid: Option<u32>, token
     }
     Ok::<_, bollard::errors::Error>(())
   };
-  let _ = tokio::time::timeout(ENGINE_GRACE, run).await;
+  matches!(tokio::time::timeout(ENGINE_GRACE, run).await, Ok(Ok(())))
 }
 
 /// Validates per-call environment variables: names a shell can export, values without NUL.

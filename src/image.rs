@@ -321,7 +321,14 @@ async fn ready(engine: &Engine, src: &ImageSource, id: String) -> Result<Build> 
     })
     .await
   {
-    if let Some(d) = info.repo_digests.and_then(|d| d.into_iter().next()) {
+    // The same content pulled under several names has a digest per repository: report ours.
+    let (repo, _) = split_reference(&src.reference);
+    let ours = info
+      .repo_digests
+      .unwrap_or_default()
+      .into_iter()
+      .find(|d| d.split_once('@').map(|(r, _)| r) == Some(repo.as_str()));
+    if let Some(d) = ours {
       m.insert("digest".to_string(), d);
     }
   }
@@ -553,7 +560,23 @@ async fn pull(
     if let Some(err) = info.error_detail.and_then(|d| d.message) {
       return Err(format!("pulling {image} failed: {err}"));
     }
-    if let (Some(id), Some(status)) = (info.id, info.status) {
+    // Messages about the tag itself ("Pulling from …", "Digest: …") carry an id too; only the
+    // per-layer ones count as layers.
+    let is_layer = |st: &str| {
+      [
+        "Pulling fs layer",
+        "Waiting",
+        "Downloading",
+        "Verifying Checksum",
+        "Download complete",
+        "Extracting",
+        "Pull complete",
+        "Already exists",
+      ]
+      .iter()
+      .any(|p| st.starts_with(p))
+    };
+    if let (Some(id), Some(status)) = (info.id, info.status.filter(|s| is_layer(s))) {
       let mut w = works().lock().expect("works");
       if let Some(Work::Pulling(p)) = w.get_mut(k) {
         let entry = p.layers.entry(id).or_insert((0, 0, false));

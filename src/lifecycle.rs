@@ -420,7 +420,21 @@ pub async fn create(
         detail,
       },
       other => other,
-    })?;
+    });
+  let created = match created {
+    Ok(c) => c,
+    Err(e) => {
+      // No answer does not mean nothing happened: a hung engine may still run the buffered
+      // request once it wakes. Remove the container by name when it does.
+      if matches!(
+        e,
+        SandboxError::EngineTimeout { .. } | SandboxError::EngineUnreachable { .. }
+      ) {
+        remove_later(engine, &name, log);
+      }
+      return Err(e);
+    }
+  };
   let container_id = created.id;
   let finish = async {
     let info = engine
@@ -479,10 +493,42 @@ pub async fn create(
         "sandbox creation failed; removing its container",
         json!({ "container": name, "error": e.to_string() }),
       );
-      let _ = force_remove(engine, &container_id).await;
+      if force_remove(engine, &container_id).await.is_err() {
+        remove_later(engine, &container_id, log);
+      }
       Err(e)
     }
   }
+}
+
+/// Removes a half-made container in the background once the engine answers again: polls for up
+/// to ten minutes and, once the engine responds, keeps checking for half a minute more (a
+/// request it buffered while hung may land late).
+fn remove_later(engine: &Engine, name_or_id: &str, log: &Logger) {
+  let (engine, target, log) = (engine.clone(), name_or_id.to_string(), log.clone());
+  tokio::spawn(async move {
+    let started = std::time::Instant::now();
+    let mut answered_at: Option<std::time::Instant> = None;
+    while started.elapsed() < std::time::Duration::from_secs(600) {
+      match force_remove(&engine, &target).await {
+        Ok(()) => {
+          let since = *answered_at.get_or_insert_with(std::time::Instant::now);
+          if since.elapsed() > std::time::Duration::from_secs(30) {
+            return;
+          }
+        }
+        Err(e) => log.debug(
+          "half-made sandbox not removed yet",
+          json!({ "container": target, "error": e.to_string() }),
+        ),
+      }
+      tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
+    log.warn(
+      "gave up removing a half-made sandbox; the reaper will",
+      json!({ "container": target }),
+    );
+  });
 }
 
 /// The name a pool member carries until it is claimed.

@@ -4,9 +4,10 @@
 //! its id derives from. The engine serialises renames of one container, so when two processes
 //! race for a member exactly one rename succeeds.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
+use bollard::models::ContainerSummaryStateEnum;
 use bollard::query_parameters::{
   ListContainersOptions, RemoveContainerOptions, RenameContainerOptions,
 };
@@ -133,8 +134,9 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
   Ok(None)
 }
 
-fn refilling() -> &'static Mutex<HashSet<String>> {
-  static R: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+/// Refills in flight, by engine and configuration; `true` means "asked again meanwhile".
+fn refilling() -> &'static Mutex<HashMap<String, bool>> {
+  static R: OnceLock<Mutex<HashMap<String, bool>>> = OnceLock::new();
   R.get_or_init(Default::default)
 }
 
@@ -142,8 +144,15 @@ fn refilling() -> &'static Mutex<HashSet<String>> {
 /// configuration at a time). Stopped members are removed: they are nobody's session.
 pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log: &Logger) {
   let key = format!("{}\n{fp}", engine.host);
-  if !refilling().lock().expect("refilling").insert(key.clone()) {
-    return;
+  {
+    let mut r = refilling().lock().expect("refilling");
+    if let Some(again) = r.get_mut(&key) {
+      // One is running: it makes another pass when it is done, so claims made meanwhile are
+      // replaced too.
+      *again = true;
+      return;
+    }
+    r.insert(key.clone(), false);
   }
   let (engine, cfg, image, fp, log) = (
     engine.clone(),
@@ -153,59 +162,67 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
     log.clone(),
   );
   tokio::spawn(async move {
-    let outcome = async {
-      let scope = Scope::of(&cfg);
-      let opts = ListContainersOptions {
-        all: true,
-        filters: Some(list_filters(&scope, &fp)),
-        ..Default::default()
-      };
-      let list = engine
-        .control("list pool members", || {
-          engine.docker.list_containers(Some(opts.clone()))
-        })
-        .await?;
-      let mut running = 0usize;
-      for c in list {
-        let pooled = c
-          .names
-          .unwrap_or_default()
-          .iter()
-          .any(|n| n.ends_with("-pool"));
-        if !pooled {
-          continue;
+    loop {
+      let outcome = async {
+        let scope = Scope::of(&cfg);
+        let opts = ListContainersOptions {
+          all: true,
+          filters: Some(list_filters(&scope, &fp)),
+          ..Default::default()
+        };
+        let list = engine
+          .control("list pool members", || {
+            engine.docker.list_containers(Some(opts.clone()))
+          })
+          .await?;
+        let mut running = 0usize;
+        for c in list {
+          let pooled = c
+            .names
+            .unwrap_or_default()
+            .iter()
+            .any(|n| n.ends_with("-pool"));
+          if !pooled {
+            continue;
+          }
+          match c.state {
+            Some(ContainerSummaryStateEnum::RUNNING) => running += 1,
+            // Stopped members are nobody's session: remove them. A member still being made (by
+            // this or another process) is left alone.
+            Some(ContainerSummaryStateEnum::EXITED | ContainerSummaryStateEnum::DEAD) => {
+              if let Some(id) = c.id {
+                let rm = RemoveContainerOptions {
+                  force: true,
+                  v: true,
+                  ..Default::default()
+                };
+                let _ = engine
+                  .control("remove a stopped pool member", || {
+                    engine.docker.remove_container(&id, Some(rm.clone()))
+                  })
+                  .await;
+              }
+            }
+            _ => {}
+          }
         }
-        if c
-          .state
-          .as_ref()
-          .map(|s| format!("{s:?}").to_lowercase())
-          .as_deref()
-          == Some("running")
-        {
-          running += 1;
-        } else if let Some(id) = c.id {
-          let rm = RemoveContainerOptions {
-            force: true,
-            v: true,
-            ..Default::default()
-          };
-          let _ = engine
-            .control("remove a stopped pool member", || {
-              engine.docker.remove_container(&id, Some(rm.clone()))
-            })
-            .await;
+        for _ in running..cfg.warm_pool_size as usize {
+          let t = lifecycle::create(&engine, &cfg, &image, Some(&fp), &log).await?;
+          owners().lock().expect("owners").insert(fp.clone(), t.owner);
         }
+        Ok::<_, crate::errors::SandboxError>(())
       }
-      for _ in running..cfg.warm_pool_size as usize {
-        let t = lifecycle::create(&engine, &cfg, &image, Some(&fp), &log).await?;
-        owners().lock().expect("owners").insert(fp.clone(), t.owner);
+      .await;
+      if let Err(e) = outcome {
+        log.warn("warm pool refill failed", json!({ "error": e.to_string() }));
       }
-      Ok::<_, crate::errors::SandboxError>(())
+      let mut r = refilling().lock().expect("refilling");
+      if r.get(&key) == Some(&true) {
+        r.insert(key.clone(), false);
+        continue;
+      }
+      r.remove(&key);
+      break;
     }
-    .await;
-    if let Err(e) = outcome {
-      log.warn("warm pool refill failed", json!({ "error": e.to_string() }));
-    }
-    refilling().lock().expect("refilling").remove(&key);
   });
 }

@@ -136,12 +136,20 @@ pub async fn download(
   };
   let body = engine.docker.download_from_container(container, Some(opts));
   let body = body.map(|r| r.map_err(|e| engine.map_error("read a file from the sandbox", e)));
-  match tokio::time::timeout(transfer_deadline(max), read_single_file(body, shown, max)).await {
+  match tokio::time::timeout(
+    transfer_deadline(engine, max),
+    read_single_file(body, shown, max),
+  )
+  .await
+  {
     Ok(Err(e)) if status_of(&e) == Some(404) => Err(SandboxError::FileNotFound {
       path: shown.to_string(),
     }),
     Ok(r) => r,
-    Err(_) => Err(engine.timeout("read a file from the sandbox", transfer_deadline(max))),
+    Err(_) => Err(engine.timeout(
+      "read a file from the sandbox",
+      transfer_deadline(engine, max),
+    )),
   }
 }
 
@@ -159,9 +167,9 @@ fn refuse_kernel_trees(shown: &str, path: &str) -> Result<()> {
   Ok(())
 }
 
-/// A deadline that scales with the payload: 30 s plus 1 s per 8 MiB.
-fn transfer_deadline(bytes: u64) -> std::time::Duration {
-  std::time::Duration::from_secs(30 + bytes / (8 << 20))
+/// A deadline that scales with the payload: the engine timeout plus 1 s per 8 MiB.
+fn transfer_deadline(engine: &Engine, bytes: u64) -> std::time::Duration {
+  engine.control_timeout + std::time::Duration::from_secs(bytes / (8 << 20))
 }
 
 /// The engine reports link targets already absolute; relative ones are taken from the link's dir.
@@ -384,7 +392,7 @@ pub async fn upload(
   }
   tail.extend_from_slice(&[0u8; 2 * BLOCK]);
   let parts = futures_util::stream::iter([header, content, Bytes::from(tail)]);
-  let deadline = transfer_deadline(size);
+  let deadline = transfer_deadline(engine, size);
   let res = engine
     .within(
       deadline,

@@ -1,0 +1,166 @@
+// Fault 3: the engine hangs (dockerd frozen with SIGSTOP). Every call settles by its deadline
+// with a clear error naming the engine instead of hanging, and works again after SIGCONT.
+// Deadlines: `engineTimeoutMs: 3000` bounds control requests (inspect, create, stat, exec
+// create); exec `timeoutSeconds: 3`; an upload is a transfer, bounded (as documented for
+// `engineTimeoutMs`) by the transfer deadline of 30 s plus 1 s per 8 MiB instead.
+
+import {
+  call,
+  containersOf,
+  describeFaults,
+  dk,
+  execCall,
+  execLeftovers,
+  FAULT_HOST,
+  faultEngine,
+  faultNamespace,
+  faultProvider,
+  injectFault,
+  must,
+  mustRun,
+  nameOf,
+  Outcome,
+  setupFaultFile,
+  sleep,
+  Tracker,
+  waitFor,
+} from './harness'
+
+setupFaultFile()
+
+const ENGINE_TIMEOUT_MS = 3000
+const EXEC_TIMEOUT_S = 3
+const TRANSFER_DEADLINE_MS = 30_000
+/** Slack on top of each deadline before a call counts as hanging (lost). */
+const SLACK_MS = 8000
+const by = (deadlineMs: number): number => deadlineMs + SLACK_MS
+
+describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
+  const namespace = faultNamespace('f3')
+  const provider = faultProvider(namespace, { engineTimeoutMs: ENGINE_TIMEOUT_MS })
+  const tracker = new Tracker(namespace, provider)
+
+  afterAll(async () => {
+    faultEngine('resume')
+    await tracker.cleanup()
+  })
+
+  /** Settled by its deadline (plus the slack) with a clear error naming the engine. */
+  function expectClearEngineError(o: Outcome<unknown>, deadlineMs: number): void {
+    expect({ kind: o.kind, status: o.status, reason: o.reason }).toEqual({ kind: o.kind, status: 'error', reason: undefined })
+    expect(o.ms).toBeLessThan(by(deadlineMs))
+    expect(o.error).toContain(FAULT_HOST)
+  }
+
+  test('exec, upload, download, createSandbox and getImageBuildStatus settle by their deadlines, then work again', async () => {
+    const sandboxId = await tracker.create()
+    await must('uploadFile', () => provider.uploadFile({ sandboxId, remotePath: 'a.txt', content: Buffer.from('alpha\n') }))
+    // A second instance that has never seen the sandbox: its exec must look the container up.
+    const fresh = faultProvider(namespace, { engineTimeoutMs: ENGINE_TIMEOUT_MS })
+
+    injectFault('engine-freeze')
+    faultEngine('pause')
+    let outcomes: Outcome<unknown>[]
+    try {
+      outcomes = await Promise.all<Outcome<unknown>>([
+        execCall(provider, { sandboxId, command: 'echo hi', timeoutSeconds: EXEC_TIMEOUT_S }, by(EXEC_TIMEOUT_S * 1000)),
+        execCall(
+          fresh,
+          { sandboxId, command: 'echo hi', timeoutSeconds: EXEC_TIMEOUT_S },
+          by(EXEC_TIMEOUT_S * 1000),
+          'exec (uncached)',
+        ),
+        call('uploadFile', by(TRANSFER_DEADLINE_MS), () =>
+          provider.uploadFile({ sandboxId, remotePath: 'b.txt', content: Buffer.from('beta\n') }),
+        ),
+        call('downloadFile', by(ENGINE_TIMEOUT_MS), () => provider.downloadFile({ sandboxId, path: 'a.txt' })),
+        call('createSandbox', by(ENGINE_TIMEOUT_MS), () => provider.createSandbox()),
+        call('getImageBuildStatus', by(ENGINE_TIMEOUT_MS), () => provider.getImageBuildStatus()),
+      ])
+    } finally {
+      faultEngine('resume')
+    }
+    const [exec1, exec2, upload, download, create, status] = outcomes
+    expectClearEngineError(exec1, EXEC_TIMEOUT_S * 1000)
+    expect(exec1.value).toMatchObject({ success: false })
+    expectClearEngineError(exec2, EXEC_TIMEOUT_S * 1000)
+    expectClearEngineError(upload, TRANSFER_DEADLINE_MS)
+    expectClearEngineError(download, ENGINE_TIMEOUT_MS)
+    expectClearEngineError(create, ENGINE_TIMEOUT_MS)
+    expectClearEngineError(status, ENGINE_TIMEOUT_MS)
+    for (const o of [upload, download, create, status]) {
+      expect({ kind: o.kind, name: o.errorName, code: o.code }).toEqual({
+        kind: o.kind,
+        name: 'SandboxEngineError',
+        code: 'ENGINE_TIMEOUT',
+      })
+    }
+
+    // After SIGCONT everything works again.
+    expect(await mustRun(provider, sandboxId, 'cat a.txt')).toBe('alpha\n')
+    expect(await mustRun(fresh, sandboxId, 'echo fresh')).toBe('fresh\n')
+    await must('uploadFile', () => provider.uploadFile({ sandboxId, remotePath: 'c.txt', content: Buffer.from('gamma\n') }))
+    expect((await must('downloadFile', () => provider.downloadFile({ sandboxId, path: 'c.txt' }))).toString()).toBe('gamma\n')
+    expect((await must('getImageBuildStatus', () => provider.getImageBuildStatus())).status).toBe('ready')
+    const second = await tracker.create()
+    expect(await mustRun(provider, second, 'echo new')).toBe('new\n')
+  })
+
+  test('a createSandbox that timed out on the frozen engine leaves no container once it recovers', async () => {
+    const before = new Set(containersOf(namespace))
+    injectFault('engine-freeze')
+    faultEngine('pause')
+    let create: Outcome<unknown>
+    try {
+      create = await call('createSandbox', by(ENGINE_TIMEOUT_MS), () => provider.createSandbox())
+    } finally {
+      faultEngine('resume')
+    }
+    expectClearEngineError(create, ENGINE_TIMEOUT_MS)
+    // The caller was told creation failed, so nothing may be left behind: give the provider a
+    // few seconds after the engine answers again to clean up what the frozen engine did late.
+    await sleep(8000)
+    const stray = containersOf(namespace)
+      .filter((id) => !before.has(id))
+      .map((id) => dk(['inspect', '--format', '{{.Name}} {{.State.Status}} {{index .Config.Labels "trueforge.sandbox.id"}}', id]))
+    expect(stray).toEqual([])
+  })
+
+  test('an exec in flight when the engine freezes settles by its deadline, and a "killed" command is gone after SIGCONT', async () => {
+    const sandboxId = await tracker.create()
+    const container = nameOf(namespace, sandboxId)
+    const marker = 'sleep 173'
+    const inFlight = execCall(
+      provider,
+      { sandboxId, command: `echo started; ${marker}`, timeoutSeconds: EXEC_TIMEOUT_S },
+      by(EXEC_TIMEOUT_S * 1000),
+    )
+    // Freeze once the command runs.
+    expect(await waitFor(() => execLeftovers(container).some((l) => l.includes(marker)), 10_000, 100)).not.toBeNull()
+    injectFault('engine-freeze')
+    faultEngine('pause')
+    let o: Outcome<unknown>
+    try {
+      o = await inFlight
+    } finally {
+      faultEngine('resume')
+    }
+    // It settles by its timeout plus the kill's grace (5 s), within the slack.
+    expect(o.status).not.toBe('lost')
+    expect(o.ms).toBeLessThan(EXEC_TIMEOUT_S * 1000 + SLACK_MS)
+    const r = o.value as { success: boolean; response?: { exitCode: number; result: string } }
+    if (r.success && r.response?.result.includes('were killed')) {
+      // The result says the command and everything it started were killed: then, with the
+      // engine answering again, it must not still be running.
+      await sleep(1000)
+      const still = dk(['exec', container, 'ps', '-o', 'pid,args'])
+        .split('\n')
+        .filter((l) => l.includes(marker))
+      expect({ result: r.response.result, stillRunning: still }).toEqual({ result: r.response.result, stillRunning: [] })
+    } else {
+      // Otherwise it must be a clear failure naming the engine.
+      expect(o.status).toBe('error')
+      expect(o.error).toContain(FAULT_HOST)
+    }
+  })
+})
