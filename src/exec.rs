@@ -216,7 +216,7 @@ pub async fn run(
           "kill the command after its {} s timeout (its processes may still be running)",
           format_secs(req.timeout)
         ),
-        seconds: ENGINE_GRACE.as_secs(),
+        seconds: engine.control_timeout.as_secs().max(1),
       }));
     }
     let mut text = kept.into_text();
@@ -285,8 +285,9 @@ async fn exit_from_inspect(engine: &Engine, exec_id: &str) -> Result<i32> {
   ))
 }
 
-/// Kills the command's process group and every process carrying its token. Best effort: a
-/// failure here is logged by the caller's outcome, never raised over the command's result.
+/// Kills the command's process group and every process carrying its token. Returns whether the
+/// killer ran to the end (within the engine timeout), so a caller never claims a kill that did
+/// not happen.
 pub async fn kill_tree(engine: &Engine, container: &str, pid: Option<u32>, token: &str) -> bool {
   let opts = CreateExecOptions {
     cmd: Some(vec![
@@ -311,7 +312,10 @@ pub async fn kill_tree(engine: &Engine, container: &str, pid: Option<u32>, token
     }
     Ok::<_, bollard::errors::Error>(())
   };
-  matches!(tokio::time::timeout(ENGINE_GRACE, run).await, Ok(Ok(())))
+  matches!(
+    tokio::time::timeout(engine.control_timeout, run).await,
+    Ok(Ok(()))
+  )
 }
 
 /// Validates per-call environment variables: names a shell can export, values without NUL.
