@@ -160,7 +160,7 @@ export declare class SandboxPathTraversalError extends SandboxError {
   readonly statusCode: 400
   readonly path: string
 }
-/** A path with a NUL byte, over 4096 bytes, or whose parent is a file. */
+/** A path with a NUL byte, over 3800 bytes, whose parent is a file, or (for uploads) under /dev, /proc or /sys. */
 export declare class SandboxInvalidPathError extends SandboxError {
   constructor(message: string, path: string)
   readonly path: string

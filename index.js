@@ -29,6 +29,44 @@ function optionError(option, reason) {
   return e
 }
 
+function argumentError(message) {
+  const e = new TypeError(message)
+  e.code = 'INVALID_ARGUMENT'
+  return e
+}
+
+// The first value JSON cannot carry (NaN, ±Infinity, undefined or a hole in an array, a symbol,
+// a function, a bigint), as [path, description]; null when there is none.
+function unrepresentable(value, path) {
+  switch (typeof value) {
+    case 'number':
+      return Number.isFinite(value) ? null : [path, String(value)]
+    case 'symbol':
+    case 'function':
+    case 'bigint':
+      return [path, `a ${typeof value}`]
+    case 'object': {
+      if (value === null) return null
+      if (Array.isArray(value)) {
+        for (let i = 0; i < value.length; i++) {
+          if (!(i in value) || value[i] === undefined) return [`${path}[${i}]`, 'undefined']
+          const bad = unrepresentable(value[i], `${path}[${i}]`)
+          if (bad) return bad
+        }
+        return null
+      }
+      for (const [k, v] of Object.entries(value)) {
+        if (v === undefined) continue
+        const bad = unrepresentable(v, path ? `${path}.${k}` : k)
+        if (bad) return bad
+      }
+      return null
+    }
+    default:
+      return null
+  }
+}
+
 function pickErrors(injected) {
   if (injected === undefined || injected === null) return {}
   if (typeof injected !== 'object') throw optionError('errors', 'expected an object of error constructors')
@@ -70,11 +108,15 @@ class DockerSandboxProvider {
     const { errors: injected, logger, ...rest } = options
     this.#errors = pickErrors(injected)
     const log = pickLogger(logger)
+    const bad = unrepresentable(rest, '')
+    if (bad) throw optionError(bad[0], `${bad[1]} is not a valid value`)
     const sink = log ? (line) => forward(log, line) : undefined
     try {
       this.#native = new NativeProvider(rest, sink)
     } catch (e) {
-      throw this.#translate(e)
+      const translated = this.#translate(e)
+      // Anything the binding refused before our own validation ran is still a bad option.
+      throw translated === e ? optionError('options', e.message) : translated
     }
     this.#layout = this.#native.layout()
     this.type = 'docker'
@@ -161,7 +203,7 @@ class DockerSandboxProvider {
     const { sandboxId, remotePath, content } = p ?? {}
     this.#requireStrings({ sandboxId, remotePath })
     if (!(content instanceof Uint8Array)) {
-      throw new TypeError('uploadFile: `content` must be a Buffer or Uint8Array')
+      throw argumentError('uploadFile: `content` must be a Buffer or Uint8Array')
     }
     const buf = Buffer.isBuffer(content) ? content : Buffer.from(content.buffer, content.byteOffset, content.byteLength)
     await this.#call(() => this.#native.uploadFile(sandboxId, remotePath, buf))
@@ -195,7 +237,7 @@ class DockerSandboxProvider {
 
   #requireStrings(fields) {
     for (const [k, v] of Object.entries(fields)) {
-      if (typeof v !== 'string') throw new TypeError(`\`${k}\` must be a string, got ${typeof v}`)
+      if (typeof v !== 'string') throw argumentError(`\`${k}\` must be a string, got ${typeof v}`)
     }
   }
 
@@ -241,8 +283,7 @@ class DockerSandboxProvider {
       case 'INVALID_OPTION':
         return optionError(payload.option, payload.message.replace(/^invalid option `[^`]*`: /, ''))
       case 'INVALID_ARGUMENT':
-        out = new TypeError(payload.message)
-        break
+        return argumentError(payload.message)
       case 'ENGINE_UNREACHABLE':
       case 'ENGINE_TIMEOUT':
       case 'ENGINE_ERROR':

@@ -175,7 +175,8 @@ impl NativeProvider {
     remote_path: String,
     content: Buffer,
   ) -> napi::Result<()> {
-    let bytes = bytes::Bytes::from(content.to_vec());
+    // The caller's buffer itself, not a copy: it stays alive until the upload is done.
+    let bytes = bytes::Bytes::from_owner(content);
     self
       .inner
       .upload_file(&sandbox_id, &remote_path, bytes)

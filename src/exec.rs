@@ -55,7 +55,12 @@ while [ "$n" -lt 5 ]; do
   done
   [ -z "$hit" ] && break
 done
-exit 0
+left=0
+for d in /proc/[0-9]*; do
+  [ "${d#/proc/}" = "$$" ] && continue
+  tr '\0' '\n' 2>/dev/null < "$d/environ" | grep -qx "TRUEFORGE_EXEC_ID=$2" && left=$((left+1))
+done
+echo "left=$left"
 "#;
 
 /// One command to run.
@@ -82,7 +87,17 @@ pub struct ExecOutput {
 pub enum StartError {
   NotRunning,
   Gone,
+  /// The engine ran the exec but the wrapper never started (no pid marker): the text says why.
+  NeverStarted(String),
   Other(SandboxError),
+}
+
+/// Whether a failed start looks like the container ran out of processes (a fork bomb).
+pub fn is_pid_exhaustion(text: &str) -> bool {
+  let t = text.to_ascii_lowercase();
+  t.contains("init-p")
+    || t.contains("resource temporarily unavailable")
+    || t.contains("cannot fork")
 }
 
 fn new_token() -> String {
@@ -208,7 +223,22 @@ pub async fn run(
     scanner.finish(&mut |b| kept.push(b));
   }
   if timed_out {
-    if !kill_tree(engine, container, pid, &token).await {
+    let mut killed = false;
+    for attempt in 0..3 {
+      if attempt > 0 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+      }
+      if kill_tree(engine, container, pid, &token).await {
+        killed = true;
+        break;
+      }
+    }
+    // Out of processes (a fork bomb), the killer itself cannot start: restarting the container
+    // is then the only way to kill everything. Files are kept.
+    if !killed && restart(engine, container).await {
+      killed = true;
+    }
+    if !killed {
       // Never claim a kill that did not happen.
       return Err(StartError::Other(SandboxError::EngineTimeout {
         host: engine.host.to_string(),
@@ -236,6 +266,11 @@ pub async fn run(
   if let Some(e) = stream_error {
     let _ = kill_tree(engine, container, pid, &token).await;
     return Err(StartError::Other(e));
+  }
+  if exit.is_none() && pid.is_none() {
+    return Err(StartError::NeverStarted(
+      kept.into_text().trim().to_string(),
+    ));
   }
   let exit_code = match exit {
     Some(c) => c,
@@ -285,9 +320,25 @@ async fn exit_from_inspect(engine: &Engine, exec_id: &str) -> Result<i32> {
   ))
 }
 
+/// Restarts a container (one second's grace): kills every process in it, keeps its files.
+pub async fn restart(engine: &Engine, container: &str) -> bool {
+  let opts = bollard::query_parameters::RestartContainerOptions {
+    t: Some(1),
+    ..Default::default()
+  };
+  engine
+    .within(
+      engine.control_timeout,
+      "restart the sandbox",
+      engine.docker.restart_container(container, Some(opts)),
+    )
+    .await
+    .is_ok()
+}
+
 /// Kills the command's process group and every process carrying its token. Returns whether the
-/// killer ran to the end (within the engine timeout), so a caller never claims a kill that did
-/// not happen.
+/// killer ran to the end within the engine timeout and found none left, so a caller never
+/// claims a kill that did not happen.
 pub async fn kill_tree(engine: &Engine, container: &str, pid: Option<u32>, token: &str) -> bool {
   let opts = CreateExecOptions {
     cmd: Some(vec![
@@ -305,17 +356,43 @@ pub async fn kill_tree(engine: &Engine, container: &str, pid: Option<u32>, token
   };
   let run = async {
     let created = engine.docker.create_exec(container, opts).await?;
+    let mut text = Vec::new();
     if let StartExecResults::Attached { mut output, .. } =
       engine.docker.start_exec(&created.id, None).await?
     {
-      while output.next().await.is_some() {}
+      while let Some(Ok(item)) = output.next().await {
+        text.extend_from_slice(&item.into_bytes());
+      }
     }
-    Ok::<_, bollard::errors::Error>(())
+    Ok::<_, bollard::errors::Error>(String::from_utf8_lossy(&text).contains("left=0"))
   };
   matches!(
     tokio::time::timeout(engine.control_timeout, run).await,
-    Ok(Ok(()))
+    Ok(Ok(true))
   )
+}
+
+/// Longest command accepted: Linux's limit for one argument (MAX_ARG_STRLEN).
+pub const MAX_COMMAND_BYTES: usize = 128 * 1024;
+
+/// A command must fit in one argument and hold no NUL byte; otherwise it could never start.
+pub fn validate_command(command: &str) -> Result<()> {
+  if command.contains('\0') {
+    return Err(SandboxError::InvalidArgument {
+      argument: "command".into(),
+      reason: "contains a NUL byte".into(),
+    });
+  }
+  if command.len() >= MAX_COMMAND_BYTES {
+    return Err(SandboxError::InvalidArgument {
+      argument: "command".into(),
+      reason: format!(
+        "{} bytes is over the kernel's limit for one argument ({MAX_COMMAND_BYTES}); write the script with uploadFile and run the file",
+        command.len()
+      ),
+    });
+  }
+  Ok(())
 }
 
 /// Validates per-call environment variables: names a shell can export, values without NUL.
@@ -351,7 +428,7 @@ pub fn working_dir(sandbox_root: &str, cwd: Option<&str>) -> Result<String> {
     }),
     Some(c) if c.len() > crate::layout::MAX_PATH_BYTES => Err(SandboxError::InvalidArgument {
       argument: "cwd".into(),
-      reason: "longer than 4096 bytes".into(),
+      reason: format!("longer than {} bytes", crate::layout::MAX_PATH_BYTES),
     }),
     Some(c) if c.starts_with('/') => Ok(c.to_string()),
     Some(c) => Ok(format!("{sandbox_root}/{c}")),

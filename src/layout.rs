@@ -22,8 +22,10 @@ pub const LAYOUT_DIRS: [&str; 5] = [
   BIN_DIR,
 ];
 
-/// Longest path accepted (Linux's PATH_MAX).
-pub const MAX_PATH_BYTES: usize = 4096;
+/// Longest path accepted. Linux's PATH_MAX is 4096, but the engine resolves a path on the host
+/// under the container's root (`/var/lib/docker/overlay2/<64 hex>/merged`, about 100 bytes or
+/// more), so leave room for that.
+pub const MAX_PATH_BYTES: usize = 3800;
 /// Longest single path segment (NAME_MAX).
 pub const MAX_SEGMENT_BYTES: usize = 255;
 
@@ -41,7 +43,7 @@ pub fn resolve_path(sandbox_root: &str, path: &str) -> Result<String> {
     return Err(invalid("the path contains a NUL byte"));
   }
   if path.len() > MAX_PATH_BYTES {
-    return Err(invalid("the path is longer than 4096 bytes"));
+    return Err(invalid("the path is longer than 3800 bytes"));
   }
   let mut segments: Vec<&str> = Vec::new();
   let full_owned;
@@ -69,17 +71,34 @@ pub fn resolve_path(sandbox_root: &str, path: &str) -> Result<String> {
   }
   let out = format!("/{}", segments.join("/"));
   if out.len() > MAX_PATH_BYTES {
-    return Err(invalid("the resolved path is longer than 4096 bytes"));
+    return Err(invalid("the resolved path is longer than 3800 bytes"));
   }
   Ok(out)
 }
 
-/// `resolve_path` for a file to write: the path must name a file, not `/` or `dir/`.
+/// Trees the kernel mounts at run time: the archive endpoints see the layer beneath, not them.
+pub const KERNEL_TREES: [&str; 3] = ["/dev", "/proc", "/sys"];
+
+/// The kernel tree a path lies in, if any.
+pub fn kernel_tree(path: &str) -> Option<&'static str> {
+  KERNEL_TREES
+    .into_iter()
+    .find(|t| path == *t || path.strip_prefix(t).is_some_and(|r| r.starts_with('/')))
+}
+
+/// `resolve_path` for a file to write: the path must name a file, not `/` or `dir/`, and not lie
+/// in /dev, /proc or /sys (a file put there would be hidden under the kernel's mount).
 pub fn resolve_file_target(sandbox_root: &str, path: &str) -> Result<String> {
   let resolved = resolve_path(sandbox_root, path)?;
   if resolved == "/" || path.ends_with('/') || path.ends_with("/.") {
     return Err(SandboxError::PathIsDirectory {
       path: path.to_string(),
+    });
+  }
+  if let Some(tree) = kernel_tree(&resolved) {
+    return Err(SandboxError::InvalidPath {
+      path: path.to_string(),
+      reason: format!("{tree} belongs to the kernel, mounted over the sandbox's files: a file written there would be hidden"),
     });
   }
   Ok(resolved)
@@ -148,5 +167,16 @@ mod tests {
       resolve_file_target(ROOT, "dir/"),
       Err(SandboxError::PathIsDirectory { .. })
     ));
+    assert!(matches!(
+      resolve_file_target(ROOT, "/dev/x"),
+      Err(SandboxError::InvalidPath { .. })
+    ));
+    assert!(matches!(
+      resolve_file_target(ROOT, "/proc/1/x"),
+      Err(SandboxError::InvalidPath { .. })
+    ));
+    assert!(resolve_file_target(ROOT, "/devices/x").is_ok());
+    assert_eq!(kernel_tree("/sys"), Some("/sys"));
+    assert_eq!(kernel_tree("/system"), None);
   }
 }

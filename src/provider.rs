@@ -197,6 +197,7 @@ impl Provider {
 
   async fn exec_inner(&self, p: &ExecParams) -> Result<ExecOutcome> {
     let timeout = self.exec_timeout(p.timeout_seconds)?;
+    exec::validate_command(&p.command)?;
     exec::validate_env(&p.env)?;
     let cwd = exec::working_dir(&p.sandbox_id, p.cwd.as_deref())?;
     let (engine, mut target) = self.target(&p.sandbox_id).await?;
@@ -207,7 +208,9 @@ impl Provider {
       timeout,
       max_output: self.cfg.max_output_bytes as usize,
     };
-    // At most: one restart of a stopped container, one re-resolve of a stale cache entry.
+    // At most: one start of a stopped container (or one restart of one out of processes), one
+    // re-resolve of a stale cache entry.
+    let mut restarted = false;
     for attempt in 0..3 {
       match exec::run(&engine, &target.container_id, &req).await {
         Ok(out) => {
@@ -239,6 +242,25 @@ impl Provider {
             sandbox_id: p.sandbox_id.clone(),
           })
         }
+        Err(StartError::NeverStarted(text)) if !restarted && exec::is_pid_exhaustion(&text) => {
+          // Something (a fork bomb) holds every process the sandbox may have: nothing can run
+          // until it is gone. Restarting kills it; files are kept.
+          self.log.warn(
+            "sandbox out of processes; restarting it",
+            json!({ "sandboxId": p.sandbox_id, "engine": text }),
+          );
+          restarted = true;
+          if !exec::restart(&engine, &target.container_id).await {
+            return Err(SandboxError::Internal(format!(
+              "the sandbox is out of processes and could not be restarted: {text}"
+            )));
+          }
+        }
+        Err(StartError::NeverStarted(text)) => {
+          return Err(SandboxError::Internal(format!(
+            "the command could not be started: {text}"
+          )))
+        }
         Err(StartError::Other(e)) => return Err(e),
       }
     }
@@ -252,6 +274,8 @@ impl Provider {
     remote_path: &str,
     content: Bytes,
   ) -> Result<()> {
+    // An id outside the grammar is refused first, before the path and before any request.
+    lifecycle::name_for(&self.cfg.namespace, sandbox_id)?;
     let path = layout::resolve_file_target(sandbox_id, remote_path)?;
     let size = content.len() as u64;
     if size > self.cfg.file_max_bytes {
@@ -288,6 +312,7 @@ impl Provider {
 
   /// Reads a regular file (symlinks followed inside the container).
   pub async fn download_file(&self, sandbox_id: &str, path: &str) -> Result<Vec<u8>> {
+    lifecycle::name_for(&self.cfg.namespace, sandbox_id)?;
     let abs = layout::resolve_path(sandbox_id, path)?;
     let (engine, target) = self.target(sandbox_id).await?;
     let max = self.cfg.file_max_bytes;

@@ -156,15 +156,13 @@ pub async fn download(
 /// /dev, /proc and /sys are mounted at run time, so the archive stat cannot see them; nothing in
 /// them is a file worth downloading (devices stream without end, /proc files report size 0).
 fn refuse_kernel_trees(shown: &str, path: &str) -> Result<()> {
-  for tree in ["/dev", "/proc", "/sys"] {
-    if path == tree || path.starts_with(&format!("{tree}/")) {
-      return Err(SandboxError::NotRegularFile {
-        path: shown.to_string(),
-        kind: format!("a file under {tree}"),
-      });
-    }
+  match crate::layout::kernel_tree(path) {
+    Some(tree) => Err(SandboxError::NotRegularFile {
+      path: shown.to_string(),
+      kind: format!("a file under {tree}"),
+    }),
+    None => Ok(()),
   }
-  Ok(())
 }
 
 /// A deadline that scales with the payload: the engine timeout plus 1 s per 8 MiB.
@@ -391,7 +389,16 @@ pub async fn upload(
     tail.extend_from_slice(&entry_header(a, 0, 0o644, owner, false)?);
   }
   tail.extend_from_slice(&[0u8; 2 * BLOCK]);
-  let parts = futures_util::stream::iter([header, content, Bytes::from(tail)]);
+  // The payload goes out in 1 MiB slices of the caller's buffer (no copies), so the HTTP layer
+  // never holds one huge chunk.
+  const SLICE: usize = 1 << 20;
+  let slices = (0..content.len().div_ceil(SLICE))
+    .map(move |i| content.slice(i * SLICE..((i + 1) * SLICE).min(content.len())));
+  let parts = futures_util::stream::iter(
+    std::iter::once(header)
+      .chain(slices)
+      .chain(std::iter::once(Bytes::from(tail))),
+  );
   let deadline = transfer_deadline(engine, size);
   let res = engine
     .within(

@@ -1,0 +1,179 @@
+'use strict'
+
+// What every implementation shares so they do the same work: the image, the keep-alive command
+// (the addon's own, so the containers under test are identical), the bench labels used for
+// cleanup, and a minimal tar writer/reader for the implementations that may not use tar-stream
+// (the floor is Node's `http` only; the CLI one reuses the same helpers).
+
+const path = require('node:path')
+
+const SOCKET = process.env.BENCH_DOCKER_SOCKET || '/var/run/docker.sock'
+const IMAGE = process.env.BENCH_IMAGE || 'trueforge-sandbox-busybox:1'
+// Empty: the engine's default bridge, as the addon uses by default. A name: every
+// implementation joins that network instead (run.js creates it when missing), for engines
+// whose default bridge is unusable.
+const NETWORK = process.env.BENCH_NETWORK || ''
+
+// Same as KEEPALIVE_SCRIPT in src/lifecycle.rs: exits at once on SIGTERM, so removals are fast.
+const KEEPALIVE_SCRIPT = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"
+const KEEPALIVE_ENTRYPOINT = ['/bin/sh', '-c', KEEPALIVE_SCRIPT]
+
+// Every container the bench makes carries BENCH_LABEL (the addon's too, via its `labels`
+// option), so one label filter finds everything an earlier crashed run left behind.
+const BENCH_LABEL = 'trueforge.bench'
+const IMPL_LABEL = 'trueforge.bench.impl'
+const NAMESPACE_LABEL = 'trueforge.sandbox.namespace'
+const ADDON_NAMESPACE = process.env.BENCH_NAMESPACE || 'bench'
+const ADDON_WARM_NAMESPACE = `${ADDON_NAMESPACE}-warm`
+
+function benchLabels(impl) {
+  return { [BENCH_LABEL]: '1', [IMPL_LABEL]: impl }
+}
+
+const BLOCK = 512
+
+/** A ustar header for one entry (name relative to the extraction directory); type '0' is a
+ * regular file, '5' a directory. */
+function tarHeader(name, size, mode = 0o644, type = '0') {
+  const h = Buffer.alloc(BLOCK)
+  if (Buffer.byteLength(name) > 100) throw new Error(`tar name too long for this helper: ${name}`)
+  h.write(name, 0, 100, 'utf8')
+  h.write(octal(mode, 8), 100)
+  h.write(octal(0, 8), 108) // uid
+  h.write(octal(0, 8), 116) // gid
+  h.write(octal(size, 12), 124)
+  h.write(octal(Math.floor(Date.now() / 1000), 12), 136)
+  h.fill(' ', 148, 156) // checksum is computed with its own field as spaces
+  h.write(type, 156)
+  h.write('ustar\0', 257)
+  h.write('00', 263)
+  let sum = 0
+  for (let i = 0; i < BLOCK; i++) sum += h[i]
+  h.write(octal(sum, 7), 148)
+  h[155] = 0x20
+  return h
+}
+
+function octal(n, width) {
+  return n.toString(8).padStart(width - 1, '0') + '\0'
+}
+
+/** Padding to the next block after `size` bytes of data, plus the two zero blocks ending an archive. */
+function tarTrailer(size) {
+  const pad = (BLOCK - (size % BLOCK)) % BLOCK
+  return Buffer.alloc(pad + 2 * BLOCK)
+}
+
+/** Total archive length for one file, for Content-Length. */
+function tarLength(size) {
+  return BLOCK + size + tarTrailer(size).length
+}
+
+/**
+ * Streaming reader for an archive holding one regular file (what the engine's GET archive and
+ * `docker cp CONTAINER:FILE -` produce). Holds only the file's bytes: the output buffer is
+ * allocated once from the header size and chunks are copied straight into it.
+ */
+class SingleFileReader {
+  constructor() {
+    this.pending = Buffer.alloc(0) // header bytes not yet complete
+    this.skip = 0 // bytes of an extension record (PAX / GNU long name) still to skip
+    this.out = null
+    this.filled = 0
+    this.done = false
+  }
+
+  /** Feeds a chunk; returns true once the file is complete. */
+  push(chunk) {
+    let off = 0
+    while (off < chunk.length && !this.done) {
+      if (this.out) {
+        const n = Math.min(chunk.length - off, this.out.length - this.filled)
+        chunk.copy(this.out, this.filled, off, off + n)
+        this.filled += n
+        off += n
+        if (this.filled === this.out.length) this.done = true
+        continue
+      }
+      if (this.skip > 0) {
+        const n = Math.min(chunk.length - off, this.skip)
+        this.skip -= n
+        off += n
+        continue
+      }
+      const need = BLOCK - this.pending.length
+      const take = chunk.subarray(off, off + need)
+      this.pending = this.pending.length ? Buffer.concat([this.pending, take]) : Buffer.from(take)
+      off += take.length
+      if (this.pending.length < BLOCK) break
+      this.header(this.pending)
+      this.pending = Buffer.alloc(0)
+    }
+    return this.done
+  }
+
+  header(h) {
+    if (h.every((b) => b === 0)) throw new Error('archive ended before a file entry')
+    const size = parseOctal(h.subarray(124, 136))
+    const type = String.fromCharCode(h[156] || 0x30)
+    if (type === '0' || type === '7') {
+      this.out = Buffer.allocUnsafe(size)
+      if (size === 0) this.done = true
+    } else if (type === 'x' || type === 'g' || type === 'L' || type === 'K') {
+      // Extension records describe the next entry: skip their padded bodies.
+      this.skip = Math.ceil(size / BLOCK) * BLOCK
+    } else {
+      throw new Error(`archive entry is not a regular file (type ${JSON.stringify(type)})`)
+    }
+  }
+
+  result() {
+    if (!this.done) throw new Error('archive ended before the file was complete')
+    return this.out
+  }
+}
+
+function parseOctal(field) {
+  // GNU base-256 encoding for sizes over 8 GiB is not needed here.
+  const s = field.toString('ascii').replace(/\0.*$/s, '').trim()
+  return s ? parseInt(s, 8) : 0
+}
+
+/**
+ * The same work the addon does at create: the sandbox root, TrueForge's layout dirs and the
+ * activity file, as one archive extracted at `/` before the container starts. Every
+ * alternative makes it, so all of them create the same sandbox.
+ */
+function layoutTar() {
+  const root = `workspace/${Math.random().toString(36).slice(2, 12).toUpperCase()}/`
+  const dirs = ['trueforge/', 'trueforge/uploads/', 'trueforge/skills/', 'trueforge/tool-results/', 'trueforge/bin/', 'workspace/', root]
+  const parts = dirs.map((d) => tarHeader(d, 0, 0o755, '5'))
+  parts.push(tarHeader('trueforge/.activity', 0))
+  parts.push(Buffer.alloc(2 * BLOCK))
+  return Buffer.concat(parts)
+}
+
+/** `/tmp/a.bin` → { dir: '/tmp', name: 'a.bin' } */
+function splitPath(p) {
+  return { dir: path.posix.dirname(p), name: path.posix.basename(p) }
+}
+
+module.exports = {
+  SOCKET,
+  IMAGE,
+  NETWORK,
+  KEEPALIVE_SCRIPT,
+  KEEPALIVE_ENTRYPOINT,
+  BENCH_LABEL,
+  IMPL_LABEL,
+  NAMESPACE_LABEL,
+  ADDON_NAMESPACE,
+  ADDON_WARM_NAMESPACE,
+  benchLabels,
+  tarHeader,
+  tarTrailer,
+  tarLength,
+  layoutTar,
+  SingleFileReader,
+  splitPath,
+}

@@ -1,0 +1,951 @@
+#!/usr/bin/env node
+'use strict'
+
+// Benchmark harness: the addon against a minimal dockerode equivalent, the docker CLI and the
+// floor (the fewest raw Engine API requests), on the same engine and image. Prints a table and
+// writes bench/RESULTS.md. Exits non-zero only when it could not run, never on a slow figure.
+//
+//   npm --prefix bench install && node bench/run.js        (or: cd bench && npm run bench)
+//
+// Environment:
+//   BENCH_REPS            'full' (default), 'small' (a quick check), a number N (every count
+//                         scaled by N/30, i.e. N execs), or overrides like 'exec=50,create=20'
+//                         (keys: exec, create, xfer_small, xfer_10m, xfer_100m, conc_exec,
+//                         conc_create, mem)
+//   BENCH_IMPLS           comma list to run a subset of addon,floor,dockerode,cli
+//   BENCH_OPS             comma list of operation keys to run a subset (see OPS below)
+//   BENCH_SKIP_MEM=1      skip the memory probes; BENCH_SKIP_REQS=1 skip the request count
+//   BENCH_WARM_POOL_SIZE  pool size for the "addon (warm pool)" rows (default 2)
+//   BENCH_WARM_SETTLE_MS  pause after each warm-pool create so the refill does not load the
+//                         next measurement (default 1500)
+//   BENCH_NETWORK         run every implementation on this network (made, and removed after,
+//                         when missing) instead of the engine's default bridge
+//   BENCH_IMAGE, BENCH_NAMESPACE, BENCH_DOCKER_SOCKET, BENCH_RESULTS (output path)
+
+const os = require('node:os')
+const fs = require('node:fs')
+const path = require('node:path')
+const { fork } = require('node:child_process')
+
+const common = require('./impl/common')
+const addonImpl = require('./impl/addon')
+const floorImpl = require('./impl/floor')
+const dockerodeImpl = require('./impl/dockerode')
+const cliImpl = require('./impl/cli')
+const { startProxy } = require('./reqcount')
+const { summarize, mbps, fmtMs, fmtNum, fmtRatio, fmtBytes } = require('./stats')
+
+const KiB = 1024
+const MiB = 1024 * 1024
+const EXEC_1M_COMMAND = "head -c 1048576 /dev/zero | tr '\\0' a"
+const OP_TIMEOUT_MS = 180_000
+
+// ---------------------------------------------------------------------------------------------
+// Settings
+
+const PRESETS = {
+  // Sized for a 2-core machine: the whole run stays around 5–7 minutes.
+  full: { exec: 30, create: 10, xfer_small: 30, xfer_10m: 10, xfer_100m: 5, conc_exec: 5, conc_create: 3, mem: 2 },
+  small: { exec: 5, create: 3, xfer_small: 5, xfer_10m: 3, xfer_100m: 2, conc_exec: 2, conc_create: 1, mem: 1 },
+}
+
+function parseReps(spec) {
+  const s = (spec || 'full').trim().toLowerCase()
+  if (s === 'full' || s === 'default' || s === '') return { name: 'full', reps: { ...PRESETS.full } }
+  if (s === 'small' || s === 'quick' || s === 'smoke') return { name: 'small', reps: { ...PRESETS.small } }
+  if (/^\d+$/.test(s)) {
+    const n = Number(s)
+    const reps = {}
+    for (const [k, v] of Object.entries(PRESETS.full)) reps[k] = Math.max(1, Math.round((v * n) / PRESETS.full.exec))
+    return { name: `scaled to ${n} execs`, reps }
+  }
+  const reps = { ...PRESETS.full }
+  for (const part of s.split(',')) {
+    const [k, v] = part.split('=').map((x) => x.trim())
+    if (!(k in reps) || !/^\d+$/.test(v || '')) throw new Error(`BENCH_REPS: bad entry ${JSON.stringify(part)}`)
+    reps[k] = Math.max(1, Number(v))
+  }
+  return { name: `custom (${s})`, reps }
+}
+
+function listEnv(name) {
+  const v = process.env[name]
+  return v ? v.split(',').map((x) => x.trim()).filter(Boolean) : null
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+
+function withTimeout(promise, ms, what) {
+  let t
+  return Promise.race([
+    promise,
+    new Promise((_, reject) => {
+      t = setTimeout(() => reject(new Error(`${what} took longer than ${ms / 1000} s`)), ms)
+    }),
+  ]).finally(() => clearTimeout(t))
+}
+
+function shortError(e) {
+  const m = String((e && e.message) || e)
+  return m.length > 200 ? `${m.slice(0, 200)}…` : m
+}
+
+/** A payload whose every page is written (so it is resident) and that no filter compresses. */
+function makePayload(size) {
+  const b = Buffer.allocUnsafe(size)
+  for (let i = 0; i + 4 <= size; i += 4) b.writeUInt32LE((i * 2654435761) >>> 0, i)
+  for (let i = size - (size % 4); i < size; i++) b[i] = i & 0xff
+  return b
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operations. Each has `run(impl, ctx, scratch)` (the timed part; ids it creates go into
+// `scratch` and are removed untimed afterwards), optional `setup`/`teardown` per implementation
+// (untimed, once), and optional `check(result, ctx)` (untimed validation of each result).
+
+function expectExit0(r) {
+  if (r.exitCode !== 0) throw new Error(`exit code ${r.exitCode}: ${String(r.output).slice(0, 200)}`)
+}
+
+function transferOps(size, label, repsKey) {
+  const up = `/tmp/bench-up-${label}.bin`
+  const down = `/tmp/bench-down-${label}.bin`
+  return [
+    {
+      key: `upload_${label}`,
+      title: `upload ${label}`,
+      repsKey,
+      bytes: size,
+      uses: 'work',
+      setup: async () => ({ payload: payloadOf(size) }),
+      run: (im, ctx) => im.upload(ctx.work, up, ctx.payload),
+      // Untimed check that the whole file landed.
+      teardown: async (im, ctx) => {
+        const r = await im.exec(ctx.work, `wc -c < ${up}; rm -f ${up}`)
+        if (Number(r.output.trim()) !== size) throw new Error(`uploaded file has ${r.output.trim()} bytes, expected ${size}`)
+      },
+    },
+    {
+      key: `download_${label}`,
+      title: `download ${label}`,
+      repsKey,
+      bytes: size,
+      uses: 'work',
+      setup: async (im, ctx) => {
+        await im.upload(ctx.work, down, payloadOf(size))
+        return { payload: payloadOf(size) }
+      },
+      run: (im, ctx) => im.download(ctx.work, down),
+      check: (buf, ctx) => {
+        if (!buf.equals(ctx.payload)) throw new Error(`downloaded ${buf.length} bytes that differ from the ${size} uploaded`)
+      },
+      teardown: (im, ctx) => im.exec(ctx.work, `rm -f ${down}`),
+    },
+  ]
+}
+
+const payloads = new Map()
+function payloadOf(size) {
+  if (!payloads.has(size)) payloads.set(size, makePayload(size))
+  return payloads.get(size)
+}
+
+const OPS = [
+  {
+    key: 'create',
+    title: 'create sandbox (cold)',
+    repsKey: 'create',
+    warmPoolRow: true,
+    run: async (im, _ctx, scratch) => {
+      scratch.push(await im.createSandbox())
+    },
+  },
+  {
+    key: 'create_exec',
+    title: 'create → first exec `true`',
+    repsKey: 'create',
+    warmPoolRow: true,
+    run: async (im, _ctx, scratch) => {
+      const id = await im.createSandbox()
+      scratch.push(id)
+      return im.exec(id, 'true')
+    },
+    check: expectExit0,
+  },
+  {
+    key: 'exec_true',
+    title: 'exec `true`',
+    repsKey: 'exec',
+    uses: 'work',
+    run: (im, ctx) => im.exec(ctx.work, 'true'),
+    check: expectExit0,
+  },
+  {
+    key: 'exec_1m',
+    title: 'exec printing 1 MiB',
+    repsKey: 'exec',
+    bytes: MiB,
+    uses: 'work',
+    run: (im, ctx) => im.exec(ctx.work, EXEC_1M_COMMAND),
+    check: (r) => {
+      expectExit0(r)
+      if (r.output.length !== MiB) throw new Error(`got ${r.output.length} bytes of output, expected ${MiB}`)
+    },
+  },
+  ...transferOps(KiB, '1KiB', 'xfer_small'),
+  ...transferOps(10 * MiB, '10MiB', 'xfer_10m'),
+  ...transferOps(100 * MiB, '100MiB', 'xfer_100m'),
+  {
+    key: 'exec_x50',
+    title: '50 concurrent execs over 10 sandboxes (wall)',
+    repsKey: 'conc_exec',
+    concurrent: true,
+    setup: async (im) => {
+      // Untimed; two at a time keeps it quick without a burst of 10 creates per implementation.
+      const ids = []
+      try {
+        for (let i = 0; i < 10; i += 2) ids.push(...(await Promise.all([im.createSandbox(), im.createSandbox()])))
+      } catch (e) {
+        await im.cleanup() // the impl knows every container it made, including the batch that failed
+        throw e
+      }
+      return { ids }
+    },
+    run: async (im, ctx) => {
+      const results = await Promise.allSettled(
+        Array.from({ length: 50 }, (_, i) => im.exec(ctx.ids[i % ctx.ids.length], 'true')),
+      )
+      return tally(results, (r) => expectExit0(r))
+    },
+    teardown: (im, ctx) => Promise.allSettled(ctx.ids.map((id) => im.remove(id))),
+  },
+  {
+    key: 'create_x20',
+    title: '20 concurrent creates (wall)',
+    repsKey: 'conc_create',
+    concurrent: true,
+    run: async (im, _ctx, scratch) => {
+      const results = await Promise.allSettled(
+        Array.from({ length: 20 }, async () => {
+          const id = await im.createSandbox()
+          scratch.push(id)
+        }),
+      )
+      return tally(results)
+    },
+  },
+]
+
+/** Counts failures among settled promises (a rejected one, or one `check` throws for). */
+function tally(results, check) {
+  const messages = []
+  for (const r of results) {
+    if (r.status === 'rejected') messages.push(shortError(r.reason))
+    else if (check) {
+      try {
+        check(r.value)
+      } catch (e) {
+        messages.push(shortError(e))
+      }
+    }
+  }
+  return { errors: messages.length, messages }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Measurement
+
+/** Rotates the order each repetition so no implementation always runs right after another. */
+function rotate(list, k) {
+  const n = list.length
+  return list.map((_, i) => list[(i + k) % n])
+}
+
+async function iterate(op, im, ctx, row) {
+  const scratch = []
+  const t0 = performance.now()
+  let res
+  let err = null
+  try {
+    res = await withTimeout(Promise.resolve().then(() => op.run(im, ctx, scratch)), OP_TIMEOUT_MS, op.title)
+  } catch (e) {
+    err = e
+  }
+  const ms = performance.now() - t0
+  if (!err && op.check) {
+    try {
+      op.check(res, ctx)
+    } catch (e) {
+      err = e
+    }
+  }
+  await Promise.allSettled(scratch.map((id) => im.remove(id)))
+  if (im.settleAfterMs) await sleep(im.settleAfterMs)
+  if (!row) return err
+  if (err) {
+    row.errors++
+    row.messages.push(shortError(err))
+    return err
+  }
+  row.samples.push(ms)
+  if (op.concurrent && res && res.errors) {
+    row.errors += res.errors
+    row.messages.push(...res.messages)
+  }
+  return null
+}
+
+/** The per-implementation context of an operation: its work sandbox and what `setup` adds. */
+async function prepare(op, im, works) {
+  const base = op.uses === 'work' ? { work: works.get(im.name) } : {}
+  if (op.uses === 'work' && !base.work) throw new Error('no work sandbox (its creation failed)')
+  return { ...base, ...(op.setup ? await op.setup(im, base) : {}) }
+}
+
+/**
+ * After a failure: if the work sandbox is gone (something outside the bench removed it; the
+ * engine is shared), make a new one and set the operation up again, so one outside removal
+ * costs a few samples rather than the rest of the run. Returns the new context, or null.
+ */
+async function recoverWork(op, im, works) {
+  if (op.uses !== 'work') return null
+  try {
+    await im.exec(works.get(im.name), 'true')
+    return null // still there: the failure was the operation's own
+  } catch {
+    // gone: replace it below
+  }
+  works.set(im.name, await im.createSandbox())
+  return prepare(op, im, works)
+}
+
+async function runOp(op, impls, reps, works) {
+  const rows = new Map()
+  const ctxs = new Map()
+  for (const im of impls) {
+    const row = { samples: [], errors: 0, messages: [] }
+    rows.set(im.name, row)
+    try {
+      ctxs.set(im.name, await prepare(op, im, works))
+    } catch (e) {
+      try {
+        const again = await recoverWork(op, im, works)
+        if (!again) throw e
+        ctxs.set(im.name, again)
+        row.messages.push(`the work sandbox had vanished before setup (${shortError(e)}); made a new one`)
+      } catch (e2) {
+        row.errors = reps
+        row.messages.push(`setup failed: ${shortError(e2)}`)
+      }
+    }
+  }
+  const active = impls.filter((im) => ctxs.has(im.name))
+  const attempt = async (im, row) => {
+    const err = await iterate(op, im, ctxs.get(im.name), row)
+    if (!err) return
+    try {
+      const again = await recoverWork(op, im, works)
+      if (again) {
+        ctxs.set(im.name, again)
+        if (row) row.messages.push('the work sandbox had vanished; made a new one')
+      }
+    } catch (e) {
+      if (row) row.messages.push(`could not replace a vanished work sandbox: ${shortError(e)}`)
+    }
+  }
+  // One unrecorded warm-up iteration each: first-use costs (connections, caches) are not the
+  // steady state being compared.
+  for (const im of active) await attempt(im, null)
+  for (let rep = 0; rep < reps; rep++) {
+    for (const im of rotate(active, rep)) await attempt(im, rows.get(im.name))
+  }
+  for (const im of active) {
+    if (!op.teardown) continue
+    try {
+      await op.teardown(im, ctxs.get(im.name))
+    } catch (e) {
+      const row = rows.get(im.name)
+      row.errors++
+      row.messages.push(`after the run: ${shortError(e)}`)
+    }
+  }
+  return rows
+}
+
+/** Peak RSS growth during one 100 MiB upload or download, each in a fresh child process. */
+async function memoryProbes(impls, reps, log) {
+  const size = 100 * MiB
+  const out = {}
+  for (const im of impls) {
+    out[im.name] = {}
+    let id
+    try {
+      id = await im.createSandbox()
+      await im.upload(id, '/tmp/bench-mem-down.bin', payloadOf(size))
+      for (const dir of ['upload', 'download']) {
+        const runs = []
+        for (let r = 0; r < reps; r++) {
+          const p = dir === 'upload' ? '/tmp/bench-mem-up.bin' : '/tmp/bench-mem-down.bin'
+          runs.push(await probe({ impl: im.name, dir, id, path: p, size }))
+        }
+        const ok = runs.filter((r) => r.ok)
+        out[im.name][dir] = {
+          // The worst run: the targets are bounds.
+          growth: ok.length ? Math.max(...ok.map((r) => r.growth)) : NaN,
+          ms: ok.length ? Math.max(...ok.map((r) => r.ms)) : NaN,
+          runs: runs.length,
+          errors: runs.filter((r) => !r.ok).map((r) => r.error.split('\n')[0]),
+        }
+        log(`  memory ${im.name} ${dir}: peak growth ${fmtBytes(out[im.name][dir].growth)}`)
+      }
+    } catch (e) {
+      out[im.name].error = shortError(e)
+      log(`  memory ${im.name}: ${out[im.name].error}`)
+    } finally {
+      if (id) await im.remove(id).catch(() => {})
+    }
+  }
+  return out
+}
+
+function probe(spec) {
+  return new Promise((resolve) => {
+    const child = fork(path.join(__dirname, 'memprobe.js'), [], {
+      execArgv: ['--expose-gc'],
+      env: { ...process.env, BENCH_PROBE: JSON.stringify(spec) },
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    })
+    let result = null
+    const timer = setTimeout(() => child.kill('SIGKILL'), OP_TIMEOUT_MS)
+    child.on('message', (m) => (result = m))
+    child.on('exit', (code) => {
+      clearTimeout(timer)
+      resolve(result || { ok: false, error: `probe exited with code ${code} and no result` })
+    })
+  })
+}
+
+/** Which engine requests each implementation makes per operation, through a counting proxy. */
+async function requestCounts(implNames, log) {
+  const proxy = await startProxy()
+  const out = {}
+  try {
+    for (const name of implNames) {
+      const im = makeImpl(name, { socket: proxy.socket })
+      const rec = {}
+      let warm
+      let id
+      try {
+        // Warm-up: version negotiation and the like happen once per process, not per call.
+        warm = await im.createSandbox()
+        await im.exec(warm, 'true')
+        proxy.take()
+        id = await im.createSandbox()
+        rec.create = proxy.take()
+        await im.exec(id, 'true')
+        rec.exec = proxy.take()
+        await im.upload(id, '/tmp/bench-reqs.bin', Buffer.alloc(KiB, 1))
+        rec.upload = proxy.take()
+        await im.download(id, '/tmp/bench-reqs.bin')
+        rec.download = proxy.take()
+      } catch (e) {
+        rec.error = shortError(e)
+      } finally {
+        for (const x of [id, warm]) if (x) await im.remove(x).catch(() => {})
+        await im.cleanup()
+      }
+      out[name] = rec
+    }
+  } finally {
+    await proxy.close()
+  }
+  log(`  request counts: ${Object.entries(out).map(([n, r]) => `${n} ${['create', 'exec', 'upload', 'download'].map((k) => (r[k] ? r[k].length : '?')).join('/')}`).join(', ')}`)
+  return out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Implementations
+
+const IMPL_ORDER = ['addon', 'floor', 'dockerode', 'cli']
+const OURS = 'addon'
+const WARM = 'addon (warm pool)'
+
+function makeImpl(name, opts = {}) {
+  switch (name) {
+    case 'addon':
+      return addonImpl.create(opts)
+    case 'floor':
+      return floorImpl.create(opts)
+    case 'dockerode':
+      return dockerodeImpl.create(opts)
+    case 'cli':
+      return cliImpl.create(opts)
+    default:
+      throw new Error(`unknown implementation ${name}`)
+  }
+}
+
+/** The warm-pool variant, or the reason it cannot be made (an unknown option, say). */
+function makeWarmPoolImpl() {
+  const size = Number(process.env.BENCH_WARM_POOL_SIZE || 2)
+  try {
+    const im = addonImpl.create({
+      name: WARM,
+      namespace: common.ADDON_WARM_NAMESPACE,
+      extra: { warmPool: { size } },
+    })
+    im.settleAfterMs = Number(process.env.BENCH_WARM_SETTLE_MS || 1500)
+    // Start filling now where the provider can (else the first create does it).
+    if (typeof im.provider.warmUp === 'function') im.provider.warmUp().catch(() => {})
+    return { im, size }
+  } catch (e) {
+    return { note: `"${WARM}" rows skipped: constructing the provider with warmPool: { size: ${size} } threw: ${shortError(e)}` }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cleanup: everything the bench makes carries the bench label; the addon's containers also
+// carry their namespace label.
+
+async function sweepAll() {
+  let n = 0
+  for (const label of [
+    `${common.BENCH_LABEL}=1`,
+    `${common.NAMESPACE_LABEL}=${common.ADDON_NAMESPACE}`,
+    `${common.NAMESPACE_LABEL}=${common.ADDON_WARM_NAMESPACE}`,
+  ]) {
+    n += await floorImpl.sweep(label)
+  }
+  return n
+}
+
+/**
+ * Can the engine run a container at all (a broken bridge network, say)? Without that every
+ * figure would be an error, so it counts as "could not run".
+ */
+async function preflight() {
+  const im = floorImpl.create()
+  try {
+    const id = await im.createSandbox()
+    const r = await im.exec(id, 'true')
+    if (r.exitCode !== 0) throw new Error(`\`true\` exited ${r.exitCode}`)
+  } catch (e) {
+    const hint = common.NETWORK ? '' : ' (if the default bridge is what fails, BENCH_NETWORK=trueforge-bench runs every implementation on a network of its own)'
+    throw new Error(`the engine cannot run a container of ${common.IMAGE}: ${shortError(e)}${hint}`)
+  } finally {
+    await im.cleanup()
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reporting
+
+function buildRows(opsRun, results) {
+  const rows = []
+  for (const op of opsRun) {
+    const byImpl = results[op.key]
+    const ours = byImpl.get(OURS)
+    const oursS = ours && ours.samples.length ? summarize(ours.samples) : null
+    for (const [name, r] of byImpl) {
+      const s = summarize(r.samples)
+      rows.push({
+        op,
+        impl: name,
+        n: s.n,
+        errors: r.errors,
+        messages: r.messages,
+        p50: s.p50,
+        p95: s.p95,
+        mbps: op.bytes ? mbps(op.bytes, s.p50) : NaN,
+        r50: oursS && name !== OURS ? s.p50 / oursS.p50 : name === OURS ? 1 : NaN,
+        r95: oursS && name !== OURS ? s.p95 / oursS.p95 : name === OURS ? 1 : NaN,
+      })
+    }
+  }
+  return rows
+}
+
+const HEAD = ['operation', 'impl', 'n', 'err', 'p50 ms', 'p95 ms', 'MB/s', 'alt/ours p50', 'alt/ours p95']
+
+function fmtMbps(x) {
+  return fmtNum(x, x >= 100 ? 0 : x >= 1 ? 1 : 3)
+}
+
+function cells(r) {
+  return [
+    r.op.title,
+    r.impl,
+    String(r.n),
+    String(r.errors),
+    fmtMs(r.p50),
+    fmtMs(r.p95),
+    r.op.bytes ? fmtMbps(r.mbps) : '',
+    r.impl === OURS ? '(ours)' : fmtRatio(r.r50),
+    r.impl === OURS ? '(ours)' : fmtRatio(r.r95),
+  ]
+}
+
+function textTable(rows) {
+  const all = [HEAD, ...rows.map(cells)]
+  const w = HEAD.map((_, i) => Math.max(...all.map((c) => c[i].length)))
+  const right = new Set([2, 3, 4, 5, 6, 7, 8])
+  const line = (c) => c.map((x, i) => (right.has(i) ? x.padStart(w[i]) : x.padEnd(w[i]))).join('  ')
+  const out = [line(HEAD), w.map((n) => '-'.repeat(n)).join('  ')]
+  let last = null
+  for (const r of rows) {
+    const c = cells(r)
+    if (last === r.op.key) c[0] = ''
+    else if (last !== null) out.push('')
+    last = r.op.key
+    out.push(line(c))
+  }
+  return out.join('\n')
+}
+
+function mdTable(head, rows, rightCols = []) {
+  const right = new Set(rightCols)
+  const esc = (s) => String(s).replace(/\|/g, '\\|')
+  return [
+    `| ${head.map(esc).join(' | ')} |`,
+    `| ${head.map((_, i) => (right.has(i) ? '---:' : '---')).join(' | ')} |`,
+    ...rows.map((c) => `| ${c.map(esc).join(' | ')} |`),
+  ].join('\n')
+}
+
+function evaluateTargets(rows, mem) {
+  const get = (key, impl) => rows.find((r) => r.op.key === key && r.impl === impl)
+  const ok = (r) => r && r.n > 0 && Number.isFinite(r.p50)
+  const targets = []
+  const add = (name, met, detail) => targets.push({ name, status: met === null ? 'N/A' : met ? 'MET' : 'MISSED', detail })
+
+  for (const key of ['create', 'create_exec', 'exec_true', 'exec_1m']) {
+    const ours = get(key, OURS)
+    const floor = get(key, 'floor')
+    const dko = get(key, 'dockerode')
+    const cli = get(key, 'cli')
+    if (!ok(ours) || !ok(floor)) {
+      add(`${key}: p50 within 1.1× of the floor, no slower than dockerode or the CLI`, null, 'not measured')
+      continue
+    }
+    const parts = [`ours ${fmtMs(ours.p50)} ms, floor ${fmtMs(floor.p50)} ms (${(ours.p50 / floor.p50).toFixed(2)}×, limit 1.10×)`]
+    let met = ours.p50 <= 1.1 * floor.p50
+    for (const [label, r] of [['dockerode', dko], ['CLI', cli]]) {
+      if (!ok(r)) continue
+      parts.push(`${label} ${fmtMs(r.p50)} ms`)
+      met = met && ours.p50 <= r.p50
+    }
+    add(`${ours.op.title}: p50 ≤ 1.1× floor and ≤ dockerode, CLI`, met, parts.join('; '))
+  }
+
+  for (const size of ['1KiB', '10MiB', '100MiB']) {
+    for (const dir of ['upload', 'download']) {
+      const key = `${dir}_${size}`
+      const ours = get(key, OURS)
+      const floor = get(key, 'floor')
+      const cli = get(key, 'cli')
+      if (!ok(ours) || !ok(floor)) {
+        add(`${dir} ${size}: throughput ≥ 0.9× floor and above docker cp`, null, 'not measured')
+        continue
+      }
+      let met = ours.mbps >= 0.9 * floor.mbps
+      const parts = [`ours ${fmtMbps(ours.mbps)} MB/s, floor ${fmtMbps(floor.mbps)} MB/s (${(ours.mbps / floor.mbps).toFixed(2)}×, need ≥ 0.90×)`]
+      if (ok(cli)) {
+        met = met && ours.mbps > cli.mbps
+        parts.push(`docker cp ${fmtMbps(cli.mbps)} MB/s`)
+      }
+      add(`${dir} ${size}: throughput ≥ 0.9× floor and > docker cp`, met, parts.join('; '))
+    }
+  }
+
+  for (const dir of ['upload', 'download']) {
+    const m = mem && mem[OURS] && mem[OURS][dir]
+    if (!m || !Number.isFinite(m.growth)) {
+      add(`peak RSS growth during the 100 MiB ${dir} ≤ 2× payload`, null, 'not measured')
+      continue
+    }
+    const d = mem.dockerode && mem.dockerode[dir]
+    const extra = d && Number.isFinite(d.growth) ? `; dockerode ${fmtBytes(d.growth)}` : ''
+    add(`peak RSS growth during the 100 MiB ${dir} ≤ 2× payload`, m.growth <= 2 * 100 * MiB, `ours ${fmtBytes(m.growth)} (${(m.growth / (100 * MiB)).toFixed(2)}× payload)${extra}`)
+  }
+
+  const ours = get('exec_x50', OURS)
+  const dko = get('exec_x50', 'dockerode')
+  if (!ok(ours)) add('50 concurrent execs: no errors, wall time ≤ dockerode', null, 'not measured')
+  else {
+    let met = ours.errors === 0
+    const parts = [`ours ${ours.errors} errors, p50 ${fmtMs(ours.p50)} ms`]
+    if (ok(dko)) {
+      met = met && ours.p50 <= dko.p50
+      parts.push(`dockerode p50 ${fmtMs(dko.p50)} ms`)
+    }
+    add('50 concurrent execs: no errors, wall time ≤ dockerode', met, parts.join('; '))
+  }
+  return targets
+}
+
+function fmtLoad(l) {
+  return l.map((x) => x.toFixed(2)).join(' / ')
+}
+
+function renderMarkdown({ env, presetName, reps, rows, mem, reqs, targets, notes, wallMs }) {
+  const L = []
+  L.push('# Benchmark results')
+  L.push('')
+  L.push('Generated by `node bench/run.js`; do not edit by hand. Times are milliseconds; `alt/ours` is the')
+  L.push('alternative\'s time over the addon\'s (above 1× means the addon is faster). MB/s is 10^6 bytes/s at')
+  L.push('the p50 time. Percentiles interpolate between ranks, so with few repetitions p95 is near the maximum.')
+  L.push('')
+  L.push('## Environment')
+  L.push('')
+  L.push(
+    mdTable(
+      ['', ''],
+      [
+        ['date', env.date],
+        ['engine', `Docker ${env.engine.Version} (API ${env.engine.ApiVersion}, ${env.engine.Os}/${env.engine.Arch})`],
+        ['kernel', env.kernel],
+        ['CPUs', `${env.cpus} × ${env.cpuModel}`],
+        ['memory', `${(os.totalmem() / 1024 ** 3).toFixed(1)} GiB`],
+        ['node', env.node],
+        ['image', common.IMAGE],
+        ['network', common.NETWORK ? `${common.NETWORK} (BENCH_NETWORK; a user-defined bridge for every implementation)` : 'the engine\'s default bridge'],
+        ['repetitions', `${presetName}: ${Object.entries(reps).map(([k, v]) => `${k}=${v}`).join(', ')} (plus one warm-up each)`],
+        ['load average (1/5/15 min)', `${fmtLoad(env.loadStart)} at start, ${fmtLoad(os.loadavg())} at the end (other work on the machine widens p95 and can flip close comparisons)`],
+        ['total run time', `${(wallMs / 1000).toFixed(0)} s`],
+      ],
+    ),
+  )
+  L.push('')
+  L.push('Implementations: **addon** (this package), **floor** (fewest raw Engine API requests over the unix')
+  L.push('socket with Node `http`), **dockerode** (minimal dockerode + tar-stream equivalent), **cli** (`docker`')
+  L.push('run/exec/cp through child processes). Repetitions alternate between implementations, rotating the order.')
+  L.push('')
+  L.push('## Results')
+  L.push('')
+  L.push(mdTable(HEAD, rows.map(cells), [2, 3, 4, 5, 6, 7, 8]))
+  L.push('')
+  if (mem) {
+    L.push('## Peak RSS growth (100 MiB transfer, fresh child process each)')
+    L.push('')
+    const mrows = []
+    for (const [name, m] of Object.entries(mem)) {
+      if (m.error) {
+        mrows.push([name, 'error', 'error', m.error])
+        continue
+      }
+      const cell = (d) => (d && Number.isFinite(d.growth) ? `${fmtBytes(d.growth)} (${(d.growth / (100 * MiB)).toFixed(2)}×)` : 'error')
+      const errs = [...(m.upload?.errors || []), ...(m.download?.errors || [])]
+      mrows.push([name, cell(m.upload), cell(m.download), errs.join('; ')])
+    }
+    L.push(mdTable(['impl', 'upload', 'download', 'errors'], mrows))
+    L.push('')
+    L.push('Growth is peak RSS (sampled every 2 ms) minus RSS just before the call, after GC, with the upload')
+    L.push('payload already resident; a download necessarily holds the 100 MiB result (1×). Worst of the runs.')
+    L.push('')
+  }
+  if (reqs) {
+    L.push('## Engine requests per operation (counting proxy, untimed pass)')
+    L.push('')
+    const rrows = []
+    for (const [name, r] of Object.entries(reqs)) {
+      if (r.error) {
+        rrows.push([name, r.error, '', '', ''])
+        continue
+      }
+      rrows.push([name, ...['create', 'exec', 'upload', 'download'].map((k) => `${r[k].length}: ${r[k].join(', ')}`)])
+    }
+    L.push(mdTable(['impl', 'create', 'exec', 'upload', 'download'], rrows))
+    L.push('')
+  }
+  L.push('## Targets')
+  L.push('')
+  for (const t of targets) L.push(`- **${t.status}** — ${t.name}: ${t.detail}`)
+  L.push('')
+  if (notes.length) {
+    L.push('## Notes')
+    L.push('')
+    for (const n of notes) L.push(`- ${n}`)
+    L.push('')
+  }
+  return L.join('\n')
+}
+
+// ---------------------------------------------------------------------------------------------
+// Main
+
+async function main() {
+  try {
+    await bench()
+  } finally {
+    // Containers first: a network with endpoints cannot be removed.
+    await sweepAll().catch(() => {})
+    await floorImpl.sweepNetworks().catch(() => {})
+  }
+}
+
+async function bench() {
+  const started = performance.now()
+  const log = (...a) => console.log(...a)
+  const { name: presetName, reps } = parseReps(process.env.BENCH_REPS)
+  const wantImpls = listEnv('BENCH_IMPLS') || IMPL_ORDER
+  const wantOps = listEnv('BENCH_OPS')
+  const notes = []
+
+  // Preconditions: without these the bench cannot run at all (the only non-zero exits).
+  let engine
+  try {
+    engine = await floorImpl.engineVersion()
+  } catch (e) {
+    throw new Error(`the Docker engine at ${common.SOCKET} is not reachable: ${shortError(e)}`)
+  }
+  if (!(await floorImpl.imageExists(common.IMAGE))) throw new Error(`image ${common.IMAGE} is not present on the engine`)
+  if (wantImpls.includes('addon')) await addonImpl.load()
+
+  const env = {
+    date: new Date().toISOString(),
+    engine,
+    kernel: `${os.release()} (engine reports ${engine.KernelVersion})`,
+    cpus: os.cpus().length,
+    cpuModel: (os.cpus()[0] && os.cpus()[0].model) || 'unknown',
+    node: process.version,
+    loadStart: os.loadavg(),
+  }
+  log(`engine ${engine.Version} (API ${engine.ApiVersion}), kernel ${os.release()}, ${env.cpus} CPUs, node ${process.version}, load ${fmtLoad(env.loadStart)}`)
+  log(`repetitions: ${presetName}: ${JSON.stringify(reps)}`)
+  const leftover = await sweepAll()
+  if (leftover) log(`removed ${leftover} container(s) left by an earlier run`)
+  if (common.NETWORK && (await floorImpl.ensureNetwork(common.NETWORK))) log(`created network ${common.NETWORK}`)
+  await preflight()
+
+  const impls = IMPL_ORDER.filter((n) => wantImpls.includes(n)).map((n) => makeImpl(n))
+  const allImpls = [...impls]
+  const results = {}
+  const opsRun = OPS.filter((op) => !wantOps || wantOps.includes(op.key))
+
+  // Cleanup on interruption too: nothing may be left running.
+  let stopping = false
+  const onSignal = async (sig) => {
+    if (stopping) return
+    stopping = true
+    console.error(`\n${sig}: removing the bench's containers…`)
+    await Promise.allSettled(allImpls.map((im) => im.cleanup()))
+    await sweepAll().catch(() => {})
+    process.exit(130)
+  }
+  process.on('SIGINT', onSignal)
+  process.on('SIGTERM', onSignal)
+
+  let warm = null
+  const works = new Map()
+  let mem = null
+  let reqs = null
+  try {
+    // One long-lived sandbox per implementation for the exec and transfer operations.
+    if (opsRun.some((op) => op.uses === 'work')) {
+      for (const im of impls) {
+        try {
+          works.set(im.name, await im.createSandbox())
+        } catch (e) {
+          notes.push(`${im.name}: could not create its work sandbox: ${shortError(e)}`)
+        }
+      }
+    }
+
+    for (const op of opsRun) {
+      let opImpls = impls
+      if (op.warmPoolRow && impls.some((im) => im.name === OURS)) {
+        if (!warm) {
+          warm = makeWarmPoolImpl()
+          if (warm.note) notes.push(warm.note)
+          else {
+            allImpls.push(warm.im)
+            await sleep(warm.im.settleAfterMs) // let the pool fill before the first measurement
+          }
+        }
+        if (warm.im) {
+          const i = impls.findIndex((im) => im.name === OURS)
+          opImpls = [...impls.slice(0, i + 1), warm.im, ...impls.slice(i + 1)]
+        }
+      }
+      // The pool's containers would load every later measurement: stop it once its rows are done.
+      if (!op.warmPoolRow && warm && warm.im && !warm.done) {
+        await warm.im.cleanup()
+        await floorImpl.sweep(`${common.NAMESPACE_LABEL}=${common.ADDON_WARM_NAMESPACE}`)
+        warm.done = true
+      }
+      const n = reps[op.repsKey]
+      const t0 = performance.now()
+      process.stdout.write(`${op.title} ×${n} … `)
+      results[op.key] = await runOp(op, opImpls, n, works)
+      const summary = [...results[op.key]]
+        .map(([name, r]) => `${name} ${fmtMs(summarize(r.samples).p50)}${r.errors ? ` (${r.errors} err)` : ''}`)
+        .join(', ')
+      log(`${((performance.now() - t0) / 1000).toFixed(1)} s — p50: ${summary}`)
+    }
+    if (warm && warm.im && !warm.done) {
+      await warm.im.cleanup()
+      await floorImpl.sweep(`${common.NAMESPACE_LABEL}=${common.ADDON_WARM_NAMESPACE}`)
+    }
+
+    // Free the work sandboxes before the memory probes so they do not share the engine.
+    await Promise.allSettled(impls.map((im) => (works.has(im.name) ? im.remove(works.get(im.name)).catch(() => {}) : null)))
+    works.clear()
+
+    if (process.env.BENCH_SKIP_MEM !== '1' && (!wantOps || wantOps.some((k) => k.includes('100MiB') || k === 'mem'))) {
+      const t0 = performance.now()
+      log(`memory probes (100 MiB, ${reps.mem} run(s) each, child processes) …`)
+      mem = await memoryProbes(impls, reps.mem, log)
+      log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
+    }
+    if (process.env.BENCH_SKIP_REQS !== '1') {
+      reqs = await requestCounts(impls.map((im) => im.name), log)
+    }
+  } finally {
+    await Promise.allSettled(allImpls.map((im) => im.cleanup()))
+    const left = await sweepAll().catch(() => 0)
+    if (left) notes.push(`${left} container(s) were still present at the end and were removed by the label sweep`)
+  }
+
+  const rows = buildRows(opsRun, results)
+  for (const r of rows) {
+    if (r.messages.length) {
+      const uniq = [...new Set(r.messages)]
+      notes.push(`${r.op.title} / ${r.impl}: ${r.errors} error(s): ${uniq.slice(0, 3).join(' | ')}${uniq.length > 3 ? ' …' : ''}`)
+    }
+  }
+  const targets = evaluateTargets(rows, mem)
+  const wallMs = performance.now() - started
+
+  log('')
+  log(textTable(rows))
+  if (mem) {
+    log('')
+    log('peak RSS growth during 100 MiB transfers (fresh child process each):')
+    for (const [name, m] of Object.entries(mem)) {
+      if (m.error) log(`  ${name.padEnd(10)} error: ${m.error}`)
+      else log(`  ${name.padEnd(10)} upload ${fmtBytes(m.upload?.growth).padStart(10)}   download ${fmtBytes(m.download?.growth).padStart(10)}`)
+    }
+  }
+  log('')
+  log('targets:')
+  for (const t of targets) log(`  ${t.status.padEnd(6)} ${t.name}: ${t.detail}`)
+  if (notes.length) {
+    log('')
+    log('notes:')
+    for (const n of notes) log(`  - ${n}`)
+  }
+
+  const out = process.env.BENCH_RESULTS || path.join(__dirname, 'RESULTS.md')
+  fs.writeFileSync(out, renderMarkdown({ env, presetName, reps, rows, mem, reqs, targets, notes, wallMs }) + '\n')
+  log('')
+  log(`wrote ${path.relative(process.cwd(), out) || out}; total ${(wallMs / 1000).toFixed(1)} s`)
+}
+
+main().then(
+  () => process.exit(0),
+  async (e) => {
+    console.error(`bench could not run: ${(e && e.stack) || e}`)
+    await sweepAll().catch(() => {})
+    process.exit(1)
+  },
+)
