@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 
 use bollard::auth::DockerCredentials;
 use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters::{
-  BuildImageOptions, CreateImageOptions, LogsOptions, RemoveContainerOptions,
-};
+use bollard::query_parameters::{BuildImageOptions, CreateImageOptions, LogsOptions};
 use futures_util::StreamExt;
 use serde_json::json;
 
@@ -291,16 +289,7 @@ pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe
     })
   };
   let outcome = tokio::time::timeout(Duration::from_secs(90), run).await;
-  let rm = RemoveContainerOptions {
-    force: true,
-    v: true,
-    ..Default::default()
-  };
-  let _ = engine
-    .control("remove the probe", || {
-      engine.docker.remove_container(&id, Some(rm.clone()))
-    })
-    .await;
+  let _ = crate::lifecycle::force_remove(engine, &id).await;
   let p = outcome.map_err(|_| engine.timeout("probe the image", Duration::from_secs(90)))??;
   probes()
     .lock()

@@ -8,9 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use bollard::models::ContainerSummaryStateEnum;
-use bollard::query_parameters::{
-  ListContainersOptions, RemoveContainerOptions, RenameContainerOptions,
-};
+use bollard::query_parameters::{ListContainersOptions, RenameContainerOptions};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -140,6 +138,9 @@ fn refilling() -> &'static Mutex<HashMap<String, bool>> {
   R.get_or_init(Default::default)
 }
 
+/// How long a refill waits after a claim before it starts creating.
+const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(750);
+
 /// Tops the pool up to `cfg.warm_pool_size` running members in the background (one refill per
 /// configuration at a time). Stopped members are removed: they are nobody's session.
 pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log: &Logger) {
@@ -162,6 +163,9 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
     log.clone(),
   );
   tokio::spawn(async move {
+    // Let the caller's first command run before the refill's creates compete with it for the
+    // engine and the CPU.
+    tokio::time::sleep(REFILL_DELAY).await;
     loop {
       let outcome = async {
         let scope = Scope::of(&cfg);
@@ -191,16 +195,7 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
             // this or another process) is left alone.
             Some(ContainerSummaryStateEnum::EXITED | ContainerSummaryStateEnum::DEAD) => {
               if let Some(id) = c.id {
-                let rm = RemoveContainerOptions {
-                  force: true,
-                  v: true,
-                  ..Default::default()
-                };
-                let _ = engine
-                  .control("remove a stopped pool member", || {
-                    engine.docker.remove_container(&id, Some(rm.clone()))
-                  })
-                  .await;
+                let _ = lifecycle::force_remove(&engine, &id).await;
               }
             }
             _ => {}

@@ -201,16 +201,7 @@ async fn reap_probes(engine: &Engine, now: u64) {
       .map(|t| now.saturating_sub(t.max(0) as u64) > PROBE_GRACE_SECS)
       .unwrap_or(false);
     if let (true, Some(id)) = (old, c.id) {
-      let rm = RemoveContainerOptions {
-        force: true,
-        v: true,
-        ..Default::default()
-      };
-      let _ = engine
-        .control("remove a probe container", || {
-          engine.docker.remove_container(&id, Some(rm.clone()))
-        })
-        .await;
+      let _ = crate::lifecycle::force_remove(engine, &id).await;
     }
   }
 }
