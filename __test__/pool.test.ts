@@ -51,13 +51,16 @@ async function waitFor(cond: () => boolean, ms: number, what: string): Promise<v
   }
 }
 
-/** Waits until refills are done (the pool is full and nothing is half-made), then cleans up. */
-async function settleAndClean(namespace: string, size: number): Promise<void> {
+/**
+ * Waits (up to `waitMs`) until this process's refills are done (the pool is full and nothing is
+ * half-made), then removes everything in the namespace.
+ */
+async function settleAndClean(namespace: string, size: number, waitMs: number): Promise<void> {
   try {
     await waitFor(() => {
       const m = members(namespace)
       return m.running.length >= size && m.other.length === 0
-    }, 60_000, 'the pool to settle')
+    }, waitMs, 'the pool to settle')
   } catch {
     // Clean up regardless.
   }
@@ -70,8 +73,8 @@ describe('one process', () => {
   const provider = new DockerSandboxProvider({ image: BUSYBOX, namespace, warmPool: { size: 2 } })
 
   afterAll(async () => {
-    await settleAndClean(namespace, 2)
-  })
+    await settleAndClean(namespace, 2, 45_000)
+  }, 90_000)
 
   test('warmUp fills the pool with running members nobody owns', async () => {
     await provider.warmUp()
@@ -143,9 +146,10 @@ describe('two processes', () => {
   const PER_PROCESS = 10
 
   afterAll(async () => {
-    await settleAndClean(namespace, SIZE)
+    // The children have exited, so nobody refills: no waiting for a full pool.
+    await settleAndClean(namespace, SIZE, 0)
     rmSync(dir, { recursive: true, force: true })
-  })
+  }, 90_000)
 
   test('20 concurrent creates from two processes never get the same sandbox', async () => {
     const script = join(__dirname, 'fixtures', 'pool-claimer.js')
