@@ -223,19 +223,25 @@ pub async fn run(
     scanner.finish(&mut |b| kept.push(b));
   }
   if timed_out {
+    // All kill attempts share one engine timeout, so a hung engine cannot stretch the call.
+    let budget_end = Instant::now() + engine.control_timeout;
+    let left = || budget_end.saturating_duration_since(Instant::now());
     let mut killed = false;
     for attempt in 0..3 {
       if attempt > 0 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(300).min(left())).await;
       }
-      if kill_tree(engine, container, pid, &token).await {
+      if left().is_zero() {
+        break;
+      }
+      if kill_tree(engine, container, pid, &token, left()).await {
         killed = true;
         break;
       }
     }
     // Out of processes (a fork bomb), the killer itself cannot start: restarting the container
     // is then the only way to kill everything. Files are kept.
-    if !killed && restart(engine, container).await {
+    if !killed && !left().is_zero() && restart(engine, container, left()).await {
       killed = true;
     }
     if !killed {
@@ -264,7 +270,7 @@ pub async fn run(
     });
   }
   if let Some(e) = stream_error {
-    let _ = kill_tree(engine, container, pid, &token).await;
+    let _ = kill_tree(engine, container, pid, &token, engine.control_timeout).await;
     return Err(StartError::Other(e));
   }
   if exit.is_none() && pid.is_none() {
@@ -321,14 +327,14 @@ async fn exit_from_inspect(engine: &Engine, exec_id: &str) -> Result<i32> {
 }
 
 /// Restarts a container (one second's grace): kills every process in it, keeps its files.
-pub async fn restart(engine: &Engine, container: &str) -> bool {
+pub async fn restart(engine: &Engine, container: &str, limit: Duration) -> bool {
   let opts = bollard::query_parameters::RestartContainerOptions {
     t: Some(1),
     ..Default::default()
   };
   engine
     .within(
-      engine.control_timeout,
+      limit,
       "restart the sandbox",
       engine.docker.restart_container(container, Some(opts)),
     )
@@ -339,7 +345,13 @@ pub async fn restart(engine: &Engine, container: &str) -> bool {
 /// Kills the command's process group and every process carrying its token. Returns whether the
 /// killer ran to the end within the engine timeout and found none left, so a caller never
 /// claims a kill that did not happen.
-pub async fn kill_tree(engine: &Engine, container: &str, pid: Option<u32>, token: &str) -> bool {
+pub async fn kill_tree(
+  engine: &Engine,
+  container: &str,
+  pid: Option<u32>,
+  token: &str,
+  limit: Duration,
+) -> bool {
   let opts = CreateExecOptions {
     cmd: Some(vec![
       "/bin/sh".to_string(),
@@ -366,10 +378,7 @@ pub async fn kill_tree(engine: &Engine, container: &str, pid: Option<u32>, token
     }
     Ok::<_, bollard::errors::Error>(String::from_utf8_lossy(&text).contains("left=0"))
   };
-  matches!(
-    tokio::time::timeout(engine.control_timeout, run).await,
-    Ok(Ok(true))
-  )
+  matches!(tokio::time::timeout(limit, run).await, Ok(Ok(true)))
 }
 
 /// Longest command accepted: Linux's limit for one argument (MAX_ARG_STRLEN).

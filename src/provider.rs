@@ -250,7 +250,7 @@ impl Provider {
             json!({ "sandboxId": p.sandbox_id, "engine": text }),
           );
           restarted = true;
-          if !exec::restart(&engine, &target.container_id).await {
+          if !exec::restart(&engine, &target.container_id, engine.control_timeout).await {
             return Err(SandboxError::Internal(format!(
               "the sandbox is out of processes and could not be restarted: {text}"
             )));
