@@ -1,0 +1,67 @@
+// The class must type-check as the consumer's SandboxProvider (restated from
+// shared/spec/sandbox-provider.md): `tsc` (run by .ci/run) fails if a name or a shape drifts.
+// The runtime test checks the same surface on a constructed object.
+
+import { DockerSandboxProvider } from '..'
+
+type ExecResult =
+  | { success: true; response: { exitCode: number; result: string } }
+  | { success: false; error: string }
+
+interface SandboxExecParams {
+  sandboxId: string
+  command: string
+  cwd?: string
+  env?: Record<string, string>
+  timeoutSeconds?: number
+}
+
+type SandboxBuildStatus = 'pending' | 'ready' | 'failed'
+interface SandboxBuild {
+  status: SandboxBuildStatus
+  reason: string | null
+  metadata: Record<string, string> | null
+}
+
+/** The spec does not describe the transport; the provider never returns one. */
+type CodeModeTransport = unknown
+
+interface SandboxProvider {
+  readonly type: string
+  buildImage(): Promise<SandboxBuild>
+  getImageBuildStatus(): Promise<SandboxBuild>
+  createSandbox(): Promise<{ sandboxId: string }>
+  exec(params: SandboxExecParams): Promise<ExecResult>
+  getAdditionalInstructions(): string | undefined
+  getToolResultDumpDir(sandboxId: string): string
+  getGitCredentialsPath(sandboxId: string): string
+  getFileUploadsDir(sandboxId: string): string
+  getSkillsDir(sandboxId: string): string
+  getGitDownloaderPath(sandboxId: string): string
+  downloadFile(p: { sandboxId: string; path: string }): Promise<Buffer>
+  uploadFile(p: { sandboxId: string; remotePath: string; content: Buffer }): Promise<void>
+  createCodeModeTransport(): CodeModeTransport
+}
+
+test('a DockerSandboxProvider is a SandboxProvider', () => {
+  const provider: SandboxProvider = new DockerSandboxProvider({ image: 'trueforge-sandbox-busybox:1' })
+  expect(provider.type).toBe('docker')
+  const methods: (keyof SandboxProvider)[] = [
+    'buildImage',
+    'getImageBuildStatus',
+    'createSandbox',
+    'exec',
+    'getAdditionalInstructions',
+    'getToolResultDumpDir',
+    'getGitCredentialsPath',
+    'getFileUploadsDir',
+    'getSkillsDir',
+    'getGitDownloaderPath',
+    'downloadFile',
+    'uploadFile',
+    'createCodeModeTransport',
+  ]
+  for (const m of methods) expect(typeof provider[m]).toBe('function')
+  expect(typeof provider.getAdditionalInstructions()).toBe('string')
+  expect(() => provider.createCodeModeTransport()).toThrow(/Code Mode is not supported by the docker provider/)
+})
