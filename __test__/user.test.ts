@@ -48,4 +48,9 @@ test.each([
   await ok(p, id, 'chmod 0555 up/x.txt')
   await p.uploadFile({ sandboxId: id, remotePath: 'up/x.txt', content: Buffer.from('again') })
   expect(await ok(p, id, 'cat up/x.txt')).toBe('again')
+  // Parent dirs an upload creates are the user's too: it can write next to the file.
+  await p.uploadFile({ sandboxId: id, remotePath: 'deep/er/in.csv', content: Buffer.from('a,b\n') })
+  expect(await ok(p, id, 'stat -c %u:%g deep deep/er && echo x > deep/er/out.txt && cat deep/er/out.txt')).toBe(
+    `${uid}:${gid}\n${uid}:${gid}\nx\n`,
+  )
 })

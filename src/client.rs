@@ -60,7 +60,9 @@ async fn connect(host: &str, limit: Duration) -> Result<Engine> {
     host: host.to_string(),
     detail,
   };
-  let timeout = CONTROL_TIMEOUT.as_secs();
+  // Every request is wrapped in our own deadline (`within`); bollard's own limit (which covers
+  // a whole upload body) must never cut in first.
+  let timeout = 86_400;
   let docker = if let Some(path) = host.strip_prefix("unix://") {
     Docker::connect_with_unix(path, timeout, API_DEFAULT_VERSION)
   } else if let Some(hp) = host.strip_prefix("tcp://") {

@@ -62,8 +62,9 @@ fn walk(root: &Path) -> std::io::Result<Vec<PathBuf>> {
   Ok(out)
 }
 
-/// Tars and hashes the context. Blocking file I/O: call it from `spawn_blocking`.
-pub fn prepare(spec: &BuildSpec) -> Result<PreparedContext> {
+/// Hashes the context and, with `with_tar`, tars the very bytes it hashed (so the tag always
+/// names what is sent). Blocking file I/O: call it from `spawn_blocking`.
+pub fn prepare(spec: &BuildSpec, with_tar: bool) -> Result<PreparedContext> {
   let root = Path::new(&spec.context);
   if !root.is_dir() {
     return Err(invalid(spec, "not a directory".into()));
@@ -97,14 +98,26 @@ pub fn prepare(spec: &BuildSpec) -> Result<PreparedContext> {
       let data = std::fs::read(&full).map_err(|e| invalid(spec, e.to_string()))?;
       hasher.update((data.len() as u64).to_le_bytes());
       hasher.update(&data);
-    } else if meta.file_type().is_symlink() {
-      let t = std::fs::read_link(&full).map_err(|e| invalid(spec, e.to_string()))?;
-      hasher.update(t.to_string_lossy().as_bytes());
+      if with_tar {
+        let mut header = tar::Header::new_gnu();
+        header.set_metadata(&meta);
+        header.set_size(data.len() as u64);
+        builder
+          .append_data(&mut header, rel, &data[..])
+          .map_err(|e| invalid(spec, e.to_string()))?;
+      }
+    } else {
+      if meta.file_type().is_symlink() {
+        let t = std::fs::read_link(&full).map_err(|e| invalid(spec, e.to_string()))?;
+        hasher.update(t.to_string_lossy().as_bytes());
+      }
+      if with_tar {
+        builder
+          .append_path_with_name(&full, rel)
+          .map_err(|e| invalid(spec, e.to_string()))?;
+      }
     }
     hasher.update([0]);
-    builder
-      .append_path_with_name(&full, rel)
-      .map_err(|e| invalid(spec, e.to_string()))?;
   }
   hasher.update(b"\0dockerfile\0");
   hasher.update(spec.dockerfile.as_bytes());
@@ -167,15 +180,19 @@ mod tests {
     std::fs::write(dir.join("Dockerfile"), "FROM scratch\nCOPY sub/a /a\n").unwrap();
     std::fs::write(dir.join("sub/a"), "one").unwrap();
     let s = spec(&dir);
-    let t1 = prepare(&s).unwrap().tag;
-    assert_eq!(prepare(&s).unwrap().tag, t1, "unchanged context, same tag");
+    let t1 = prepare(&s, true).unwrap().tag;
+    assert_eq!(
+      prepare(&s, true).unwrap().tag,
+      t1,
+      "unchanged context, same tag"
+    );
     std::fs::write(dir.join("sub/a"), "two").unwrap();
-    let t2 = prepare(&s).unwrap().tag;
+    let t2 = prepare(&s, true).unwrap().tag;
     assert_ne!(t1, t2, "changed file, new tag");
     let mut s2 = s.clone();
     s2.args.insert("V".into(), "1".into());
-    assert_ne!(prepare(&s2).unwrap().tag, t2, "changed args, new tag");
-    let tar = prepare(&s).unwrap().tar;
+    assert_ne!(prepare(&s2, true).unwrap().tag, t2, "changed args, new tag");
+    let tar = prepare(&s, true).unwrap().tar;
     let names: Vec<String> = tar::Archive::new(&tar[..])
       .entries()
       .unwrap()
@@ -194,7 +211,7 @@ mod tests {
       args: BTreeMap::new(),
     };
     assert!(matches!(
-      prepare(&s),
+      prepare(&s, false),
       Err(SandboxError::InvalidOption { .. })
     ));
   }

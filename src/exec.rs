@@ -134,11 +134,12 @@ pub async fn run(
     working_dir: Some("/".to_string()),
     ..Default::default()
   };
-  // The engine gets the caller's deadline plus a grace period, so a hung engine cannot hold a
-  // call much past its timeout.
-  let limit = (req.timeout + ENGINE_GRACE).min(engine.control_timeout);
+  // Creating and starting the exec share one engine budget (the caller's timeout plus a grace
+  // period, at most the engine timeout), so a slow engine cannot stretch the call step by step.
+  let setup_end = Instant::now() + (req.timeout + ENGINE_GRACE).min(engine.control_timeout);
+  let left = || setup_end.saturating_duration_since(Instant::now());
   let created = engine
-    .control_within(limit, "create an exec", || {
+    .control_within(left(), "create an exec", || {
       engine.docker.create_exec(container, opts.clone())
     })
     .await
@@ -148,14 +149,33 @@ pub async fn run(
     tty: false,
     output_capacity: Some(64 * 1024),
   };
-  let started = engine
+  let started = match engine
     .within(
-      limit,
+      left(),
       "start an exec",
       engine.docker.start_exec(&created.id, Some(start)),
     )
     .await
-    .map_err(classify_start)?;
+  {
+    Ok(s) => s,
+    Err(e) => {
+      // No answer is not "not started": a hung engine may run the buffered start when it wakes.
+      // Kill whatever carries this call's token once the engine answers again.
+      if matches!(
+        e,
+        SandboxError::EngineTimeout { .. } | SandboxError::EngineUnreachable { .. }
+      ) {
+        let (engine, container, token) = (engine.clone(), container.to_string(), token.clone());
+        tokio::spawn(async move {
+          for _ in 0..2 {
+            let _ = kill_tree(&engine, &container, None, &token, Duration::from_secs(600)).await;
+            tokio::time::sleep(ENGINE_GRACE).await;
+          }
+        });
+      }
+      return Err(classify_start(e));
+    }
+  };
   let StartExecResults::Attached { mut output, input } = started else {
     return Err(StartError::Other(SandboxError::Internal(
       "the engine detached an attached exec".into(),

@@ -171,7 +171,7 @@ pub async fn source(cfg: &ProviderConfig) -> Result<ImageSource> {
     }),
     Some(spec) => {
       let spec2 = spec.clone();
-      let prepared = tokio::task::spawn_blocking(move || context::prepare(&spec2))
+      let prepared = tokio::task::spawn_blocking(move || context::prepare(&spec2, false))
         .await
         .map_err(|e| {
           SandboxError::Internal(format!("hashing the build context panicked: {e}"))
@@ -524,6 +524,24 @@ pub async fn ensure(
   }
 }
 
+/// How long a pull or build may go without a single message before it counts as failed (a
+/// partitioned network can leave a stream open and silent forever).
+const STALL: Duration = Duration::from_secs(300);
+
+async fn next_or_stall<S, T>(stream: &mut S, image: &str) -> std::result::Result<Option<T>, String>
+where
+  S: futures_util::Stream<Item = T> + Unpin,
+{
+  tokio::time::timeout(STALL, stream.next())
+    .await
+    .map_err(|_| {
+      format!(
+        "{image}: the engine sent no progress for {} s; giving up",
+        STALL.as_secs()
+      )
+    })
+}
+
 async fn pull(
   engine: &Engine,
   src: &ImageSource,
@@ -541,7 +559,7 @@ async fn pull(
     .docker
     .create_image(Some(opts), None, src.credentials.clone());
   let mut last_log = Instant::now();
-  while let Some(item) = stream.next().await {
+  while let Some(item) = next_or_stall(&mut stream, image).await? {
     let info = item.map_err(|e| match engine.map_error("pull the image", e) {
       SandboxError::Engine { detail, .. } => format!("pulling {image} failed: {detail}"),
       other => other.to_string(),
@@ -605,10 +623,16 @@ async fn run_build(
   log: &Logger,
 ) -> std::result::Result<(), String> {
   let spec2 = spec.clone();
-  let prepared = tokio::task::spawn_blocking(move || context::prepare(&spec2))
+  let prepared = tokio::task::spawn_blocking(move || context::prepare(&spec2, true))
     .await
     .map_err(|e| e.to_string())?
     .map_err(|e| e.to_string())?;
+  if prepared.tag != tag {
+    return Err(format!(
+      "the build context changed while {tag} was being prepared (it is now {}); save the sandbox settings again",
+      prepared.tag
+    ));
+  }
   let opts = BuildImageOptions {
     dockerfile: spec.dockerfile.clone(),
     t: Some(tag.to_string()),
@@ -626,7 +650,7 @@ async fn run_build(
       .docker
       .build_image(opts, None, Some(bollard::body_full(prepared.tar.into())));
   let mut log_lines: Vec<String> = Vec::new();
-  while let Some(item) = stream.next().await {
+  while let Some(item) = next_or_stall(&mut stream, tag).await? {
     let info = match item {
       Ok(i) => i,
       Err(e) => {

@@ -51,7 +51,6 @@ pub struct Target {
   pub container_id: String,
   /// uid:gid the exec user maps to; `None` means root (no ownership to carry).
   pub owner: Option<(u32, u32)>,
-  pub user: Option<String>,
   /// The tenant the container was verified for: a cached entry serves only that tenant.
   pub tenant: Option<String>,
 }
@@ -166,7 +165,6 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
     name: name.clone(),
     container_id,
     owner,
-    user,
     tenant: scope.tenant.clone(),
   };
   cache()
@@ -472,16 +470,15 @@ pub async fn create(
       name: name.clone(),
       container_id: container_id.clone(),
       owner,
-      user,
       tenant: cfg.tenant.clone(),
     })
   };
   match finish.await {
     Ok(t) => {
-      cache()
-        .lock()
-        .expect("cache")
-        .insert(cache_key(engine, &name), t.clone());
+      // A pool member is nobody's until claimed (the claim caches it under its final name).
+      if pool.is_none() {
+        remember(engine, &t);
+      }
       log.info(
         "sandbox created",
         json!({ "sandboxId": sandbox_id, "container": name, "image": image }),
@@ -511,7 +508,7 @@ fn remove_later(engine: &Engine, name_or_id: &str, log: &Logger) {
     let mut answered_at: Option<std::time::Instant> = None;
     while started.elapsed() < std::time::Duration::from_secs(600) {
       match force_remove(&engine, &target).await {
-        Ok(()) => {
+        Ok(_) => {
           let since = *answered_at.get_or_insert_with(std::time::Instant::now);
           if since.elapsed() > std::time::Duration::from_secs(30) {
             return;
@@ -546,8 +543,9 @@ fn step_failed(step: &str, e: SandboxError) -> SandboxError {
   }
 }
 
-/// Removes a container and its anonymous volumes, whatever its state.
-pub async fn force_remove(engine: &Engine, container: &str) -> Result<()> {
+/// Removes a container (and its anonymous volumes) whatever its state. `Ok(false)` when it was
+/// already gone.
+pub async fn force_remove(engine: &Engine, container: &str) -> Result<bool> {
   let opts = RemoveContainerOptions {
     force: true,
     v: true,
@@ -561,9 +559,11 @@ pub async fn force_remove(engine: &Engine, container: &str) -> Result<()> {
     })
     .await
   {
-    Ok(()) => Ok(()),
-    Err(e) if status_of(&e) == Some(404) => Ok(()),
-    Err(e) if status_of(&e) == Some(409) && e.to_string().contains("already in progress") => Ok(()),
+    Ok(()) => Ok(true),
+    Err(e) if status_of(&e) == Some(404) => Ok(false),
+    Err(e) if status_of(&e) == Some(409) && e.to_string().contains("already in progress") => {
+      Ok(false)
+    }
     Err(e) => Err(e),
   }
 }
@@ -576,8 +576,7 @@ pub async fn remove(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result<
     Err(e) => return Err(e),
   };
   forget(engine, &target.name);
-  force_remove(engine, &target.container_id).await?;
-  Ok(true)
+  force_remove(engine, &target.container_id).await
 }
 
 /// Maps the container's `User` to numeric ids, reading the image's passwd and group files for
@@ -592,16 +591,18 @@ pub async fn resolve_owner(
     Some((u, g)) => (u, Some(g)),
     None => (user, None),
   };
+  // A missing passwd or group file means "no names"; an engine failure is an engine failure.
   let read = |path: &'static str| async move {
-    transfer::download(engine, container, path, path, 4 << 20)
-      .await
-      .map(|b| String::from_utf8_lossy(&b).into_owned())
-      .unwrap_or_default()
+    match transfer::download(engine, container, path, path, 4 << 20).await {
+      Ok(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
+      Err(SandboxError::FileNotFound { .. }) => Ok(String::new()),
+      Err(e) => Err(e),
+    }
   };
   let (uid, primary_gid) = match u.parse::<u32>() {
     Ok(uid) => {
       let passwd = if g.is_none() {
-        read("/etc/passwd").await
+        read("/etc/passwd").await?
       } else {
         String::new()
       };
@@ -613,7 +614,7 @@ pub async fn resolve_owner(
       )
     }
     Err(_) => {
-      let passwd = read("/etc/passwd").await;
+      let passwd = read("/etc/passwd").await?;
       let fields = lookup(&passwd, 0, u).ok_or_else(|| SandboxError::CreateFailed {
         step: "resolve the image's user".into(),
         detail: format!("user {u:?} is not in the image's /etc/passwd"),
@@ -626,7 +627,7 @@ pub async fn resolve_owner(
     Some(g) => match g.parse::<u32>() {
       Ok(n) => n,
       Err(_) => {
-        let group = read("/etc/group").await;
+        let group = read("/etc/group").await?;
         lookup(&group, 0, g)
           .and_then(|f| f[2].parse().ok())
           .unwrap_or(uid)

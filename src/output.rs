@@ -79,15 +79,13 @@ impl CappedOutput {
       return String::from_utf8_lossy(&all).into_owned();
     }
     let mut s = String::from_utf8_lossy(&self.head).into_owned();
-    if self.omitted > 0 {
-      if !s.ends_with('\n') {
-        s.push('\n');
-      }
-      s.push_str(&format!(
-        "[... {} bytes of output omitted ...]\n",
-        self.omitted
-      ));
+    if !s.ends_with('\n') {
+      s.push('\n');
     }
+    s.push_str(&format!(
+      "[... {} bytes of output omitted ...]\n",
+      self.omitted
+    ));
     s.push_str(&String::from_utf8_lossy(&tail));
     s
   }

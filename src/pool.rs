@@ -24,8 +24,7 @@ use crate::logging::Logger;
 pub fn fingerprint(cfg: &ProviderConfig, image: &str) -> String {
   let body = lifecycle::container_body(cfg, "/workspace/00000000000000000000000000", image, None);
   let mut h = Sha256::new();
-  let mut host = body.host_config.clone().unwrap_or_default();
-  host.device_requests = host.device_requests.take();
+  let host = body.host_config.clone().unwrap_or_default();
   h.update(format!("{:?}", host).as_bytes());
   h.update(
     format!(
@@ -121,7 +120,6 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
         name: final_name,
         container_id: id,
         owner,
-        user: None,
         tenant: scope.tenant.clone(),
       },
       None => lifecycle::resolve(engine, scope, sandbox_id).await?,

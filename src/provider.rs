@@ -242,7 +242,9 @@ impl Provider {
             sandbox_id: p.sandbox_id.clone(),
           })
         }
-        Err(StartError::NeverStarted(text)) if !restarted && exec::is_pid_exhaustion(&text) => {
+        Err(StartError::NeverStarted(text))
+          if attempt < 2 && !restarted && exec::is_pid_exhaustion(&text) =>
+        {
           // Something (a fork bomb) holds every process the sandbox may have: nothing can run
           // until it is gone. Restarting kills it; files are kept.
           self.log.warn(

@@ -161,6 +161,9 @@ pub async fn reap(
         Err(e) if matches!(status_of(&e), Some(404 | 409)) => continue,
         Err(e) => return Err(e),
       }
+      if let Ok(name) = crate::lifecycle::name_for(namespace, &sandbox_id) {
+        crate::lifecycle::forget(engine, &name);
+      }
       log.info(
         "removed stale sandbox",
         json!({ "sandboxId": sandbox_id, "stoppedSeconds": now.saturating_sub(since) }),

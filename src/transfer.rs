@@ -74,10 +74,16 @@ pub async fn stat(engine: &Engine, container: &str, path: &str) -> Result<Option
     })),
     Err(e) if status_of(&e) == Some(404) => Ok(None),
     // The engine answers 500 with no detail when it cannot resolve the path (a symlink loop).
-    Err(SandboxError::Engine { status: 500, .. }) => Err(SandboxError::InvalidPath {
-      path: path.to_string(),
-      reason: "the engine cannot resolve it (a symbolic link loop?)".into(),
-    }),
+    Err(SandboxError::Engine {
+      status: 500,
+      detail,
+      ..
+    }) if detail.trim().is_empty() || detail.contains("too many levels of symbolic links") => {
+      Err(SandboxError::InvalidPath {
+        path: path.to_string(),
+        reason: "the engine cannot resolve it (a symbolic link loop?)".into(),
+      })
+    }
     Err(e) => Err(e),
   }
 }
@@ -328,7 +334,7 @@ fn trailer(size: u64) -> Bytes {
 /// Upload options: extract at `root` with entries carrying the rest of the path, so missing
 /// parents are made without an exec; never replace a directory with a file. Ownership comes
 /// from the entries' headers (`copyUIDGID` would look the user up in the *host's* passwd).
-fn upload_options(root: &str, _owner: Option<(u32, u32)>) -> UploadToContainerOptions {
+fn upload_options(root: &str) -> UploadToContainerOptions {
   UploadToContainerOptions {
     path: root.to_string(),
     no_overwrite_dir_non_dir: Some("true".to_string()),
@@ -375,7 +381,18 @@ pub async fn upload(
     other => other,
   })?;
   let size = content.len() as u64;
-  let header = Bytes::from(entry_header(&entry, size, 0o644, owner, false)?);
+  // The engine makes missing parents as root; for a non-root user, make them in the archive,
+  // owned by that user, so the user can write next to the file it uploaded.
+  let mut header = Vec::new();
+  if owner.is_some() {
+    for dir in missing_parents(engine, container, path).await? {
+      if let Ok((_, rel)) = extract_point(&dir, read_only) {
+        header.extend_from_slice(&entry_header(&format!("{rel}/"), 0, 0o755, owner, true)?);
+      }
+    }
+  }
+  header.extend_from_slice(&entry_header(&entry, size, 0o644, owner, false)?);
+  let header = Bytes::from(header);
   // The same archive refreshes the activity file when it lands in the same tree: an upload is
   // activity for the idle timer.
   let activity = match root {
@@ -406,7 +423,7 @@ pub async fn upload(
       "write a file into the sandbox",
       engine.docker.upload_to_container(
         container,
-        Some(upload_options(root, owner)),
+        Some(upload_options(root)),
         bollard::body_stream(parts),
       ),
     )
@@ -416,6 +433,22 @@ pub async fn upload(
     touch_activity(engine, container, owner).await;
   }
   Ok(())
+}
+
+/// The parents of `path` that do not exist yet, outermost first (one stat per missing level,
+/// plus one for the first that exists; usually just that one).
+async fn missing_parents(engine: &Engine, container: &str, path: &str) -> Result<Vec<String>> {
+  let mut missing = Vec::new();
+  let mut dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+  while !dir.is_empty() && missing.len() < 64 {
+    if stat(engine, container, dir).await?.is_some() {
+      break;
+    }
+    missing.push(dir.to_string());
+    dir = dir.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+  }
+  missing.reverse();
+  Ok(missing)
 }
 
 /// Records activity (the idle timer's clock) with one tiny archive write; best effort.
@@ -430,7 +463,7 @@ pub async fn touch_activity(engine: &Engine, container: &str, owner: Option<(u32
       "record activity",
       engine.docker.upload_to_container(
         container,
-        Some(upload_options(crate::layout::LAYOUT_ROOT, owner)),
+        Some(upload_options(crate::layout::LAYOUT_ROOT)),
         bollard::body_full(tar.into()),
       ),
     )
@@ -476,7 +509,7 @@ pub async fn make_layout(
       .control("create the sandbox layout", || {
         engine.docker.upload_to_container(
           container,
-          Some(upload_options(root, owner)),
+          Some(upload_options(root)),
           bollard::body_full(tar.clone()),
         )
       })
