@@ -8,7 +8,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bollard::auth::DockerCredentials;
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, HostConfig, ImageInspect};
 use bollard::query_parameters::{BuildImageOptions, CreateImageOptions, LogsOptions};
 use futures_util::StreamExt;
 use serde_json::json;
@@ -185,13 +185,13 @@ pub async fn source(cfg: &ProviderConfig) -> Result<ImageSource> {
   }
 }
 
-/// The image's id when present; `None` when the engine does not have it.
-pub async fn present(engine: &Engine, image: &str) -> Result<Option<String>> {
+/// The image's inspect data when present; `None` when the engine does not have it.
+pub async fn present(engine: &Engine, image: &str) -> Result<Option<ImageInspect>> {
   match engine
     .control("inspect the image", || engine.docker.inspect_image(image))
     .await
   {
-    Ok(i) => Ok(Some(i.id.unwrap_or_default())),
+    Ok(i) => Ok(Some(i)),
     Err(e) if status_of(&e) == Some(404) => Ok(None),
     Err(e) => Err(e),
   }
@@ -222,6 +222,17 @@ fn probes() -> &'static Mutex<HashMap<String, Probe>> {
 /// short script; `/bin/sh` is checked first through the archive stat, since without it nothing
 /// can run at all.
 pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe> {
+  // One probe per image at a time: racing first reads wait for it instead of probing again.
+  static LOCKS: OnceLock<Mutex<HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>> =
+    OnceLock::new();
+  let lock = LOCKS
+    .get_or_init(Default::default)
+    .lock()
+    .expect("probe locks")
+    .entry(image_id.to_string())
+    .or_default()
+    .clone();
+  let _guard = lock.lock().await;
   if let Some(p) = probes().lock().expect("probes").get(image_id) {
     return Ok(p.clone());
   }
@@ -298,28 +309,23 @@ pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe
   Ok(p)
 }
 
-async fn ready(engine: &Engine, src: &ImageSource, id: String) -> Result<Build> {
+/// `ready` with metadata, from the inspect data `present` already fetched (no second inspect).
+async fn ready(engine: &Engine, src: &ImageSource, info: ImageInspect) -> Result<Build> {
+  let id = info.id.unwrap_or_default();
   let mut m = BTreeMap::new();
   m.insert("image".to_string(), src.reference.clone());
   if !id.is_empty() {
     m.insert("imageId".to_string(), id.clone());
   }
-  if let Ok(info) = engine
-    .control("inspect the image", || {
-      engine.docker.inspect_image(&src.reference)
-    })
-    .await
-  {
-    // The same content pulled under several names has a digest per repository: report ours.
-    let (repo, _) = split_reference(&src.reference);
-    let ours = info
-      .repo_digests
-      .unwrap_or_default()
-      .into_iter()
-      .find(|d| d.split_once('@').map(|(r, _)| r) == Some(repo.as_str()));
-    if let Some(d) = ours {
-      m.insert("digest".to_string(), d);
-    }
+  // The same content pulled under several names has a digest per repository: report ours.
+  let (repo, _) = split_reference(&src.reference);
+  let ours = info
+    .repo_digests
+    .unwrap_or_default()
+    .into_iter()
+    .find(|d| d.split_once('@').map(|(r, _)| r) == Some(repo.as_str()));
+  if let Some(d) = ours {
+    m.insert("digest".to_string(), d);
   }
   if let Some(b) = &src.build {
     m.insert("buildContext".to_string(), b.context.clone());
@@ -374,8 +380,8 @@ fn meta(src: &ImageSource) -> Option<BTreeMap<String, String>> {
 
 /// Read-only status: never starts a pull or build, never reports work that is not happening.
 pub async fn status(engine: &Engine, src: &ImageSource) -> Result<Build> {
-  if let Some(id) = present(engine, &src.reference).await? {
-    return ready(engine, src, id).await;
+  if let Some(info) = present(engine, &src.reference).await? {
+    return ready(engine, src, info).await;
   }
   let work = works()
     .lock()
@@ -401,8 +407,8 @@ pub async fn status(engine: &Engine, src: &ImageSource) -> Result<Build> {
 /// Idempotent: `ready` when present, else starts (or joins) the background pull or build and
 /// returns `pending` at once. A failed attempt is retried.
 pub async fn build(engine: &Engine, src: &ImageSource, log: &Logger) -> Result<Build> {
-  if let Some(id) = present(engine, &src.reference).await? {
-    return ready(engine, src, id).await;
+  if let Some(info) = present(engine, &src.reference).await? {
+    return ready(engine, src, info).await;
   }
   start(engine, src, log);
   status(engine, src).await
