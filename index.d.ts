@@ -26,8 +26,18 @@ export interface SandboxBuild {
   metadata: Record<string, string> | null
 }
 
-/** Constructors the provider throws instead of its own classes (the host's, for `instanceof`). */
+/**
+ * Constructors the provider throws instead of its own classes (the host's, for `instanceof`).
+ * A whole module namespace (`import * as sandboxErrors from …`) may be given: these names are
+ * taken from it and other keys ignored.
+ */
 export interface InjectedErrors {
+  /**
+   * The host's base class (its constructor takes the message). Request errors the host gives no
+   * class for (invalid path, not a regular file, path traversal, …) are then built on it, with
+   * their `statusCode`, so they are `instanceof` it too. Engine failures never are.
+   */
+  SandboxError?: abstract new (message?: string) => Error
   SandboxNotAvailableError?: new (sandboxId: string) => Error
   SandboxFileNotFoundError?: new (path: string) => Error
   SandboxPathIsDirectoryError?: new (path: string) => Error
@@ -52,8 +62,10 @@ export interface DockerSandboxProviderOptions {
   namespace?: string
   /** Default exec timeout in milliseconds. Default 60000. */
   execTimeoutMs?: number
-  /** Cap for `uploadFile` and `downloadFile`, in bytes. Default 10 MiB. */
+  /** Cap for `downloadFile`, in bytes (at most 1 GiB). Default 20 MiB, TrueForge's own download limit. */
   fileMaxBytes?: number
+  /** Cap for `uploadFile`, in bytes (uploads are streamed). Default: none beyond what the engine accepts. */
+  uploadMaxBytes?: number
   /** Cap on one exec's combined output (head and tail kept), in bytes. Default 10 MiB. */
   maxOutputBytes?: number
   /** Like `docker run --gpus`: `'all'`, a count, or device indexes/UUIDs. Default: no GPU. */
