@@ -1,0 +1,36 @@
+// TrueForge's own SandboxProvider contract suite, run against DockerSandboxProvider as installed
+// from our packed tarball. The suite is TrueForge's (imported from the checkout); only the
+// factory is ours.
+
+import {
+  SandboxFileNotFoundError,
+  SandboxFileTooLargeError,
+  SandboxNotAvailableError,
+  SandboxPathIsDirectoryError,
+} from '../../src/core/sandbox/SandboxErrors'
+import { runSandboxProviderContractSuite } from '../core/sandbox/provider/sandboxProviderContractSuite'
+import { containersLeft, runNamespace, Tracker } from './support'
+
+const namespace = runNamespace('tfc')
+const all = new Tracker(namespace)
+
+// The host's classes by name. Once `errors` takes a whole module namespace, this becomes
+// `errors: sandboxErrors` (import * as sandboxErrors from '../../src/core/sandbox/SandboxErrors').
+const errors = { SandboxNotAvailableError, SandboxFileNotFoundError, SandboxPathIsDirectoryError, SandboxFileTooLargeError }
+
+runSandboxProviderContractSuite(() => {
+  const mark = all.created.length
+  const provider = all.provider({ errors, tenantName: 'contract' })
+  return {
+    provider,
+    dispose: async () => {
+      for (const id of all.createdSince(mark)) await provider.removeSandbox(id)
+      provider.dispose()
+    },
+  }
+})
+
+afterAll(async () => {
+  await all.cleanup()
+  expect(containersLeft(namespace)).toBe(0)
+}, 120_000)
