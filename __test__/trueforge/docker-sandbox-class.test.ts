@@ -102,12 +102,12 @@ test('sandboxes run the configured image, and a turn reports the session id it c
   const [raw] = tracker.createdSince(mark)
   expect(call.sandboxCreated).toBe(true)
   expect(call.sessionId).toBe(`v1:docker:${raw}`)
-  const name = execFileSync('docker', ['ps', '-q', '--filter', `label=trueforge.sandbox.namespace=${namespace}`], {
+  const ids = execFileSync('docker', ['ps', '-q', '--filter', `label=trueforge.sandbox.namespace=${namespace}`], {
     encoding: 'utf8',
   })
     .split('\n')
     .filter(Boolean)
-  const images = name.map((id) => execFileSync('docker', ['inspect', '-f', '{{.Config.Image}}', id], { encoding: 'utf8' }).trim())
+  const images = ids.map((id) => execFileSync('docker', ['inspect', '-f', '{{.Config.Image}}', id], { encoding: 'utf8' }).trim())
   expect(images).toContain(IMAGE)
   expect(new Set(images)).toEqual(new Set([IMAGE]))
 })
