@@ -85,7 +85,22 @@ scratch=$(mktemp -d "${TMPDIR:-/tmp}/tf-docker-sandbox.XXXXXX")
 tests_tmp="$core/tests/docker-sandbox-$(basename "$scratch" | tr -dc 'a-zA-Z0-9')"
 link="$core/node_modules/trueforge-docker-sandbox"
 moved_aside=""
+# Every namespace the tests make carries this tag; the sweep below removes what a killed run left.
+export TRUEFORGE_TEST_RUN_TAG
+TRUEFORGE_TEST_RUN_TAG=$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')
+sweep_containers() {
+  local ids
+  ids=$(docker ps -a --filter label=trueforge.sandbox.namespace \
+    --format '{{.ID}} {{.Label "trueforge.sandbox.namespace"}}' 2>/dev/null |
+    awk -v tag="-$TRUEFORGE_TEST_RUN_TAG-" 'index($2, tag) { print $1 }')
+  if [ -n "$ids" ]; then
+    say "removing $(echo "$ids" | wc -l) container(s) left by this run"
+    # shellcheck disable=SC2086
+    docker rm -f -v $ids >/dev/null 2>&1 || true
+  fi
+}
 cleanup() {
+  sweep_containers
   rm -rf "$tests_tmp"
   if [ -L "$link" ] && [ "$(readlink "$link")" = "$scratch/consumer/node_modules/trueforge-docker-sandbox" ]; then
     rm -f "$link"

@@ -20,7 +20,7 @@ const errors = { SandboxNotAvailableError, SandboxFileNotFoundError, SandboxPath
 
 runSandboxProviderContractSuite(() => {
   const mark = all.created.length
-  const provider = all.provider({ errors, tenantName: 'contract' })
+  const provider = all.provider({ errors, tenantName: 'contract' }) // through fromTrueForgeManifest
   return {
     provider,
     dispose: async () => {

@@ -35,9 +35,10 @@ function silentLogger(): winston.Logger {
   return logger
 }
 
-/** A provider as the server would build one: tenant, the host's error classes, its logger. */
+/** A provider as the server's factory builds one: tenant, the host's error classes, logger, download cap. */
 function serverProvider(extra: Record<string, unknown> = {}): DockerProvider {
-  return tracker.provider({ tenantName: 'acme', errors: hostErrors, logger: silentLogger(), ...extra })
+  const context = { tenantName: 'acme', errors: hostErrors, logger: silentLogger(), fileMaxBytesForDownload: 20 * 1024 * 1024 }
+  return tracker.provider(context, extra)
 }
 
 /** One turn's Sandbox, as the server builds it. */
@@ -303,7 +304,7 @@ describe('a sandbox removed between turns', () => {
   test("is not recreated without the host's classes (the server's instanceof check fails)", async () => {
     const gone = await removedSession()
     const mark = tracker.created.length
-    const turn = turnSandbox(tracker.provider({ tenantName: 'acme' }), { existingSandboxId: gone })
+    const turn = turnSandbox(tracker.provider({ tenantName: 'acme', logger: silentLogger() }), { existingSandboxId: gone })
     const call = await agentExec(turn, 'true')
     expect(call.isError).toBe(true)
     expect(call.text).toMatch(/^Sandbox initialization failed: .*no longer exists/)

@@ -10,6 +10,7 @@ import { randomBytes } from 'node:crypto'
 const pkg = require('trueforge-docker-sandbox')
 
 export const DockerSandboxProvider = pkg.DockerSandboxProvider
+export const fromTrueForgeManifest = pkg.fromTrueForgeManifest
 export type DockerProvider = InstanceType<typeof pkg.DockerSandboxProvider>
 
 /** The image the TrueForge-side tests run; `TRUEFORGE_SANDBOX_IMAGE` overrides it. */
@@ -17,9 +18,14 @@ export const IMAGE = process.env['TRUEFORGE_SANDBOX_IMAGE'] || 'trueforge-sandbo
 
 const NAMESPACE_LABEL = 'trueforge.sandbox.namespace'
 
-/** A namespace of this run only, so cleanup can sweep exactly what this run made. */
+/**
+ * A namespace of this run only, so cleanup can sweep exactly what this run made. It carries the
+ * harness's run tag (`TRUEFORGE_TEST_RUN_TAG`), so the harness can sweep too when jest is killed
+ * before its afterAll hooks run.
+ */
 export function runNamespace(prefix: string): string {
-  return `${prefix}-${randomBytes(4).toString('hex')}`
+  const tag = (process.env['TRUEFORGE_TEST_RUN_TAG'] || '').replace(/[^a-z0-9]/g, '').slice(0, 8)
+  return [prefix, tag, randomBytes(4).toString('hex')].filter(Boolean).join('-')
 }
 
 /**
@@ -32,14 +38,13 @@ export class Tracker {
 
   constructor(readonly namespace: string) {}
 
-  /** A provider of this namespace whose createSandbox() is recorded. */
-  provider(extra: Record<string, unknown> = {}): DockerProvider {
-    const provider: DockerProvider = new DockerSandboxProvider({
-      image: IMAGE,
-      namespace: this.namespace,
-      execTimeoutMs: 120_000,
-      ...extra,
-    })
+  /**
+   * A provider of this namespace whose createSandbox() is recorded, built the way the server's
+   * factory builds one: from a `type: 'docker'` manifest and the server's context.
+   */
+  provider(context: Record<string, unknown> = {}, extra: Record<string, unknown> = {}): DockerProvider {
+    const manifest = { type: 'docker', image: IMAGE, namespace: this.namespace, exec_timeout_ms: 120_000 }
+    const provider: DockerProvider = new DockerSandboxProvider({ ...fromTrueForgeManifest(manifest, context), ...extra })
     const create = provider.createSandbox.bind(provider)
     provider.createSandbox = async () => {
       const r = await create()
