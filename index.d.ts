@@ -215,7 +215,7 @@ export interface TrueForgeDockerManifest {
 export interface TrueForgeContext {
   /** The tenant (TrueForge's `tenant_id`); recorded on every sandbox. */
   tenantName?: string
-  /** The server's sandbox error classes, so its `instanceof` checks hold. */
+  /** The server's sandbox error classes, or its whole errors module, so its `instanceof` checks hold. */
   errors?: InjectedErrors
   /** The server's (winston) logger. */
   logger?: SandboxLogger

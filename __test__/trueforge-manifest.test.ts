@@ -86,6 +86,19 @@ describe('mapping (no engine)', () => {
     expect(opts.gpus).not.toBe(gpus)
   })
 
+  test("the server's whole errors module passes through, and the constructor takes it", () => {
+    abstract class HostBase extends Error {
+      abstract readonly statusCode: number
+    }
+    class HostGone extends HostBase {
+      readonly statusCode = 410
+    }
+    const errorsModule = { SandboxError: HostBase, SandboxNotAvailableError: HostGone, validateNoPathTraversal: () => {} }
+    const opts = fromTrueForgeManifest(base, { errors: errorsModule as any })
+    expect(opts.errors).toBe(errorsModule)
+    expect(() => new DockerSandboxProvider(opts).dispose()).not.toThrow()
+  })
+
   test.each([
     ['not an object', null, 'manifest'],
     ['an array', [], 'manifest'],

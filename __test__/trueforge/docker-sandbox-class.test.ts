@@ -9,12 +9,7 @@ import { createHash, randomBytes } from 'node:crypto'
 import winston from 'winston'
 import { isCallToolResponseResult } from '../../src/core/mcp/IMCPServer'
 import { SANDBOX_EXEC_TOOL_NAME, Sandbox } from '../../src/core/sandbox/Sandbox'
-import {
-  SandboxFileNotFoundError,
-  SandboxFileTooLargeError,
-  SandboxNotAvailableError,
-  SandboxPathIsDirectoryError,
-} from '../../src/core/sandbox/SandboxErrors'
+import * as sandboxErrors from '../../src/core/sandbox/SandboxErrors'
 import { rawSandboxId } from '../../src/core/sandbox/sandboxRef'
 import { SkillMounter } from '../../src/core/sandbox/skills/SkillMounter'
 import { NOOP_AGENT_TRACING } from '../../src/core/tracing/NoopAgentTracing'
@@ -25,9 +20,8 @@ jest.setTimeout(180_000)
 const namespace = runNamespace('tfs')
 const tracker = new Tracker(namespace)
 
-// The host's classes by name. Once `errors` takes a whole module namespace, this becomes
-// `errors: sandboxErrors` (import * as sandboxErrors from '../../src/core/sandbox/SandboxErrors').
-const hostErrors = { SandboxNotAvailableError, SandboxFileNotFoundError, SandboxPathIsDirectoryError, SandboxFileTooLargeError }
+// The host's error module as a whole, as the server passes it.
+const hostErrors = sandboxErrors
 
 function silentLogger(): winston.Logger {
   const logger = winston.createLogger({ silent: true, transports: [] })
@@ -162,6 +156,21 @@ describe('session init with skills', () => {
     const r = await provider.exec({ sandboxId: raw, command: `test ! -e ${q(provider.getSkillsDir(raw))}/demo-skill` })
     expect(r).toMatchObject({ success: true, response: { exitCode: 0 } })
   })
+})
+
+test("the provider's request errors are the server's classes", async () => {
+  const provider = serverProvider()
+  const { call } = await agentOk(turnSandbox(provider), 'mkdir -p adir')
+  const sandboxId = rawSandboxId(call.sessionId!)
+  const missing = await provider.downloadFile({ sandboxId, path: 'nope.txt' }).catch((e: unknown) => e)
+  expect(missing).toBeInstanceOf(sandboxErrors.SandboxFileNotFoundError)
+  expect(missing).toBeInstanceOf(sandboxErrors.SandboxError)
+  const dir = await provider.downloadFile({ sandboxId, path: 'adir' }).catch((e: unknown) => e)
+  expect(dir).toBeInstanceOf(sandboxErrors.SandboxPathIsDirectoryError)
+  // One the server has no class for: built on its base, with a status it can reply with.
+  const nul = await provider.downloadFile({ sandboxId, path: 'a\u0000b' }).catch((e: unknown) => e)
+  expect(nul).toBeInstanceOf(sandboxErrors.SandboxError)
+  expect(nul).toMatchObject({ statusCode: 400 })
 })
 
 describe('uploads', () => {
