@@ -6,6 +6,7 @@
 
 const { NativeProvider, reapSandboxes: nativeReap } = require('./binding.js')
 const errors = require('./errors.js')
+const { fromTrueForgeManifest } = require('./trueforge.js')
 
 const {
   SandboxError,
@@ -384,6 +385,7 @@ async function reapSandboxes(options = {}) {
 module.exports = {
   DockerSandboxProvider,
   reapSandboxes,
+  fromTrueForgeManifest,
   SandboxError,
   SandboxNotAvailableError,
   SandboxFileNotFoundError,
