@@ -3,6 +3,7 @@
 import {
   CONTRACT_ERROR_NAMES,
   DockerSandboxProvider,
+  fromTrueForgeManifest,
   reapSandboxes,
   SandboxEngineError,
   SandboxError,
@@ -19,6 +20,7 @@ import { createRequire } from 'node:module'
 const named = {
   CONTRACT_ERROR_NAMES,
   DockerSandboxProvider,
+  fromTrueForgeManifest,
   reapSandboxes,
   SandboxEngineError,
   SandboxError,
