@@ -359,8 +359,11 @@ class DockerCodeModeTransport {
     this.#dispatcher = codeModeDispatcher
     let session = this.#session
     if (session === undefined) {
+      // The native session holds this callback strongly; a weak link back to the transport lets
+      // a transport nobody stopped be collected, and its relay end with it.
+      const self = new WeakRef(this)
       session = this.#native.codeModeSession((generation, id, payload) => {
-        void this.#onRequest(session, generation, id, payload)
+        void self.deref()?.#onRequest(generation, id, payload)
       })
       this.#session = session
     }
@@ -382,7 +385,8 @@ class DockerCodeModeTransport {
     if (session !== undefined) await session.stop()
   }
 
-  async #onRequest(session, generation, id, payload) {
+  async #onRequest(generation, id, payload) {
+    const session = this.#session
     let reply
     try {
       reply = await this.#dispatch(payload)
@@ -399,7 +403,8 @@ class DockerCodeModeTransport {
       const error = `Code Mode reply of ${bytes.length} bytes exceeds the limit of ${CODE_MODE_MAX_MESSAGE_BYTES} bytes`
       bytes = Buffer.from(JSON.stringify({ ok: false, error, source: 'transport' }))
     }
-    session.reply(generation, id, bytes)
+    // A reply for a relay that has since been replaced or stopped is dropped by the session.
+    ;(this.#session ?? session)?.reply(generation, id, bytes)
   }
 
   async #dispatch(payload) {

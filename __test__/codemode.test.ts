@@ -230,9 +230,11 @@ describe('CodeModeTransport contract (TrueForge behaviours)', () => {
     const first = await start()
     expect(first.env.TFY_CM_SOCK).toMatch(/^\/trueforge\/codemode\/run\/[0-9a-f]{32}\.sock$/)
     expect(first.env.TFY_CM_REQUEST_TIMEOUT_SECONDS).toBe('30')
+    const pids = await relayPids(main, sb)
+    expect(pids).toHaveLength(1)
     const second = await start()
     expect(second.env).toEqual(first.env)
-    expect(await relayPids(main, sb)).toHaveLength(1)
+    expect(await relayPids(main, sb)).toEqual(pids)
   })
 
   test('round-trips a list_tools request', async () => {

@@ -18,6 +18,7 @@ import sys
 import threading
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+INLINE_REPLY_BYTES = 64 * 1024
 HEADER = struct.Struct(">BII")
 READY, REQUEST, REPLY = 1, 2, 3
 
@@ -106,7 +107,17 @@ def _pump(path):
             continue
         with _pending_lock:
             conn = _pending.pop(rid, None)
-        if conn is not None:
+        if conn is None:
+            continue
+        if len(payload) <= INLINE_REPLY_BYTES:
+            # Fits in the socket's buffer, so sending it here does not hold up the stream (the
+            # timeout guards against a peer that shrank its buffer).
+            try:
+                conn.settimeout(2)
+            except OSError:
+                pass
+            _finish(conn, payload)
+        else:
             threading.Thread(target=_finish, args=(conn, payload), daemon=True).start()
     _cleanup(path)
 
