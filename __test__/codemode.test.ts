@@ -504,6 +504,41 @@ describe('recovery', () => {
     expect(await ok(main, sb, 'ls -A /trueforge/codemode/run')).toBe('')
   })
 
+  test('a transport nobody stopped is collected, and its relay ends with it', async () => {
+    const script = `
+      const { DockerSandboxProvider } = require(${JSON.stringify(require.resolve('..'))})
+      const p = new DockerSandboxProvider({ image: ${JSON.stringify(DEBIAN)}, namespace: ${JSON.stringify(namespace)} })
+      ;(async () => {
+        await (async () => {
+          const t = p.createCodeModeTransport()
+          await t.start({ codeModeDispatcher: { dispatch: async () => ({ ok: true, result: null }) }, sandboxId: ${JSON.stringify(sb)}, requestTimeoutSeconds: 5 })
+        })()
+        console.log('started')
+        await new Promise((r) => process.stdin.once('data', r))
+        for (let i = 0; i < 10; i++) { global.gc(); await new Promise((r) => setTimeout(r, 100)) }
+        setInterval(() => {}, 1000)
+        console.log('collected')
+      })().catch((e) => { console.error(e); process.exit(1) })
+    `
+    const child = spawn(process.execPath, ['--expose-gc', '-e', script], { stdio: ['pipe', 'pipe', 'inherit'] })
+    const said = (word: string) =>
+      new Promise<void>((resolve, reject) => {
+        child.stdout.on('data', (d) => String(d).includes(word) && resolve())
+        child.on('exit', (code) => reject(new Error(`the server process exited early (${code})`)))
+      })
+    try {
+      await said('started')
+      expect(await relayPids(main, sb)).toHaveLength(1)
+      child.stdin.write('go\n')
+      await said('collected')
+      // The server process is still alive: only the collection ended the relay.
+      await waitFor(async () => (await relayPids(main, sb)).length === 0, 10_000, 'the relay of a collected transport to end')
+      expect(child.exitCode).toBeNull()
+    } finally {
+      child.kill('SIGKILL')
+    }
+  })
+
   test('a server process that dies leaves nothing running in the sandbox once the stream closes', async () => {
     const script = `
       const { DockerSandboxProvider } = require(${JSON.stringify(require.resolve('..'))})
