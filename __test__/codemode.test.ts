@@ -470,6 +470,28 @@ describe('recovery', () => {
     }
   })
 
+  test('a running relay is not activity: an idle sandbox still stops itself, and start brings it back', async () => {
+    const p = provider({ autoStopIntervalInMinutes: 0.05 })
+    const { sandboxId } = await p.createSandbox()
+    await installClient(p, sandboxId)
+    const transport = p.createCodeModeTransport()
+    const start = () => transport.start({ codeModeDispatcher: new StubDispatcher() as any, sandboxId, requestTimeoutSeconds: 30 })
+    const name = containerNameFor(namespace, sandboxId)
+    const running = () => docker(['inspect', '-f', '{{.State.Running}}', name]) === 'true'
+    try {
+      await start()
+      expect(running()).toBe(true)
+      await waitFor(async () => !running(), 15_000, 'the idle sandbox to stop with its relay running')
+      const { env } = await start()
+      expect(running()).toBe(true)
+      expect(JSON.parse(await ok(p, sandboxId, `mcp-client call-tool demo echo '{"woke":1}'`, { env: execEnv(env) }))).toEqual({
+        echoed: { woke: 1 },
+      })
+    } finally {
+      await transport.stop()
+    }
+  })
+
   test('start with a new sandbox id moves the relay there', async () => {
     const p = provider()
     const { sandboxId: other } = await p.createSandbox()
