@@ -11,6 +11,7 @@ Python 3.9 or later, standard library only.
 """
 import json
 import os
+import selectors
 import signal
 import socket
 import struct
@@ -51,8 +52,9 @@ def _error_reply(message):
     return json.dumps({"ok": False, "error": message, "source": "caller"}).encode()
 
 
-def _finish(conn, payload):
+def _finish(conn, payload, timeout=None):
     try:
+        conn.settimeout(timeout)
         conn.sendall(payload)
         conn.shutdown(socket.SHUT_WR)
     except OSError:
@@ -61,35 +63,46 @@ def _finish(conn, payload):
         conn.close()
 
 
-def _serve(conn):
+class _Incoming:
+    """A request being read: its parts so far, or None once it went over the limit."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self):
+        self.parts = []
+        self.size = 0
+
+
+def _read_some(selector, conn, incoming):
     try:
-        parts = []
-        size = 0
-        too_big = False
-        while True:
-            chunk = conn.recv(1 << 20)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > MAX_MESSAGE_BYTES:
-                too_big = True
-                parts = []
-            elif not too_big:
-                parts.append(chunk)
-        if too_big:
-            _finish(conn, _error_reply(
-                "Code Mode request of %d bytes exceeds the limit of %d bytes" % (size, MAX_MESSAGE_BYTES)))
-            return
-        with _pending_lock:
-            _next_id[0] = (_next_id[0] + 1) & 0xFFFFFFFF
-            rid = _next_id[0]
-            _pending[rid] = conn
-        try:
-            _write_frame(REQUEST, rid, b"".join(parts))
-        except OSError:
-            os._exit(0)
+        chunk = conn.recv(1 << 20)
+    except (BlockingIOError, InterruptedError):
+        return
     except OSError:
+        selector.unregister(conn)
         conn.close()
+        return
+    if chunk:
+        incoming.size += len(chunk)
+        if incoming.size > MAX_MESSAGE_BYTES:
+            incoming.parts = None
+        elif incoming.parts is not None:
+            incoming.parts.append(chunk)
+        return
+    selector.unregister(conn)
+    if incoming.parts is None:
+        reply = _error_reply("Code Mode request of %d bytes exceeds the limit of %d bytes"
+                             % (incoming.size, MAX_MESSAGE_BYTES))
+        threading.Thread(target=_finish, args=(conn, reply, 10), daemon=True).start()
+        return
+    with _pending_lock:
+        _next_id[0] = (_next_id[0] + 1) & 0xFFFFFFFF
+        rid = _next_id[0]
+        _pending[rid] = conn
+    try:
+        _write_frame(REQUEST, rid, b"".join(incoming.parts))
+    except OSError:
+        os._exit(0)
 
 
 def _pump(path):
@@ -112,11 +125,7 @@ def _pump(path):
         if len(payload) <= INLINE_REPLY_BYTES:
             # Fits in the socket's buffer, so sending it here does not hold up the stream (the
             # timeout guards against a peer that shrank its buffer).
-            try:
-                conn.settimeout(2)
-            except OSError:
-                pass
-            _finish(conn, payload)
+            _finish(conn, payload, 2)
         else:
             threading.Thread(target=_finish, args=(conn, payload), daemon=True).start()
     _cleanup(path)
@@ -151,9 +160,21 @@ def main():
     ready = {"pid": os.getpid(), "python": "%d.%d" % sys.version_info[:2]}
     _write_frame(READY, 0, json.dumps(ready).encode())
     threading.Thread(target=_pump, args=(path,), daemon=True).start()
+    # Requests are read on this thread, all connections at once; replies go out from the pump.
+    server.setblocking(False)
+    selector = selectors.DefaultSelector()
+    selector.register(server, selectors.EVENT_READ, None)
     while True:
-        conn, _ = server.accept()
-        threading.Thread(target=_serve, args=(conn,), daemon=True).start()
+        for key, _ in selector.select():
+            if key.data is None:
+                try:
+                    conn, _ = server.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                conn.setblocking(False)
+                selector.register(conn, selectors.EVENT_READ, _Incoming())
+            else:
+                _read_some(selector, key.fileobj, key.data)
 
 
 if __name__ == "__main__":
