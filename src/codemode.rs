@@ -348,21 +348,28 @@ pub async fn launch(
     let sandbox_id = target.sandbox_id.clone();
     tokio::spawn(async move {
       let mut why = "the stream closed".to_string();
-      'read: while let Some(item) = output.next().await {
+      // Hands on every complete frame; false when the stream cannot be trusted any more.
+      let drain = |decoder: &mut Decoder, why: &mut String| loop {
+        match decoder.next_frame() {
+          Ok(Some(f)) if f.kind == KIND_REQUEST => sink(generation, f.id, f.payload),
+          Ok(Some(_)) => {}
+          Ok(None) => return true,
+          Err(e) => {
+            *why = e;
+            return false;
+          }
+        }
+      };
+      // Requests that came in the same chunk as READY are already in the decoder.
+      let mut ok = drain(&mut decoder, &mut why);
+      while ok {
+        let Some(item) = output.next().await else {
+          break;
+        };
         match item {
           Ok(LogOutput::StdOut { message }) => {
             decoder.push(&message);
-            loop {
-              match decoder.next_frame() {
-                Ok(Some(f)) if f.kind == KIND_REQUEST => sink(generation, f.id, f.payload),
-                Ok(Some(_)) => {}
-                Ok(None) => break,
-                Err(e) => {
-                  why = e;
-                  break 'read;
-                }
-              }
-            }
+            ok = drain(&mut decoder, &mut why);
           }
           Ok(LogOutput::StdErr { message }) => log.warn(
             "Code Mode relay stderr",
