@@ -38,6 +38,8 @@ const TOOLS = [
   { name: 'text' },
   { name: 'fails' },
   { name: 'slow', annotations: { readOnlyHint: true } },
+  { name: 'throws' },
+  { name: 'hangs' },
   { name: 'rm', annotations: { destructiveHint: true } },
   { name: 'write', annotations: { readOnlyHint: false } },
 ]
@@ -69,6 +71,10 @@ class StubDispatcher {
         return { ok: true, result: { content: [{ type: 'text', text: '{"parsed":true}' }] } }
       case 'fails':
         return { ok: true, result: { isError: true, content: [{ type: 'text', text: 'boom' }] } }
+      case 'throws':
+        throw new Error('the dispatcher broke')
+      case 'hangs':
+        return new Promise<Reply>(() => {})
       case 'slow': {
         this.inFlight++
         this.maxInFlight = Math.max(this.maxInFlight, this.inFlight)
@@ -358,6 +364,39 @@ describe('end to end inside a sandbox', () => {
     const bare = await run(main, sb, `mcp-client call-tool demo echo '{}'`, { env: { TFY_MCP_SERVERS: SERVERS_ALL } })
     expect(bare.exitCode).not.toBe(0)
     expect(bare.result).toMatch(/TFY_CM_SOCK is not set/)
+  })
+
+  test('a dispatcher that throws is an internal error; one that never answers times out at the client', async () => {
+    const thrown = await run(main, sb, `mcp-client call-tool demo throws '{}'`, { env: execEnv(env) })
+    expect(thrown.exitCode).not.toBe(0)
+    expect(thrown.result).toMatch(/Internal MCP error: the dispatcher broke/)
+    const t0 = Date.now()
+    const hung = await run(main, sb, `mcp-client call-tool demo hangs '{}'`, {
+      env: { ...execEnv(env), TFY_CM_REQUEST_TIMEOUT_SECONDS: '1' },
+    })
+    expect(hung.exitCode).not.toBe(0)
+    expect(hung.result).toMatch(/timed out after 1 s/)
+    expect(Date.now() - t0).toBeLessThan(5_000)
+  })
+
+  test('a client that never finishes its request does not hold up the others', async () => {
+    const stall = [
+      'import os, socket, time',
+      's = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)',
+      's.connect(os.environ["TFY_CM_SOCK"])',
+      's.sendall(b\'{"op":"list_\')',
+      'time.sleep(3)',
+    ].join('\n')
+    const out = await ok(
+      main,
+      sb,
+      `python3 -c "$STALL" & sleep 0.3; t0=$(date +%s%N); mcp-client call-tool demo echo '{"past":1}'; t1=$(date +%s%N); echo $(( (t1 - t0) / 1000000 )); wait`,
+      { env: { ...execEnv(env), STALL: stall } },
+    )
+    const [json, ms] = out.trim().split('\n')
+    expect(JSON.parse(json)).toEqual({ echoed: { past: 1 } })
+    // The stalled connection stays open for 3 s; the call must not have waited for it.
+    expect(Number(ms)).toBeLessThan(2_000)
   })
 
   test('20 concurrent calls all run at once and each gets its own reply', async () => {
