@@ -26,8 +26,18 @@ export interface SandboxBuild {
   metadata: Record<string, string> | null
 }
 
-/** Constructors the provider throws instead of its own classes (the host's, for `instanceof`). */
+/**
+ * Constructors the provider throws instead of its own classes (the host's, for `instanceof`).
+ * A whole module namespace (`import * as sandboxErrors from …`) may be given: these names are
+ * taken from it and other keys ignored.
+ */
 export interface InjectedErrors {
+  /**
+   * The host's base class (its constructor takes the message). Request errors the host gives no
+   * class for (invalid path, not a regular file, path traversal, …) are then built on it, with
+   * their `statusCode`, so they are `instanceof` it too. Engine failures never are.
+   */
+  SandboxError?: abstract new (message?: string) => Error
   SandboxNotAvailableError?: new (sandboxId: string) => Error
   SandboxFileNotFoundError?: new (path: string) => Error
   SandboxPathIsDirectoryError?: new (path: string) => Error
@@ -52,8 +62,10 @@ export interface DockerSandboxProviderOptions {
   namespace?: string
   /** Default exec timeout in milliseconds. Default 60000. */
   execTimeoutMs?: number
-  /** Cap for `uploadFile` and `downloadFile`, in bytes. Default 10 MiB. */
+  /** Cap for `downloadFile`, in bytes (at most 1 GiB). Default 20 MiB, TrueForge's own download limit. */
   fileMaxBytes?: number
+  /** Cap for `uploadFile`, in bytes (uploads are streamed). Default: none beyond what the engine accepts. */
+  uploadMaxBytes?: number
   /** Cap on one exec's combined output (head and tail kept), in bytes. Default 10 MiB. */
   maxOutputBytes?: number
   /** Like `docker run --gpus`: `'all'`, a count, or device indexes/UUIDs. Default: no GPU. */
@@ -222,3 +234,40 @@ export declare function reapSandboxes(options?: {
   olderThanMinutes?: number
   dryRun?: boolean
 }): Promise<{ removed: string[] }>
+
+/** A TrueForge sandbox-provider manifest of `type: 'docker'`, as the server stores it (snake_case). */
+export interface TrueForgeDockerManifest {
+  type: 'docker'
+  /** The image every sandbox runs, e.g. `'trueforge-sandbox:1'`. */
+  image: string
+  /** Default exec timeout in milliseconds (`execTimeoutMs`). */
+  exec_timeout_ms?: number
+  /** Idle minutes before a sandbox stops itself; 0 = never (`autoStopIntervalInMinutes`). */
+  auto_stop_interval_in_minutes?: number
+  /** Minutes stopped before the reaper removes a sandbox; 0 = never (`autoDeleteIntervalInMinutes`). */
+  auto_delete_interval_in_minutes?: number
+  /** Like `docker run --gpus`. */
+  gpus?: 'all' | number | string[]
+  /** `[a-z0-9-]{1,32}`; scopes container names and labels. */
+  namespace?: string
+}
+
+/** What the TrueForge server supplies when it builds a provider. */
+export interface TrueForgeContext {
+  /** The tenant (TrueForge's `tenant_id`); recorded on every sandbox. */
+  tenantName?: string
+  /** The server's sandbox error classes, or its whole errors module, so its `instanceof` checks hold. */
+  errors?: InjectedErrors
+  /** The server's (winston) logger. */
+  logger?: SandboxLogger
+  /** The server's download limit in bytes (`fileMaxBytes`). */
+  fileMaxBytesForDownload?: number
+  /** The Docker engine address, when not `$DOCKER_HOST` or the local socket. */
+  dockerHost?: string
+}
+
+/** Maps a TrueForge docker manifest and the server's context to provider options; refuses bad fields with `INVALID_OPTION` naming the manifest field. Reaches no engine. */
+export declare function fromTrueForgeManifest(
+  manifest: TrueForgeDockerManifest,
+  context?: TrueForgeContext,
+): DockerSandboxProviderOptions

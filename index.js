@@ -6,6 +6,7 @@
 
 const { NativeProvider, reapSandboxes: nativeReap, codeModeClient } = require('./binding.js')
 const errors = require('./errors.js')
+const { fromTrueForgeManifest } = require('./trueforge.js')
 
 const {
   SandboxError,
@@ -18,6 +19,7 @@ const {
   SandboxNotRegularFileError,
   SandboxEngineError,
   CONTRACT_ERROR_NAMES,
+  onHostBase,
 } = errors
 
 const LOG_LEVELS = ['debug', 'info', 'warn', 'error']
@@ -67,19 +69,31 @@ function unrepresentable(value, path) {
   }
 }
 
+// The classes to throw, by name. `injected` may be an object of constructors or a whole module
+// namespace (`import * as sandboxErrors from …`): the names we know are taken, other keys
+// ignored. A `SandboxError` in it is the host's base class: our request-error classes that the
+// host did not give are then rebuilt on it, so they are `instanceof` the host's base too.
 function pickErrors(injected) {
   if (injected === undefined || injected === null) return {}
-  if (typeof injected !== 'object') throw optionError('errors', 'expected an object of error constructors')
+  if (typeof injected !== 'object' && typeof injected !== 'function') {
+    throw optionError('errors', 'expected an object of error constructors, or the module that exports them')
+  }
+  const known = [...CONTRACT_ERROR_NAMES, 'SandboxError']
   const out = {}
-  for (const [name, ctor] of Object.entries(injected)) {
-    if (!CONTRACT_ERROR_NAMES.includes(name)) {
-      throw optionError(`errors.${name}`, `unknown error class; known ones are ${CONTRACT_ERROR_NAMES.join(', ')}`)
-    }
+  for (const name of known) {
+    const ctor = injected[name]
     if (ctor === undefined) continue
     if (typeof ctor !== 'function') throw optionError(`errors.${name}`, 'expected a constructor')
     out[name] = ctor
   }
-  return out
+  if (Object.keys(out).length === 0) {
+    const first = Object.keys(injected)[0]
+    if (first !== undefined) {
+      throw optionError(`errors.${first}`, `unknown error class; known ones are ${known.join(', ')}`)
+    }
+  }
+  const { SandboxError: HostBase, ...given } = out
+  return HostBase ? { ...onHostBase(HostBase), ...given } : given
 }
 
 function pickLogger(logger) {
@@ -276,10 +290,10 @@ class DockerSandboxProvider {
         out = new (pick('SandboxPathTraversalError', SandboxPathTraversalError))(payload.path)
         break
       case 'INVALID_PATH':
-        out = new SandboxInvalidPathError(payload.message, payload.path)
+        out = new (pick('SandboxInvalidPathError', SandboxInvalidPathError))(payload.message, payload.path)
         break
       case 'NOT_REGULAR_FILE':
-        out = new SandboxNotRegularFileError(payload.message, payload.path)
+        out = new (pick('SandboxNotRegularFileError', SandboxNotRegularFileError))(payload.message, payload.path)
         break
       case 'INVALID_OPTION':
         return optionError(payload.option, payload.message.replace(/^invalid option `[^`]*`: /, ''))
@@ -494,8 +508,19 @@ async function reapSandboxes(options = {}) {
   }
 }
 
+// Listed name by name (not spread) so that ESM importers see every export statically.
 module.exports = {
   DockerSandboxProvider,
   reapSandboxes,
-  ...errors,
+  fromTrueForgeManifest,
+  SandboxError,
+  SandboxNotAvailableError,
+  SandboxFileNotFoundError,
+  SandboxPathIsDirectoryError,
+  SandboxFileTooLargeError,
+  SandboxPathTraversalError,
+  SandboxInvalidPathError,
+  SandboxNotRegularFileError,
+  SandboxEngineError,
+  CONTRACT_ERROR_NAMES,
 }

@@ -16,7 +16,7 @@ import { BUSYBOX, ExecResult, ok, rejection, SandboxTracker, uniqueNamespace } f
 
 const namespace = uniqueNamespace('t-errors')
 const tracker = new SandboxTracker(namespace)
-const provider = new DockerSandboxProvider({ image: BUSYBOX, namespace, fileMaxBytes: 1024 })
+const provider = new DockerSandboxProvider({ image: BUSYBOX, namespace, fileMaxBytes: 1024, uploadMaxBytes: 1024 })
 let sandboxId: string
 
 beforeAll(async () => {
@@ -225,6 +225,7 @@ describe('injected host error classes', () => {
     image: BUSYBOX,
     namespace,
     fileMaxBytes: 1024,
+    uploadMaxBytes: 1024,
     errors: {
       SandboxNotAvailableError,
       SandboxFileNotFoundError,
@@ -289,6 +290,102 @@ describe('injected host error classes', () => {
   })
 })
 
+describe('a host module namespace with an abstract base, as TrueForge exports its errors', () => {
+  // Shaped like the host's error module: an abstract base whose constructor takes the message,
+  // subclasses with statusCode fields, and exports that are not classes at all.
+  abstract class HostSandboxError extends Error {
+    abstract readonly statusCode: 400 | 403 | 404 | 410 | 413
+  }
+  class HostFileNotFound extends HostSandboxError {
+    readonly statusCode = 404
+    constructor(path: string) {
+      super(`File not found: ${path}`)
+      this.name = 'SandboxFileNotFoundError'
+    }
+  }
+  class HostNotAvailable extends HostSandboxError {
+    readonly statusCode = 410
+    constructor(id: string) {
+      super(`Sandbox '${id}' no longer exists — it may have been auto-deleted`)
+      this.name = 'SandboxNotAvailableError'
+    }
+  }
+  const hostModule = Object.freeze(
+    Object.assign(Object.create(null), {
+      [Symbol.toStringTag]: 'Module',
+      SandboxError: HostSandboxError,
+      SandboxFileNotFoundError: HostFileNotFound,
+      SandboxNotAvailableError: HostNotAvailable,
+      validateNoPathTraversal: (_p: string) => undefined,
+      PATH_LIMIT: 4096,
+    }),
+  )
+  // What the host's download route does: its own errors answer with their status, the rest 424.
+  const routeStatus = (e: unknown) => (e instanceof HostSandboxError ? e.statusCode : 424)
+  const hosted = new DockerSandboxProvider({ image: BUSYBOX, namespace, errors: hostModule })
+
+  test('the whole namespace is accepted; the classes it names are thrown', async () => {
+    const nf = await rejection(hosted.downloadFile({ sandboxId, path: 'missing.txt' }))
+    expect(nf).toBeInstanceOf(HostFileNotFound)
+    expect(routeStatus(nf)).toBe(404)
+    const gone = await rejection(hosted.exec({ sandboxId: '/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV', command: 'true' }))
+    expect(gone).toBeInstanceOf(HostNotAvailable)
+  })
+
+  test("request errors it has no class for are built on the host's base, with their status codes", async () => {
+    const cases: Array<[Promise<unknown>, string, string, number]> = [
+      [hosted.uploadFile({ sandboxId, remotePath: 'a/../../b', content: Buffer.from('x') }), 'SandboxPathTraversalError', 'PATH_TRAVERSAL', 400],
+      [hosted.downloadFile({ sandboxId, path: 'bad\0path' }), 'SandboxInvalidPathError', 'INVALID_PATH', 400],
+      [hosted.downloadFile({ sandboxId, path: 'pipe' }), 'SandboxNotRegularFileError', 'NOT_REGULAR_FILE', 400],
+      [hosted.downloadFile({ sandboxId, path: 'adir' }), 'SandboxPathIsDirectoryError', 'PATH_IS_DIRECTORY', 400],
+      [hosted.uploadFile({ sandboxId, remotePath: 'adir', content: Buffer.from('x') }), 'SandboxPathIsDirectoryError', 'PATH_IS_DIRECTORY', 400],
+    ]
+    for (const [call, name, code, status] of cases) {
+      const e = await rejection(call)
+      expect(e).toBeInstanceOf(HostSandboxError)
+      expect(e).toBeInstanceOf(Error)
+      expect([e.name, e.code, e.statusCode, routeStatus(e)]).toEqual([name, code, status, status])
+      // Still recognisable as ours.
+      expect(e).toBeInstanceOf(SandboxError)
+    }
+    const tr = await rejection(hosted.uploadFile({ sandboxId, remotePath: 'a/../../b', content: Buffer.from('x') }))
+    expect(tr).toBeInstanceOf(SandboxPathTraversalError)
+    expect(tr.message).toBe('Path must not contain ".." segments: a/../../b')
+    expect(tr.path).toBe('a/../../b')
+    const big = await rejection(
+      new DockerSandboxProvider({ image: BUSYBOX, namespace, errors: hostModule, fileMaxBytes: 1024 }).downloadFile({
+        sandboxId,
+        path: 'big.bin',
+      }),
+    )
+    expect(big).toBeInstanceOf(HostSandboxError)
+    expect(big).toBeInstanceOf(SandboxFileTooLargeError)
+    expect([big.statusCode, big.fileSize, big.maxSize]).toEqual([413, 2000, 1024])
+    expect(big.message).toBe('File too large: big.bin (2000 bytes, max 1024)')
+  })
+
+  test("engine failures stay outside the host's hierarchy", async () => {
+    const down = new DockerSandboxProvider({
+      image: BUSYBOX,
+      namespace,
+      errors: hostModule,
+      dockerHost: 'unix:///nonexistent/docker.sock',
+      engineTimeoutMs: 2000,
+    })
+    const e = await rejection(down.createSandbox())
+    expect(e).toBeInstanceOf(SandboxEngineError)
+    expect(e).not.toBeInstanceOf(HostSandboxError)
+    expect(routeStatus(e)).toBe(424)
+  })
+
+  test('our own classes are unaffected by a host base elsewhere', async () => {
+    const e = await rejection(provider.uploadFile({ sandboxId, remotePath: 'a/../../b', content: Buffer.from('x') }))
+    expect(e).toBeInstanceOf(SandboxPathTraversalError)
+    expect(e).not.toBeInstanceOf(HostSandboxError)
+    expect(Object.getPrototypeOf(e)).toBe(SandboxPathTraversalError.prototype)
+  })
+})
+
 describe('option validation', () => {
   function optionError(options: unknown): any {
     try {
@@ -315,6 +412,7 @@ describe('option validation', () => {
     ['dockerHost ssh', 'dockerHost', { image: BUSYBOX, dockerHost: 'ssh://host' }],
     ['unknown option', 'imgae', { image: BUSYBOX, imgae: 'typo' }],
     ['unknown injected error', 'errors.NopeError', { image: BUSYBOX, errors: { NopeError: class {} } }],
+    ['injected class not a constructor', 'errors.SandboxError', { image: BUSYBOX, errors: { SandboxError: 'x' } }],
     ['logger level not a function', 'logger.info', { image: BUSYBOX, logger: { info: 3 } }],
   ])('%s: throws a TypeError naming `%s`', (_label, option, options) => {
     const e = optionError(options)

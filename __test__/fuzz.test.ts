@@ -29,7 +29,7 @@ import {
 const namespace = uniqueNamespace('t-fuzz')
 const otherNamespace = uniqueNamespace('t-fuzzo')
 const FILE_MAX = 1024
-const provider = new DockerSandboxProvider({ image: BUSYBOX, namespace, network: 'none', fileMaxBytes: FILE_MAX })
+const provider = new DockerSandboxProvider({ image: BUSYBOX, namespace, network: 'none', fileMaxBytes: FILE_MAX, uploadMaxBytes: FILE_MAX })
 
 /** Calls made into the provider (and constructor calls), reported at the end. */
 const cases = new Map<string, number>()
@@ -332,7 +332,7 @@ test('valid-looking ids of canaries and of nobody: SandboxNotAvailableError, nev
     { numRuns: 400, interruptAfterTimeLimit: 15_000, markInterruptAsFailure: false },
   )
   // A provider of the other namespace and one with a tenant see the same about ours.
-  const tenantProvider = new DockerSandboxProvider({ image: BUSYBOX, namespace, network: 'none', fileMaxBytes: FILE_MAX, tenantName: 'fuzz-tenant' })
+  const tenantProvider = new DockerSandboxProvider({ image: BUSYBOX, namespace, network: 'none', fileMaxBytes: FILE_MAX, uploadMaxBytes: FILE_MAX, tenantName: 'fuzz-tenant' })
   try {
     await fc.assert(
       fc.asyncProperty(fc.constantFrom(realId, ...canaries.map((c) => c.id)), pathArb, contentArb, commandArb, async (id, path, content, command) => {

@@ -110,6 +110,26 @@ export function cleanupNamespace(namespace: string): void {
   } catch (e) {
     console.warn(`cleanup of namespace ${namespace} failed: ${(e as Error).message}`)
   }
+  // Test image names carry the namespace; a failed pull of one leaves its lease on purpose.
+  removeImageWorkLeases((image) => image.includes(namespace))
+}
+
+/**
+ * Removes the image-work leases (containers named after an image, see src/imagework.rs) of the
+ * images `which` selects: a failed pull leaves one on purpose, so other server processes see why.
+ */
+export function removeImageWorkLeases(which: (image: string) => boolean): void {
+  try {
+    const leases = docker(['ps', '-a', '--filter', 'label=trueforge.sandbox.imagework', '--format', '{{.ID}} {{.Label "trueforge.sandbox.imagework"}}'])
+      .split('\n')
+      .filter(Boolean)
+      .map((line) => line.split(' '))
+      .filter(([, image]) => image !== undefined && which(image))
+      .map(([id]) => id)
+    if (leases.length > 0) dockerTry(['rm', '-f', ...leases])
+  } catch (e) {
+    console.warn(`image-work lease cleanup failed: ${(e as Error).message}`)
+  }
 }
 
 /**

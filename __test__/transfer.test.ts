@@ -17,7 +17,7 @@ import { BUSYBOX, DEBIAN, ok, rejection, run, SandboxTracker, timed, uniqueNames
 const namespace = uniqueNamespace('t-transfer')
 const tracker = new SandboxTracker(namespace)
 const provider = new DockerSandboxProvider({ image: BUSYBOX, namespace })
-const small = new DockerSandboxProvider({ image: BUSYBOX, namespace, fileMaxBytes: 1024 })
+const small = new DockerSandboxProvider({ image: BUSYBOX, namespace, fileMaxBytes: 1024, uploadMaxBytes: 1024 })
 let id: string
 
 beforeAll(async () => {
@@ -90,7 +90,7 @@ test('".." segments are SandboxPathTraversalError, and nothing is written', asyn
   expect(await ok(provider, id, 'head -1 /etc/passwd')).toMatch(/^root:/)
 })
 
-test('an upload over fileMaxBytes is SandboxFileTooLargeError and writes nothing', async () => {
+test('an upload over uploadMaxBytes is SandboxFileTooLargeError and writes nothing', async () => {
   const e = await rejection(small.uploadFile({ sandboxId: id, remotePath: 'too-big.bin', content: Buffer.alloc(2000, 7) }))
   expect(e).toBeInstanceOf(SandboxFileTooLargeError)
   expect(e.fileSize).toBe(2000)
@@ -101,6 +101,27 @@ test('an upload over fileMaxBytes is SandboxFileTooLargeError and writes nothing
   const atCap = randomBytes(1024)
   await small.uploadFile({ sandboxId: id, remotePath: 'at-cap.bin', content: atCap })
   expect((await small.downloadFile({ sandboxId: id, path: 'at-cap.bin' })).equals(atCap)).toBe(true)
+})
+
+test('uploads have no cap by default: a 12 MiB upload (over the old 10 MiB cap) round-trips', async () => {
+  const content = randomBytes(12 * 1024 * 1024)
+  await provider.uploadFile({ sandboxId: id, remotePath: 'twelve.bin', content })
+  expect((await run(provider, id, 'wc -c < twelve.bin')).result.trim()).toBe(String(content.length))
+  // fileMaxBytes caps downloads only: a provider with a 1 KiB download cap still uploads it.
+  const downCapped = new DockerSandboxProvider({ image: BUSYBOX, namespace, fileMaxBytes: 1024 })
+  await downCapped.uploadFile({ sandboxId: id, remotePath: 'twelve-again.bin', content })
+  expect((await run(provider, id, 'cmp twelve.bin twelve-again.bin && echo same')).result.trim()).toBe('same')
+  await ok(provider, id, 'rm -f twelve.bin twelve-again.bin')
+})
+
+test('the default download cap is 20 MiB, TrueForge\'s own download limit', async () => {
+  await ok(provider, id, 'head -c 20971520 /dev/zero > at-limit.bin && head -c 20971521 /dev/zero > over-limit.bin')
+  expect((await provider.downloadFile({ sandboxId: id, path: 'at-limit.bin' })).length).toBe(20 * 1024 * 1024)
+  const e = await rejection(provider.downloadFile({ sandboxId: id, path: 'over-limit.bin' }))
+  expect(e).toBeInstanceOf(SandboxFileTooLargeError)
+  expect(e.maxSize).toBe(20 * 1024 * 1024)
+  expect(e.fileSize).toBe(20 * 1024 * 1024 + 1)
+  await ok(provider, id, 'rm -f at-limit.bin over-limit.bin')
 })
 
 test('a download over fileMaxBytes is SandboxFileTooLargeError', async () => {

@@ -10,8 +10,11 @@ use crate::errors::{Result, SandboxError};
 
 /// Default for `execTimeoutMs`.
 pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 60_000;
-/// Default for `fileMaxBytes`.
-pub const DEFAULT_FILE_MAX_BYTES: u64 = 10 * 1024 * 1024;
+/// Default for `fileMaxBytes` (the download cap): TrueForge's own download limit, 20 MiB.
+pub const DEFAULT_FILE_MAX_BYTES: u64 = 20 * 1024 * 1024;
+/// Largest `uploadMaxBytes` accepted: JavaScript's largest exact integer. An upload is streamed
+/// from the caller's buffer, so its cap guards the sandbox's disk, not the host's memory.
+const MAX_UPLOAD_CAP: u64 = (1 << 53) - 1;
 /// Default for `maxOutputBytes`.
 pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 10 * 1024 * 1024;
 /// Default for `namespace`.
@@ -99,7 +102,10 @@ pub struct ProviderConfig {
   pub docker_host: Option<String>,
   pub namespace: String,
   pub exec_timeout_ms: u64,
+  /// Cap on `downloadFile`.
   pub file_max_bytes: u64,
+  /// Cap on `uploadFile`; `None` = none beyond what the engine accepts.
+  pub upload_max_bytes: Option<u64>,
   pub max_output_bytes: u64,
   pub gpus: Option<Gpus>,
   pub env: BTreeMap<String, String>,
@@ -132,6 +138,7 @@ struct RawOptions {
   namespace: Option<Value>,
   exec_timeout_ms: Option<Value>,
   file_max_bytes: Option<Value>,
+  upload_max_bytes: Option<Value>,
   max_output_bytes: Option<Value>,
   gpus: Option<Value>,
   env: Option<Value>,
@@ -153,7 +160,7 @@ struct RawOptions {
 }
 
 const KNOWN_OPTIONS: &str =
-  "image, dockerHost, namespace, execTimeoutMs, fileMaxBytes, maxOutputBytes, \
+  "image, dockerHost, namespace, execTimeoutMs, fileMaxBytes, uploadMaxBytes, maxOutputBytes, \
   gpus, env, labels, autoStopIntervalInMinutes, autoDeleteIntervalInMinutes, capabilities, \
   noNewPrivileges, resources, network, user, readOnlyRootfs, runtime, tenantName, build, \
   registryAuth, warmPool, engineTimeoutMs, errors, logger";
@@ -227,6 +234,9 @@ impl ProviderConfig {
       DEFAULT_FILE_MAX_BYTES,
       MAX_BYTES_CAP,
     )?;
+    let upload_max_bytes = some(raw.upload_max_bytes)
+      .map(|v| positive_int("uploadMaxBytes", Some(v), 0, MAX_UPLOAD_CAP))
+      .transpose()?;
     let max_output_bytes = positive_int(
       "maxOutputBytes",
       some(raw.max_output_bytes),
@@ -356,6 +366,7 @@ impl ProviderConfig {
       namespace,
       exec_timeout_ms,
       file_max_bytes,
+      upload_max_bytes,
       max_output_bytes,
       gpus,
       env,
@@ -777,7 +788,8 @@ mod tests {
     let c = ProviderConfig::from_json(json!({ "image": "busybox:1" })).unwrap();
     assert_eq!(c.namespace, "default");
     assert_eq!(c.exec_timeout_ms, 60_000);
-    assert_eq!(c.file_max_bytes, 10 << 20);
+    assert_eq!(c.file_max_bytes, 20 << 20);
+    assert_eq!(c.upload_max_bytes, None);
     assert_eq!(c.max_output_bytes, 10 << 20);
     assert_eq!(c.gpus, None);
     assert_eq!(c.docker_host, None);
@@ -819,6 +831,22 @@ mod tests {
     assert_eq!(
       err_option(json!({ "image": "x", "fileMaxBytes": 1e12 })),
       "fileMaxBytes"
+    );
+    assert_eq!(
+      err_option(json!({ "image": "x", "uploadMaxBytes": -1 })),
+      "uploadMaxBytes"
+    );
+    assert_eq!(
+      err_option(json!({ "image": "x", "uploadMaxBytes": 1e16 })),
+      "uploadMaxBytes"
+    );
+    let big = ProviderConfig::from_json(json!({ "image": "x", "uploadMaxBytes": 1e12 })).unwrap();
+    assert_eq!(big.upload_max_bytes, Some(1_000_000_000_000));
+    assert_eq!(
+      ProviderConfig::from_json(json!({ "image": "x", "uploadMaxBytes": null }))
+        .unwrap()
+        .upload_max_bytes,
+      None
     );
     assert_eq!(
       err_option(json!({ "image": "x", "maxOutputBytes": 10 })),

@@ -18,6 +18,7 @@ use crate::config::{BuildSpec, ProviderConfig, RegistryCredential};
 use crate::context;
 use crate::errors::{Result, SandboxError};
 use crate::ids;
+use crate::imagework::{self, Acquired, Liveness, Record};
 use crate::logging::Logger;
 use crate::transfer;
 
@@ -379,6 +380,8 @@ fn meta(src: &ImageSource) -> Option<BTreeMap<String, String>> {
 }
 
 /// Read-only status: never starts a pull or build, never reports work that is not happening.
+/// Work in flight is what this process does, else what the engine's lease says another process
+/// on the same engine does (see `imagework`), so every replica of a server reports the same.
 pub async fn status(engine: &Engine, src: &ImageSource) -> Result<Build> {
   if let Some(info) = present(engine, &src.reference).await? {
     return ready(engine, src, info).await;
@@ -388,20 +391,56 @@ pub async fn status(engine: &Engine, src: &ImageSource) -> Result<Build> {
     .expect("works")
     .get(&key(engine, &src.reference))
     .cloned();
+  let what = if src.build.is_some() { "build" } else { "pull" };
+  let build = |status, reason: String| Build {
+    status,
+    reason: Some(reason),
+    metadata: meta(src),
+  };
+  match work {
+    Some(w @ (Work::Pulling(_) | Work::Building(_))) => {
+      return Ok(build(BuildStatus::Pending, describe(&w, &src.reference)))
+    }
+    Some(Work::Failed(_)) | None => {}
+  }
+  if let Some(seen) = imagework::observe(engine, &src.reference).await? {
+    let holder = &seen.record.holder;
+    return Ok(match seen.liveness() {
+      Liveness::Alive => build(
+        BuildStatus::Pending,
+        format!("{} (in server process {holder})", seen.record.progress),
+      ),
+      Liveness::Failed => build(
+        BuildStatus::Failed,
+        seen.record.reason.clone().unwrap_or_else(|| format!("the {what} failed")),
+      ),
+      Liveness::Silent(secs) => build(
+        BuildStatus::Failed,
+        format!(
+          "the {what} of {} stopped: the server process doing it ({holder}) has not been heard from for {secs} s (it crashed or was restarted); save the sandbox settings again to start it",
+          src.reference
+        ),
+      ),
+    });
+  }
   Ok(match work {
-    Some(Work::Pulling(p)) => Build { status: BuildStatus::Pending, reason: Some(p.describe(&src.reference)), metadata: meta(src) },
-    Some(Work::Building(step)) => Build { status: BuildStatus::Pending, reason: Some(step), metadata: meta(src) },
-    Some(Work::Failed(reason)) => Build { status: BuildStatus::Failed, reason: Some(reason), metadata: meta(src) },
-    None => Build {
-      status: BuildStatus::Failed,
-      reason: Some(format!(
-        "image {} is not in the Docker engine and no {} is running (the server may have restarted mid-way); save the sandbox settings again to start it",
-        src.reference,
-        if src.build.is_some() { "build" } else { "pull" }
-      )),
-      metadata: meta(src),
-    },
+    Some(Work::Failed(reason)) => build(BuildStatus::Failed, reason),
+    _ => build(
+      BuildStatus::Failed,
+      format!(
+        "image {} is not in the Docker engine and no {what} is running (the server may have restarted mid-way); save the sandbox settings again to start it",
+        src.reference
+      ),
+    ),
   })
+}
+
+fn describe(work: &Work, image: &str) -> String {
+  match work {
+    Work::Pulling(p) => p.describe(image),
+    Work::Building(step) => step.clone(),
+    Work::Failed(reason) => reason.clone(),
+  }
 }
 
 /// Idempotent: `ready` when present, else starts (or joins) the background pull or build and
@@ -414,10 +453,12 @@ pub async fn build(engine: &Engine, src: &ImageSource, log: &Logger) -> Result<B
   status(engine, src).await
 }
 
-/// Starts the work unless it is already in flight in this process.
+/// Starts the work unless it is already in flight in this process. The work itself runs only
+/// where the engine's lease is taken: when another process holds it, this one leaves the work
+/// to it and reports the lease.
 fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
   let k = key(engine, &src.reference);
-  {
+  let first = {
     let mut w = works().lock().expect("works");
     if matches!(w.get(&k), Some(Work::Pulling(_) | Work::Building(_))) {
       return;
@@ -426,37 +467,99 @@ fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
       Some(_) => Work::Building(format!("building {}: sending the context", src.reference)),
       None => Work::Pulling(Progress::default()),
     };
-    w.insert(k.clone(), first);
-  }
+    w.insert(k.clone(), first.clone());
+    first
+  };
   let (engine, src, log) = (engine.clone(), src.clone(), log.clone());
   tokio::spawn(async move {
     let what = if src.build.is_some() { "build" } else { "pull" };
+    let progress = describe(&first, &src.reference);
+    let lease = match imagework::acquire(&engine, &src.reference, what, progress).await {
+      Ok(Acquired::Held(lease)) => Some(lease),
+      Ok(Acquired::Elsewhere(seen)) => {
+        works().lock().expect("works").remove(&k);
+        log.info(
+          &format!("image {what} already running in another server process"),
+          json!({ "image": src.reference, "holder": seen.record.holder }),
+        );
+        return;
+      }
+      Err(e) => {
+        log.warn(
+          "could not record the image work in the engine; other server processes will not see it",
+          json!({ "image": src.reference, "error": e.to_string() }),
+        );
+        None
+      }
+    };
     log.info(
       &format!("image {what} started"),
       json!({ "image": src.reference }),
     );
-    let outcome = match &src.build {
-      Some(spec) => run_build(&engine, &src.reference, spec, &k, &log).await,
-      None => pull(&engine, &src, &k, &log).await,
+    let work = async {
+      match &src.build {
+        Some(spec) => run_build(&engine, &src.reference, spec, &k, &log).await,
+        None => pull(&engine, &src, &k, &log).await,
+      }
     };
-    let mut w = works().lock().expect("works");
-    match outcome {
+    let outcome = with_heartbeat(&engine, lease.as_ref(), what, &k, &src.reference, work).await;
+    match &outcome {
       Ok(()) => {
-        w.remove(&k);
+        if let Some(lease) = lease {
+          let _ = lease.release(&engine).await;
+        }
         log.info(
           &format!("image {what} finished"),
           json!({ "image": src.reference }),
         );
       }
       Err(reason) => {
+        if let Some(lease) = &lease {
+          let _ = lease
+            .write(&engine, &Record::failed(what, reason.clone()))
+            .await;
+        }
         log.warn(
           &format!("image {what} failed"),
           json!({ "image": src.reference, "reason": reason }),
         );
-        w.insert(k, Work::Failed(reason));
       }
     }
+    let mut w = works().lock().expect("works");
+    match outcome {
+      Ok(()) => w.remove(&k),
+      Err(reason) => w.insert(k, Work::Failed(reason)),
+    };
   });
+}
+
+/// Runs `work`, rewriting the lease with the latest progress every `HEARTBEAT` meanwhile.
+async fn with_heartbeat(
+  engine: &Engine,
+  lease: Option<&imagework::Lease>,
+  what: &str,
+  k: &str,
+  image: &str,
+  work: impl std::future::Future<Output = std::result::Result<(), String>>,
+) -> std::result::Result<(), String> {
+  let Some(lease) = lease else {
+    return work.await;
+  };
+  tokio::pin!(work);
+  let mut tick = tokio::time::interval(imagework::HEARTBEAT);
+  tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+  tick.tick().await;
+  loop {
+    tokio::select! {
+      outcome = &mut work => return outcome,
+      _ = tick.tick() => {
+        let current = works().lock().expect("works").get(k).cloned();
+        let progress = current.map(|w| describe(&w, image)).unwrap_or_default();
+        // A missed beat is not fatal: the next one follows, and the work goes on regardless.
+        let _ = lease.write(engine, &Record::running(what, progress)).await;
+      }
+    }
+  }
 }
 
 /// Makes sure the image is present before a sandbox is created from it: starts or joins the
@@ -485,16 +588,41 @@ pub async fn ensure(
   start(engine, src, log);
   let deadline = Instant::now() + limit;
   let mut last_reason = String::new();
+  let mut takeovers = 0;
   loop {
     let work = works().lock().expect("works").get(&k).cloned();
     match work {
       None => {
-        return match present(engine, &src.reference).await? {
-          Some(_) => Ok(()),
-          None => Err(SandboxError::ImageNotAvailable {
-            image: src.reference.clone(),
-            reason: "it vanished right after it was fetched".into(),
-          }),
+        if present(engine, &src.reference).await?.is_some() {
+          return Ok(());
+        }
+        // Not here: another process holds the work, it died, or the image vanished.
+        match imagework::observe(engine, &src.reference).await? {
+          Some(seen) if seen.liveness() == Liveness::Alive => {
+            if seen.record.progress != last_reason {
+              log.info(&seen.record.progress, json!({ "image": src.reference }));
+              last_reason = seen.record.progress.clone();
+            }
+          }
+          Some(seen) if seen.liveness() == Liveness::Failed => {
+            return Err(SandboxError::ImageNotAvailable {
+              image: src.reference.clone(),
+              reason: seen
+                .record
+                .reason
+                .unwrap_or_else(|| "the fetch failed".into()),
+            })
+          }
+          _ if takeovers < 3 => {
+            takeovers += 1;
+            start(engine, src, log);
+          }
+          _ => {
+            return Err(SandboxError::ImageNotAvailable {
+              image: src.reference.clone(),
+              reason: "it vanished right after it was fetched".into(),
+            })
+          }
         }
       }
       Some(Work::Failed(reason)) => {
@@ -526,7 +654,9 @@ pub async fn ensure(
         ),
       });
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Work elsewhere is followed through the engine: poll it less often than our own.
+    let elsewhere = works().lock().expect("works").get(&k).is_none();
+    tokio::time::sleep(Duration::from_millis(if elsewhere { 1000 } else { 200 })).await;
   }
 }
 

@@ -12,6 +12,7 @@ pub mod exec;
 mod fuzz_tests;
 pub mod ids;
 pub mod image;
+pub mod imagework;
 pub mod layout;
 pub mod lifecycle;
 pub mod logging;

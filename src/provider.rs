@@ -320,11 +320,11 @@ impl Provider {
     lifecycle::name_for(&self.cfg.namespace, sandbox_id)?;
     let path = layout::resolve_file_target(sandbox_id, remote_path)?;
     let size = content.len() as u64;
-    if size > self.cfg.file_max_bytes {
+    if let Some(max) = self.cfg.upload_max_bytes.filter(|max| size > *max) {
       return Err(SandboxError::FileTooLarge {
         path: remote_path.to_string(),
         size,
-        max: self.cfg.file_max_bytes,
+        max,
       });
     }
     let (engine, target) = self.target(sandbox_id).await?;

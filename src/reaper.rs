@@ -173,6 +173,8 @@ pub async fn reap(
   }
   if !dry_run {
     reap_probes(engine, now).await;
+    // Best effort, like the probes: a lease left by a failed or crashed fetch long ago.
+    let _ = crate::imagework::reap_forgotten(engine).await;
   }
   Ok(removed)
 }

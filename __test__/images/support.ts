@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 
 import { DockerSandboxProvider } from '../..'
-import { docker, dockerTry, LABEL_TEST_NAMESPACE, sleep } from '../helpers'
+import { docker, dockerTry, LABEL_TEST_NAMESPACE, removeImageWorkLeases, sleep } from '../helpers'
 
 export const ROOT = path.resolve(__dirname, '..', '..')
 export const PLAIN = '127.0.0.1:5000'
@@ -90,6 +90,7 @@ export class ImageTracker {
     } catch (e) {
       console.warn(`container cleanup of ${this.namespace} failed: ${(e as Error).message}`)
     }
+    removeImageWorkLeases((image) => this.refs.has(image) || image.includes(this.namespace))
     for (const r of this.refs) {
       if (dockerTry(['image', 'inspect', r]).status === 0) {
         const res = dockerTry(['rmi', r])

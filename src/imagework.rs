@@ -1,0 +1,475 @@
+//! The engine's own record of a pull or build in flight, so that every server process on one
+//! engine sees the same status. The Engine API has no list of pulls in progress, so the process
+//! doing the work holds a *lease*: a container that is created and never started, named after
+//! the image (names are unique per engine, so creating it is an atomic claim), holding a small
+//! JSON record that the holder rewrites every `HEARTBEAT`. A holder that crashed stops writing,
+//! and after `STALE_AFTER` any process reads the lease as dead.
+//!
+//! The record's timestamp is the holder's wall clock, read by other processes with theirs: the
+//! server replicas sharing an engine are assumed to keep their clocks within a few seconds.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::{
+  CreateContainerOptions, CreateImageOptions, DownloadFromContainerOptions, ListContainersOptions,
+  UploadToContainerOptions,
+};
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::client::{status_of, Engine};
+use crate::errors::{Result, SandboxError};
+use crate::ids;
+
+/// The label a lease carries; its value is the image reference the work is for.
+pub const LABEL_IMAGEWORK: &str = "trueforge.sandbox.imagework";
+/// How often a holder rewrites its record.
+pub const HEARTBEAT: Duration = Duration::from_secs(2);
+/// A running record older than this belongs to a holder that died (crash, restart, SIGKILL).
+pub const STALE_AFTER: Duration = Duration::from_secs(12);
+/// Dead or failed leases nobody asked about for this long are removed by the reaper.
+const FORGOTTEN_AFTER: Duration = Duration::from_secs(3600);
+/// A few bytes' image the leases are created from (never started, so nothing in it runs).
+const LEASE_IMAGE_REPO: &str = "trueforge-sandbox-lease";
+const LEASE_IMAGE_TAG: &str = "1";
+const RECORD_FILE: &str = "lease.json";
+
+/// What a lease says about the work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+  /// `running` while the holder works, `failed` after it gave up (`reason` says why).
+  pub state: String,
+  /// `pull` or `build`.
+  pub kind: String,
+  /// The last progress line, as the settings page shows it.
+  pub progress: String,
+  pub reason: Option<String>,
+  /// `host:pid` of the holder, for the operator.
+  pub holder: String,
+  /// The holder's wall clock at the last write, in milliseconds since the epoch.
+  pub beat_ms: u64,
+}
+
+impl Record {
+  /// A record for work this process is doing now.
+  pub fn running(kind: &str, progress: String) -> Self {
+    Self {
+      state: "running".into(),
+      kind: kind.into(),
+      progress,
+      reason: None,
+      holder: holder(),
+      beat_ms: now_ms(),
+    }
+  }
+
+  /// The record a holder leaves behind when its work failed.
+  pub fn failed(kind: &str, reason: String) -> Self {
+    Self {
+      state: "failed".into(),
+      reason: Some(reason),
+      ..Self::running(kind, String::new())
+    }
+  }
+}
+
+/// A lease seen by any process.
+#[derive(Debug, Clone)]
+pub struct Observed {
+  pub container_id: String,
+  pub record: Record,
+}
+
+/// What a lease means now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Liveness {
+  /// The holder is working and was heard from recently.
+  Alive,
+  /// The holder gave up; `Record::reason` says why.
+  Failed,
+  /// The holder has not been heard from for this many seconds: it died.
+  Silent(u64),
+}
+
+impl Observed {
+  pub fn liveness(&self) -> Liveness {
+    if self.record.state == "failed" {
+      return Liveness::Failed;
+    }
+    let age = now_ms().saturating_sub(self.record.beat_ms);
+    if age > STALE_AFTER.as_millis() as u64 {
+      Liveness::Silent(age / 1000)
+    } else {
+      Liveness::Alive
+    }
+  }
+}
+
+/// A lease this process holds.
+#[derive(Debug)]
+pub struct Lease {
+  container_id: String,
+}
+
+/// The outcome of trying to take the lease.
+pub enum Acquired {
+  /// This process does the work.
+  Held(Lease),
+  /// Another process is doing it.
+  Elsewhere(Observed),
+}
+
+/// The container name of the lease for `image`: the same in every process on the engine.
+pub fn lease_name(image: &str) -> String {
+  let digest = Sha256::digest(image.as_bytes());
+  let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+  format!("trueforge-imagework-{hex}")
+}
+
+fn now_ms() -> u64 {
+  SystemTime::now()
+    .duration_since(UNIX_EPOCH)
+    .map(|d| d.as_millis() as u64)
+    .unwrap_or(0)
+}
+
+fn holder() -> String {
+  let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+    .ok()
+    .or_else(|| std::env::var("HOSTNAME").ok())
+    .map(|h| h.trim().to_string())
+    .filter(|h| !h.is_empty())
+    .unwrap_or_else(|| "unknown-host".into());
+  format!("{host}:{}", std::process::id())
+}
+
+/// A tar holding only the record file.
+fn record_tar(record: &Record) -> Result<Vec<u8>> {
+  let body = serde_json::to_vec(record)
+    .map_err(|e| SandboxError::Internal(format!("encoding the image-work record: {e}")))?;
+  let mut header = tar::Header::new_gnu();
+  header.set_size(body.len() as u64);
+  header.set_mode(0o644);
+  header.set_mtime(now_ms() / 1000);
+  let mut builder = tar::Builder::new(Vec::new());
+  builder
+    .append_data(&mut header, RECORD_FILE, body.as_slice())
+    .and_then(|_| builder.into_inner())
+    .map_err(|e| SandboxError::Internal(format!("packing the image-work record: {e}")))
+}
+
+/// Makes the lease image when the engine lacks it: imported from a one-file tar, so no
+/// registry is needed (two processes racing here both import the same tag, harmlessly).
+async fn ensure_lease_image(engine: &Engine) -> Result<()> {
+  let reference = format!("{LEASE_IMAGE_REPO}:{LEASE_IMAGE_TAG}");
+  if crate::image::present(engine, &reference).await?.is_some() {
+    return Ok(());
+  }
+  let tar = record_tar(&Record::failed("none", "placeholder".into()))?;
+  let opts = CreateImageOptions {
+    from_src: Some("-".into()),
+    repo: Some(LEASE_IMAGE_REPO.into()),
+    tag: Some(LEASE_IMAGE_TAG.into()),
+    ..Default::default()
+  };
+  let import = async {
+    let mut stream =
+      engine
+        .docker
+        .create_image(Some(opts), Some(bollard::body_full(tar.into())), None);
+    while let Some(item) = stream.next().await {
+      let info = item?;
+      if let Some(message) = info.error_detail.and_then(|d| d.message) {
+        return Err(bollard::errors::Error::DockerResponseServerError {
+          status_code: 500,
+          message,
+        });
+      }
+    }
+    Ok(())
+  };
+  engine
+    .within(
+      engine.control_timeout,
+      "import the image-work lease image",
+      import,
+    )
+    .await
+}
+
+/// Takes the lease for `image`, or reports who holds it. A dead or failed lease is removed
+/// (by its container id, so a fresh one made meanwhile by another process is never touched)
+/// and taken over.
+pub async fn acquire(
+  engine: &Engine,
+  image: &str,
+  kind: &str,
+  progress: String,
+) -> Result<Acquired> {
+  ensure_lease_image(engine).await?;
+  let name = lease_name(image);
+  for _ in 0..3 {
+    let body = ContainerCreateBody {
+      image: Some(format!("{LEASE_IMAGE_REPO}:{LEASE_IMAGE_TAG}")),
+      cmd: Some(vec!["/lease".into()]),
+      labels: Some(HashMap::from([
+        (
+          ids::LABEL_MANAGED_BY.to_string(),
+          ids::MANAGED_BY.to_string(),
+        ),
+        (LABEL_IMAGEWORK.to_string(), image.to_string()),
+      ])),
+      network_disabled: Some(true),
+      host_config: Some(HostConfig {
+        network_mode: Some("none".into()),
+        ..Default::default()
+      }),
+      ..Default::default()
+    };
+    let opts = CreateContainerOptions {
+      name: Some(name.clone()),
+      ..Default::default()
+    };
+    // Not retried on a broken connection: a second create could find our own first one.
+    let created = engine
+      .within(
+        engine.control_timeout,
+        "create the image-work lease",
+        engine.docker.create_container(Some(opts), body),
+      )
+      .await;
+    match created {
+      Ok(c) => {
+        let lease = Lease { container_id: c.id };
+        lease
+          .write(engine, &Record::running(kind, progress))
+          .await?;
+        return Ok(Acquired::Held(lease));
+      }
+      Err(e) if status_of(&e) == Some(409) => match observe(engine, image).await? {
+        Some(seen) if seen.liveness() == Liveness::Alive => return Ok(Acquired::Elsewhere(seen)),
+        Some(seen) => remove(engine, &seen.container_id).await?,
+        None => {}
+      },
+      Err(e) => return Err(e),
+    }
+  }
+  Err(SandboxError::Internal(format!(
+    "could not take the image-work lease {name} for {image}: other processes keep replacing it"
+  )))
+}
+
+async fn remove(engine: &Engine, container_id: &str) -> Result<()> {
+  match crate::lifecycle::force_remove(engine, container_id).await {
+    Ok(_) => Ok(()),
+    Err(e) if matches!(status_of(&e), Some(404 | 409)) => Ok(()),
+    Err(e) => Err(e),
+  }
+}
+
+/// Reads the lease for `image`, if any. A lease whose record is not written yet (it was created
+/// a moment ago) counts as running since its creation.
+pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
+  let name = lease_name(image);
+  let info = match engine
+    .control("inspect the image-work lease", || {
+      engine.docker.inspect_container(&name, None)
+    })
+    .await
+  {
+    Ok(i) => i,
+    Err(e) if status_of(&e) == Some(404) => return Ok(None),
+    Err(e) => return Err(e),
+  };
+  let labels = info
+    .config
+    .as_ref()
+    .and_then(|c| c.labels.clone())
+    .unwrap_or_default();
+  // A container of that name that is not our lease for this image is nobody's lease.
+  if labels.get(ids::LABEL_MANAGED_BY).map(String::as_str) != Some(ids::MANAGED_BY)
+    || labels.get(LABEL_IMAGEWORK).map(String::as_str) != Some(image)
+  {
+    return Ok(None);
+  }
+  let Some(container_id) = info.id else {
+    return Ok(None);
+  };
+  let created_ms = info
+    .created
+    .as_deref()
+    .and_then(crate::reaper::parse_time)
+    .map(|s| s * 1000)
+    .unwrap_or_else(now_ms);
+  let record = match read_record(engine, &container_id).await {
+    Ok(Some(r)) => r,
+    Ok(None) => Record {
+      beat_ms: created_ms,
+      ..Record::running("pull", String::new())
+    },
+    Err(e) if status_of(&e) == Some(404) => return Ok(None),
+    Err(e) => return Err(e),
+  };
+  Ok(Some(Observed {
+    container_id,
+    record,
+  }))
+}
+
+async fn read_record(engine: &Engine, container_id: &str) -> Result<Option<Record>> {
+  let opts = DownloadFromContainerOptions {
+    path: format!("/{RECORD_FILE}"),
+  };
+  let fetch = async {
+    let mut stream = engine
+      .docker
+      .download_from_container(container_id, Some(opts));
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+      bytes.extend_from_slice(&chunk?);
+      if bytes.len() > 1 << 20 {
+        break;
+      }
+    }
+    Ok(bytes)
+  };
+  let tar = engine
+    .within(engine.control_timeout, "read the image-work lease", fetch)
+    .await?;
+  let mut archive = tar::Archive::new(tar.as_slice());
+  let Ok(mut entries) = archive.entries() else {
+    return Ok(None);
+  };
+  let Some(Ok(mut entry)) = entries.next() else {
+    return Ok(None);
+  };
+  let mut body = Vec::new();
+  if entry.read_to_end(&mut body).is_err() {
+    return Ok(None);
+  }
+  // The placeholder the lease image ships, or a torn write, reads as "not written yet".
+  Ok(
+    serde_json::from_slice::<Record>(&body)
+      .ok()
+      .filter(|r| r.kind != "none"),
+  )
+}
+
+impl Lease {
+  /// Rewrites the record (the heartbeat).
+  pub async fn write(&self, engine: &Engine, record: &Record) -> Result<()> {
+    let tar = record_tar(record)?;
+    let opts = UploadToContainerOptions {
+      path: "/".into(),
+      ..Default::default()
+    };
+    engine
+      .within(
+        engine.control_timeout,
+        "write the image-work lease",
+        engine.docker.upload_to_container(
+          &self.container_id,
+          Some(opts),
+          bollard::body_full(tar.into()),
+        ),
+      )
+      .await
+  }
+
+  /// Ends the lease: the work is done and its result is in the engine (the image).
+  pub async fn release(self, engine: &Engine) -> Result<()> {
+    remove(engine, &self.container_id).await
+  }
+}
+
+/// Removes leases that are dead or failed and were last written over an hour ago: nobody is
+/// waiting on them any more, and a failed one has long been reported.
+pub async fn reap_forgotten(engine: &Engine) -> Result<usize> {
+  let filters = HashMap::from([(
+    "label".to_string(),
+    vec![
+      format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
+      LABEL_IMAGEWORK.to_string(),
+    ],
+  )]);
+  let opts = ListContainersOptions {
+    all: true,
+    filters: Some(filters),
+    ..Default::default()
+  };
+  let list = engine
+    .control("list image-work leases", || {
+      engine.docker.list_containers(Some(opts.clone()))
+    })
+    .await?;
+  let mut removed = 0;
+  for c in list {
+    let Some(image) = c.labels.and_then(|l| l.get(LABEL_IMAGEWORK).cloned()) else {
+      continue;
+    };
+    let Some(seen) = observe(engine, &image).await? else {
+      continue;
+    };
+    let age = now_ms().saturating_sub(seen.record.beat_ms);
+    if seen.liveness() != Liveness::Alive && age > FORGOTTEN_AFTER.as_millis() as u64 {
+      remove(engine, &seen.container_id).await?;
+      removed += 1;
+    }
+  }
+  Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn lease_names_are_stable_valid_container_names_and_differ_per_image() {
+    let a = lease_name("python:3.12");
+    assert_eq!(a, lease_name("python:3.12"));
+    assert_ne!(a, lease_name("python:3.13"));
+    assert!(a.starts_with("trueforge-imagework-"));
+    assert_eq!(a.len(), "trueforge-imagework-".len() + 32);
+    assert!(a
+      .chars()
+      .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'));
+  }
+
+  #[test]
+  fn liveness_follows_state_and_heartbeat_age() {
+    let seen = |record: Record| Observed {
+      container_id: "x".into(),
+      record,
+    };
+    assert_eq!(
+      seen(Record::running("pull", "p".into())).liveness(),
+      Liveness::Alive
+    );
+    assert_eq!(
+      seen(Record::failed("pull", "r".into())).liveness(),
+      Liveness::Failed
+    );
+    let old = Record {
+      beat_ms: now_ms() - 60_000,
+      ..Record::running("pull", "p".into())
+    };
+    assert!(matches!(seen(old).liveness(), Liveness::Silent(s) if (59..=61).contains(&s)));
+  }
+
+  #[test]
+  fn the_record_tar_holds_one_json_file() {
+    let rec = Record::running("build", "step 2/5".into());
+    let tar = record_tar(&rec).unwrap();
+    let mut archive = tar::Archive::new(tar.as_slice());
+    let mut entry = archive.entries().unwrap().next().unwrap().unwrap();
+    assert_eq!(entry.path().unwrap().to_str(), Some(RECORD_FILE));
+    let mut body = String::new();
+    entry.read_to_string(&mut body).unwrap();
+    assert_eq!(serde_json::from_str::<Record>(&body).unwrap(), rec);
+  }
+}
