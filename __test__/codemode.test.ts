@@ -565,6 +565,21 @@ describe('recovery', () => {
     expect(await ok(main, sb, 'ls -A /trueforge/codemode/run')).toBe('')
   })
 
+  test('stop() kills a relay that does not end when its stream closes (stopped with SIGSTOP)', async () => {
+    const transport = main.createCodeModeTransport()
+    const container = containerNameFor(namespace, sb)
+    await transport.start({ codeModeDispatcher: new StubDispatcher() as any, sandboxId: sb, requestTimeoutSeconds: 30 })
+    const [pid] = await relayPids(main, sb)
+    await ok(main, sb, `kill -STOP ${pid}`)
+    try {
+      await transport.stop()
+      expect(await relayPids(main, sb)).toEqual([])
+      expect(await runningRelayExecs(container)).toBe(0)
+    } finally {
+      await run(main, sb, `kill -KILL ${pid} 2>/dev/null; true`)
+    }
+  })
+
   test('a transport nobody stopped is collected, and its relay ends with it', async () => {
     const script = `
       const { DockerSandboxProvider } = require(${JSON.stringify(require.resolve('..'))})

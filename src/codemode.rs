@@ -151,13 +151,16 @@ impl Relay {
     let closed = tokio::time::timeout(Duration::from_secs(3), ended.wait_for(|e| *e))
       .await
       .is_ok();
-    if closed && !self.exec_running().await {
+    if (closed && !self.exec_running().await) || self.pid == 0 {
       return;
     }
     let opts = CreateExecOptions {
+      // The shell's builtin kill: images need not have a kill binary.
       cmd: Some(vec![
-        "kill".to_string(),
-        "-KILL".to_string(),
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        "kill -KILL \"$1\"".to_string(),
+        "trueforge-codemode-stop".to_string(),
         self.pid.to_string(),
       ]),
       working_dir: Some("/".to_string()),
