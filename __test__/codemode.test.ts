@@ -575,6 +575,7 @@ describe('recovery', () => {
       await transport.stop()
       expect(await relayPids(main, sb)).toEqual([])
       expect(await runningRelayExecs(container)).toBe(0)
+      expect(await ok(main, sb, 'ls -A /trueforge/codemode/run')).toBe('')
     } finally {
       await run(main, sb, `kill -KILL ${pid} 2>/dev/null; true`)
     }

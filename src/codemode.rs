@@ -123,6 +123,7 @@ pub struct Relay {
   pid: u32,
   exec_id: String,
   container: String,
+  socket: String,
   engine: Engine,
 }
 
@@ -155,13 +156,15 @@ impl Relay {
       return;
     }
     let opts = CreateExecOptions {
-      // The shell's builtin kill: images need not have a kill binary.
+      // The shell's builtin kill (images need not have a kill binary); a killed relay cannot
+      // remove its socket, so this does.
       cmd: Some(vec![
         "/bin/sh".to_string(),
         "-c".to_string(),
-        "kill -KILL \"$1\"".to_string(),
+        "kill -KILL \"$1\" 2>/dev/null; rm -f \"$2\"".to_string(),
         "trueforge-codemode-stop".to_string(),
         self.pid.to_string(),
+        self.socket.clone(),
       ]),
       working_dir: Some("/".to_string()),
       ..Default::default()
@@ -405,6 +408,7 @@ pub async fn launch(
     pid,
     exec_id: created.id,
     container: container.to_string(),
+    socket: socket.to_string(),
     engine: engine.clone(),
   })
 }
