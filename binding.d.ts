@@ -9,6 +9,20 @@
  */
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
+/** One Code Mode transport's relay session (see `codemode::Session`). */
+export declare class NativeCodeModeSession {
+  /** The in-sandbox socket the client connects to. */
+  get socketPath(): string
+  /** The live relay's pid inside the container, if any. */
+  get relayPid(): number | null
+  /** Makes sure a live relay serves this sandbox (launching or relaunching one). */
+  start(sandboxId: string): Promise<void>
+  /** Answers request `id` of relay `generation`; false when that relay is gone. */
+  reply(generation: number, id: number, payload: Buffer): boolean
+  /** Stops the relay and waits for it to end. Safe at any time. */
+  stop(): Promise<void>
+}
+
 /** The native half of `DockerSandboxProvider`; `index.js` wraps it. */
 export declare class NativeProvider {
   /**
@@ -33,15 +47,28 @@ export declare class NativeProvider {
   reapStale(): Promise<Array<string>>
   /** Starts filling the warm pool (a no-op without `warmPool`). */
   warmUp(): Promise<void>
+  /**
+   * A Code Mode session for one transport. `on_request(generation, id, payload)` receives each
+   * request from the sandbox; the answer goes back through `reply` with the same numbers.
+   */
+  codeModeSession(onRequest: (generation: number, id: number, payload: Buffer) => void): NativeCodeModeSession
   buildImage(): Promise<NativeBuild>
   getImageBuildStatus(): Promise<NativeBuild>
 }
+
+export declare function codeModeClient(): NativeCodeModeClient
 
 /** Image readiness, as the contract's `SandboxBuild`. */
 export interface NativeBuild {
   status: string
   reason?: string
   metadata?: Record<string, string>
+}
+
+/** The Code Mode client module TrueForge installs in the sandbox, and where. */
+export interface NativeCodeModeClient {
+  content: string
+  remotePath: string
 }
 
 /** Parameters of one exec. */

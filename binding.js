@@ -835,5 +835,7 @@ function __napiStampBindingTarget(exportsObject, target) {
 // linked import resolves to `undefined`.
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
+module.exports.NativeCodeModeSession = nativeBinding.NativeCodeModeSession
 module.exports.NativeProvider = nativeBinding.NativeProvider
+module.exports.codeModeClient = nativeBinding.codeModeClient
 module.exports.reapSandboxes = nativeBinding.reapSandboxes

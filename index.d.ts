@@ -108,11 +108,52 @@ export interface DockerSandboxProviderOptions {
   logger?: SandboxLogger
 }
 
+/** A Code Mode request from the sandbox (TrueForge's shapes). */
+export type CodeModeRequest =
+  | { op: 'list_tools'; server: string }
+  | { op: 'call_tool'; server: string; tool: string; arguments?: Record<string, unknown> }
+
+/** The answer to a Code Mode request; `source` says who is at fault. */
+export type CodeModeReply =
+  | { ok: true; result: unknown }
+  | { ok: false; error: string; source: 'internal' | 'caller' | 'transport' }
+
+/** Does the MCP work for Code Mode requests (TrueForge's `CodeModeDispatcher`). */
+export interface CodeModeDispatcher {
+  dispatch(params: { request: CodeModeRequest; traceCarrier: Readonly<Record<string, string>> }): Promise<CodeModeReply>
+  close?(): void
+}
+
+/** Where TrueForge installs the client module in the sandbox. */
+export interface CodeModeClientInstall {
+  /** Python source of `mcp_client` (3.9+, standard library only). */
+  content: string
+  /** `/trueforge/codemode/mcp_client.py`; `mcp-client` is linked in `/trueforge/codemode/bin`, first on every exec's `PATH`. */
+  remotePath: string
+  pathBinSymlink?: string
+}
+
+/**
+ * Carries Code Mode requests between the sandbox and the dispatcher over a relay on the
+ * engine's attached exec stream. One per turn; keyed on the sandbox id given to `start`.
+ */
+export interface CodeModeTransport {
+  getClientInstall(params: { sandboxId: string }): CodeModeClientInstall
+  /** Makes sure a relay serves this sandbox (relaunching a dead one); cheap when one does. Rejects with `code` `CODE_MODE_UNAVAILABLE` when the image has no python3. */
+  start(params: {
+    codeModeDispatcher: CodeModeDispatcher
+    sandboxId: string
+    requestTimeoutSeconds: number
+  }): Promise<{ env: Record<string, string> }>
+  /** Ends the relay and waits for it; safe before or after start. */
+  stop(): Promise<void>
+}
+
 /** A drop-in `SandboxProvider`: one Docker container per sandbox. */
 export declare class DockerSandboxProvider {
   constructor(options: DockerSandboxProviderOptions)
   readonly type: 'docker'
-  readonly supportsCodeMode: false
+  readonly supportsCodeMode: true
   /** The namespace this provider's sandboxes live in. */
   readonly namespace: string
   /** The Docker engine address in use. */
@@ -137,8 +178,8 @@ export declare class DockerSandboxProvider {
   warmUp(): Promise<void>
   /** Ends this instance's background work; never deletes sandboxes. */
   dispose(): void
-  /** Always throws: Code Mode is not supported by the docker provider. */
-  createCodeModeTransport(): never
+  /** A Code Mode transport for one turn: MCP tools callable from inside the sandbox. */
+  createCodeModeTransport(): CodeModeTransport
 }
 
 export declare class SandboxError extends Error {

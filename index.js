@@ -4,7 +4,7 @@
 // contract. It shapes results, turns the binding's coded errors into the contract's error
 // classes (the host's own when injected) and forwards log events to the host's logger.
 
-const { NativeProvider, reapSandboxes: nativeReap } = require('./binding.js')
+const { NativeProvider, reapSandboxes: nativeReap, codeModeClient } = require('./binding.js')
 const errors = require('./errors.js')
 const { fromTrueForgeManifest } = require('./trueforge.js')
 
@@ -134,7 +134,7 @@ class DockerSandboxProvider {
     }
     this.#layout = this.#native.layout()
     this.type = 'docker'
-    this.supportsCodeMode = false
+    this.supportsCodeMode = true
   }
 
   /** The namespace this provider's sandboxes live in. */
@@ -245,8 +245,9 @@ class DockerSandboxProvider {
     this.#native.dispose()
   }
 
+  /** A Code Mode transport for one turn: MCP tools callable from inside the sandbox. */
   createCodeModeTransport() {
-    throw new Error('Code Mode is not supported by the docker provider (DockerSandboxProvider)')
+    return new DockerCodeModeTransport(this.#native, (e) => this.#translate(e))
   }
 
   #requireStrings(fields) {
@@ -308,6 +309,132 @@ class DockerSandboxProvider {
     }
     if (out.code === undefined) out.code = payload.code
     return out
+  }
+}
+
+// Code Mode: the relay in the sandbox hands each request to the native session, which calls
+// #onRequest here; the reply goes back through the session. The transport checks the request's
+// shape and reports its own failures as TrueForge's transports do; the dispatcher does the rest.
+
+const CODE_MODE_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+const MALFORMED_REQUEST = { ok: false, error: 'Malformed Code Mode request', source: 'caller' }
+
+function isNonEmptyString(v) {
+  return typeof v === 'string' && v.length > 0
+}
+
+/** TrueForge's request shapes; null when the value is not one of them. */
+function parseCodeModeRequest(v) {
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) return null
+  if (v.op === 'list_tools') {
+    return isNonEmptyString(v.server) ? { op: 'list_tools', server: v.server } : null
+  }
+  if (v.op === 'call_tool') {
+    if (!isNonEmptyString(v.server) || !isNonEmptyString(v.tool)) return null
+    const args = v.arguments
+    if (args === undefined) return { op: 'call_tool', server: v.server, tool: v.tool }
+    if (args === null || typeof args !== 'object' || Array.isArray(args)) return null
+    return { op: 'call_tool', server: v.server, tool: v.tool, arguments: args }
+  }
+  return null
+}
+
+function traceCarrierOf(v) {
+  const out = {}
+  const t = v && typeof v === 'object' ? v.trace : undefined
+  if (t && typeof t === 'object' && !Array.isArray(t)) {
+    for (const k of ['traceparent', 'tracestate']) if (typeof t[k] === 'string') out[k] = t[k]
+  }
+  return out
+}
+
+class DockerCodeModeTransport {
+  #native
+  #translate
+  #session
+  #dispatcher
+
+  constructor(native, translate) {
+    this.#native = native
+    this.#translate = translate
+  }
+
+  getClientInstall(_params) {
+    const { content, remotePath } = codeModeClient()
+    return { content, remotePath }
+  }
+
+  async start(params) {
+    const { codeModeDispatcher, sandboxId, requestTimeoutSeconds } = params ?? {}
+    if (typeof sandboxId !== 'string') throw argumentError('start: `sandboxId` must be a string')
+    if (!codeModeDispatcher || typeof codeModeDispatcher.dispatch !== 'function') {
+      throw argumentError('start: `codeModeDispatcher` must have a dispatch() method')
+    }
+    this.#dispatcher = codeModeDispatcher
+    let session = this.#session
+    if (session === undefined) {
+      // The native session holds this callback strongly; a weak link back to the transport lets
+      // a transport nobody stopped be collected, and its relay end with it.
+      const self = new WeakRef(this)
+      session = this.#native.codeModeSession((generation, id, payload) => {
+        void self.deref()?.#onRequest(generation, id, payload)
+      })
+      this.#session = session
+    }
+    try {
+      await session.start(sandboxId)
+    } catch (e) {
+      throw this.#translate(e)
+    }
+    const env = { TFY_CM_SOCK: session.socketPath }
+    if (typeof requestTimeoutSeconds === 'number' && Number.isFinite(requestTimeoutSeconds) && requestTimeoutSeconds > 0) {
+      env.TFY_CM_REQUEST_TIMEOUT_SECONDS = String(requestTimeoutSeconds)
+    }
+    return { env }
+  }
+
+  async stop() {
+    const session = this.#session
+    this.#session = undefined
+    if (session !== undefined) await session.stop()
+  }
+
+  async #onRequest(generation, id, payload) {
+    const session = this.#session
+    let reply
+    try {
+      reply = await this.#dispatch(payload)
+    } catch (e) {
+      reply = { ok: false, error: e instanceof Error ? e.message : String(e), source: 'internal' }
+    }
+    let bytes
+    try {
+      bytes = Buffer.from(JSON.stringify(reply) ?? 'null', 'utf8')
+    } catch (e) {
+      bytes = Buffer.from(JSON.stringify({ ok: false, error: `Code Mode reply is not JSON: ${e.message}`, source: 'transport' }))
+    }
+    if (bytes.length > CODE_MODE_MAX_MESSAGE_BYTES) {
+      const error = `Code Mode reply of ${bytes.length} bytes exceeds the limit of ${CODE_MODE_MAX_MESSAGE_BYTES} bytes`
+      bytes = Buffer.from(JSON.stringify({ ok: false, error, source: 'transport' }))
+    }
+    // A reply for a relay that has since been replaced or stopped is dropped by the session.
+    ;(this.#session ?? session)?.reply(generation, id, bytes)
+  }
+
+  async #dispatch(payload) {
+    let value
+    try {
+      value = JSON.parse(payload.toString('utf8'))
+    } catch {
+      return MALFORMED_REQUEST
+    }
+    const request = parseCodeModeRequest(value)
+    if (request === null) return MALFORMED_REQUEST
+    const dispatcher = this.#dispatcher
+    if (dispatcher === undefined) {
+      return { ok: false, error: 'Code Mode dispatcher is not configured', source: 'internal' }
+    }
+    return dispatcher.dispatch({ request, traceCarrier: traceCarrierOf(value) })
   }
 }
 

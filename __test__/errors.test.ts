@@ -452,8 +452,8 @@ describe('option validation', () => {
 describe('fixed members', () => {
   test('type, supportsCodeMode, createCodeModeTransport, additional instructions', () => {
     expect(provider.type).toBe('docker')
-    expect(provider.supportsCodeMode).toBe(false)
-    expect(() => provider.createCodeModeTransport()).toThrow(/Code Mode is not supported/)
+    expect(provider.supportsCodeMode).toBe(true)
+    expect(typeof provider.createCodeModeTransport().start).toBe('function')
     const text = provider.getAdditionalInstructions()
     expect(typeof text).toBe('string')
     expect(text).toContain(BUSYBOX)

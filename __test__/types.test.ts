@@ -23,8 +23,24 @@ interface SandboxBuild {
   metadata: Record<string, string> | null
 }
 
-/** The spec does not describe the transport; the provider never returns one. */
-type CodeModeTransport = unknown
+/** TrueForge's Code Mode shapes, restated (CodeModeTransport.ts, types.ts). */
+type CodeModeRequest =
+  | { op: 'list_tools'; server: string }
+  | { op: 'call_tool'; server: string; tool: string; arguments?: Record<string, unknown> }
+type CodeModeReply = { ok: true; result: unknown } | { ok: false; error: string; source: 'internal' | 'caller' | 'transport' }
+interface CodeModeDispatcher {
+  close(): void
+  dispatch(params: { request: CodeModeRequest; traceCarrier: Readonly<Record<string, string>> }): Promise<CodeModeReply>
+}
+interface CodeModeTransport {
+  getClientInstall(params: { sandboxId: string }): { content: string; remotePath: string; pathBinSymlink?: string | undefined }
+  start(params: {
+    codeModeDispatcher: CodeModeDispatcher
+    sandboxId: string
+    requestTimeoutSeconds: number
+  }): Promise<{ env: Record<string, string> }>
+  stop(): Promise<void>
+}
 
 interface SandboxProvider {
   readonly type: string
@@ -63,5 +79,7 @@ test('a DockerSandboxProvider is a SandboxProvider', () => {
   ]
   for (const m of methods) expect(typeof provider[m]).toBe('function')
   expect(typeof provider.getAdditionalInstructions()).toBe('string')
-  expect(() => provider.createCodeModeTransport()).toThrow(/Code Mode is not supported by the docker provider/)
+  const transport: CodeModeTransport = provider.createCodeModeTransport()
+  for (const m of ['getClientInstall', 'start', 'stop'] as const) expect(typeof transport[m]).toBe('function')
+  expect(transport.getClientInstall({ sandboxId: '' }).remotePath).toMatch(/\/mcp_client\.py$/)
 })

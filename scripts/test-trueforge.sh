@@ -3,7 +3,8 @@
 #
 # Runs, inside a TrueForge checkout and under its own jest config:
 #   1. TrueForge's SandboxProvider contract suite, with a factory that builds DockerSandboxProvider;
-#   2. our integration test of TrueForge's real Sandbox class over DockerSandboxProvider.
+#   2. our integration tests of TrueForge's real Sandbox class over DockerSandboxProvider (and of
+#      Code Mode through it).
 # The package goes in as a user gets it: `npm pack` here, `npm install` of the tarball in a scratch
 # folder, a symlink packages/trueforge-core/node_modules/trueforge-docker-sandbox to it. Our test
 # files (__test__/trueforge/) are copied into a temporary folder under
@@ -152,7 +153,11 @@ fi
 "$node22" - "$report" "$rc" <<'EOF'
 const [report, rc] = process.argv.slice(2)
 const r = require(report)
-const parts = { 'docker-provider-contract.test.ts': 'TrueForge contract suite', 'docker-sandbox-class.test.ts': 'Sandbox class' }
+const parts = {
+  'docker-provider-contract.test.ts': 'TrueForge contract suite',
+  'docker-sandbox-class.test.ts': 'Sandbox class',
+  'docker-code-mode.test.ts': 'Code Mode through Sandbox',
+}
 const lines = []
 for (const [file, label] of Object.entries(parts)) {
   const s = r.testResults.find((t) => t.name.endsWith(`/${file}`))

@@ -4,11 +4,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use napi::bindgen_prelude::{Buffer, Function};
+use napi::bindgen_prelude::{Buffer, FnArgs, Function};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 use serde_json::Value;
 
+use crate::codemode::{self, RequestSink, Session};
 use crate::config::ProviderConfig;
 use crate::errors::SandboxError;
 use crate::image::Build;
@@ -70,6 +71,14 @@ pub struct NativeLayout {
 }
 
 type LogFn = ThreadsafeFunction<String, (), String, napi::Status, false, true>;
+type RequestFn = ThreadsafeFunction<
+  FnArgs<(u32, u32, Buffer)>,
+  (),
+  FnArgs<(u32, u32, Buffer)>,
+  napi::Status,
+  false,
+  true,
+>;
 
 /// The native half of `DockerSandboxProvider`; `index.js` wraps it.
 #[napi]
@@ -217,6 +226,32 @@ impl NativeProvider {
     self.inner.warm_up().await.map_err(to_js)
   }
 
+  /// A Code Mode session for one transport. `on_request(generation, id, payload)` receives each
+  /// request from the sandbox; the answer goes back through `reply` with the same numbers.
+  #[napi(ts_args_type = "onRequest: (generation: number, id: number, payload: Buffer) => void")]
+  pub fn code_mode_session(
+    &self,
+    on_request: Function<'_, FnArgs<(u32, u32, Buffer)>, ()>,
+  ) -> napi::Result<NativeCodeModeSession> {
+    let tsfn: RequestFn = on_request
+      .build_threadsafe_function()
+      .weak::<true>()
+      .callee_handled::<false>()
+      .build()?;
+    let tsfn = Arc::new(tsfn);
+    let sink: RequestSink = Arc::new(move |generation, id, payload: bytes::Bytes| {
+      let buf = Buffer::from(payload.to_vec());
+      tsfn.call(
+        FnArgs::from((generation, id, buf)),
+        ThreadsafeFunctionCallMode::NonBlocking,
+      );
+    });
+    Ok(NativeCodeModeSession {
+      provider: self.inner.clone(),
+      session: Arc::new(Session::new(sink)),
+    })
+  }
+
   #[napi]
   pub async fn build_image(&self) -> napi::Result<NativeBuild> {
     self
@@ -284,4 +319,63 @@ pub async fn reap_sandboxes(options: NativeReapOptions) -> napi::Result<Vec<Stri
   )
   .await
   .map_err(to_js)
+}
+
+/// One Code Mode transport's relay session (see `codemode::Session`).
+#[napi]
+pub struct NativeCodeModeSession {
+  provider: Arc<Provider>,
+  session: Arc<Session>,
+}
+
+#[napi]
+impl NativeCodeModeSession {
+  /// The in-sandbox socket the client connects to.
+  #[napi(getter)]
+  pub fn socket_path(&self) -> String {
+    self.session.socket_path().to_string()
+  }
+
+  /// The live relay's pid inside the container, if any.
+  #[napi(getter)]
+  pub fn relay_pid(&self) -> Option<u32> {
+    self.session.relay_pid()
+  }
+
+  /// Makes sure a live relay serves this sandbox (launching or relaunching one).
+  #[napi]
+  pub async fn start(&self, sandbox_id: String) -> napi::Result<()> {
+    self
+      .session
+      .start(self.provider.as_ref(), &sandbox_id)
+      .await
+      .map_err(to_js)
+  }
+
+  /// Answers request `id` of relay `generation`; false when that relay is gone.
+  #[napi]
+  pub fn reply(&self, generation: u32, id: u32, payload: Buffer) -> bool {
+    self.session.reply(generation, id, &payload)
+  }
+
+  /// Stops the relay and waits for it to end. Safe at any time.
+  #[napi]
+  pub async fn stop(&self) {
+    self.session.stop().await
+  }
+}
+
+/// The Code Mode client module TrueForge installs in the sandbox, and where.
+#[napi(object)]
+pub struct NativeCodeModeClient {
+  pub content: String,
+  pub remote_path: String,
+}
+
+#[napi]
+pub fn code_mode_client() -> NativeCodeModeClient {
+  NativeCodeModeClient {
+    content: codemode::CLIENT_SOURCE.to_string(),
+    remote_path: codemode::CLIENT_PATH.to_string(),
+  }
 }

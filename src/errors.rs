@@ -56,6 +56,9 @@ pub enum SandboxError {
   #[error("Creating the sandbox failed at {step}: {detail}")]
   CreateFailed { step: String, detail: String },
 
+  #[error("Code Mode cannot run in this sandbox: {reason}")]
+  CodeModeUnavailable { reason: String },
+
   #[error("{0}")]
   Internal(String),
 }
@@ -78,6 +81,7 @@ impl SandboxError {
       Self::Engine { .. } => "ENGINE_ERROR",
       Self::ImageNotAvailable { .. } => "IMAGE_NOT_AVAILABLE",
       Self::CreateFailed { .. } => "CREATE_FAILED",
+      Self::CodeModeUnavailable { .. } => "CODE_MODE_UNAVAILABLE",
       Self::Internal(_) => "INTERNAL",
     }
   }

@@ -30,6 +30,7 @@ const WRAPPER: &str = r#"exec 2>&1 </dev/null
 printf '\036TFX%s:p:%s\036' "$3" "$$"
 : > /trueforge/.activity 2>/dev/null
 TRUEFORGE_EXEC_ID=$3; export TRUEFORGE_EXEC_ID
+PATH="/trueforge/codemode/bin:${PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}"; export PATH
 if ! cd "$1" 2>/dev/null; then
   printf 'cannot change directory to %s: no such directory\n' "$1"
   printf '\036TFX%s:x:1\036' "$3"; exit 1
@@ -467,6 +468,11 @@ pub fn working_dir(sandbox_root: &str, cwd: Option<&str>) -> Result<String> {
 #[cfg(test)]
 mod tests {
   use super::*;
+
+  #[test]
+  fn code_mode_bin_dir_leads_path() {
+    assert!(WRAPPER.contains(&format!("PATH=\"{}:", crate::codemode::BIN_DIR)));
+  }
 
   #[test]
   fn working_dirs() {

@@ -3,6 +3,7 @@
 
 pub mod binding;
 pub mod client;
+pub mod codemode;
 pub mod config;
 pub mod context;
 pub mod errors;

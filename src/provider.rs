@@ -10,6 +10,7 @@ use serde_json::json;
 use std::sync::{Arc, Mutex};
 
 use crate::client::{self, Engine};
+use crate::codemode::{self, Launcher, Relay, RequestSink};
 use crate::config::ProviderConfig;
 use crate::errors::{Result, SandboxError};
 use crate::exec::{self, ExecRequest, StartError};
@@ -269,6 +270,45 @@ impl Provider {
     unreachable!("the loop returns on its last attempt")
   }
 
+  /// Launches a Code Mode relay in a sandbox: a stopped container is started first (files
+  /// kept), a stale cache entry re-resolved, a gone one is `SandboxNotAvailable`.
+  async fn launch_code_mode_relay(
+    &self,
+    sandbox_id: &str,
+    socket: &str,
+    sink: RequestSink,
+  ) -> Result<Relay> {
+    let (engine, mut target) = self.target(sandbox_id).await?;
+    let ro = self.cfg.read_only_rootfs;
+    for attempt in 0..3 {
+      match codemode::launch(&engine, &target, socket, ro, sink.clone(), &self.log).await {
+        Ok(relay) => return Ok(relay),
+        Err(StartError::NotRunning) if attempt < 2 => {
+          lifecycle::ensure_started(&engine, &target, &self.log).await?
+        }
+        Err(StartError::Gone) if attempt < 2 => {
+          lifecycle::forget(&engine, &target.name);
+          target = lifecycle::resolve(&engine, &self.scope, sandbox_id).await?;
+        }
+        Err(StartError::NotRunning) => {
+          return Err(SandboxError::Internal(
+            "the sandbox container stopped again right after it was started".into(),
+          ))
+        }
+        Err(StartError::Gone) => {
+          return Err(SandboxError::SandboxNotAvailable {
+            sandbox_id: sandbox_id.to_string(),
+          })
+        }
+        Err(StartError::NeverStarted(reason)) => {
+          return Err(SandboxError::CodeModeUnavailable { reason })
+        }
+        Err(StartError::Other(e)) => return Err(e),
+      }
+    }
+    unreachable!("the loop returns on its last attempt")
+  }
+
   /// Writes a file; relative paths are taken from the sandbox root.
   pub async fn upload_file(
     &self,
@@ -382,5 +422,12 @@ impl Provider {
       uploads = layout::UPLOADS_DIR,
       results = layout::TOOL_RESULTS_DIR,
     )
+  }
+}
+
+impl Launcher for Provider {
+  async fn launch_relay(&self, sandbox_id: &str, socket: &str, sink: RequestSink) -> Result<Relay> {
+    lifecycle::name_for(&self.cfg.namespace, sandbox_id)?;
+    self.launch_code_mode_relay(sandbox_id, socket, sink).await
   }
 }

@@ -1,0 +1,160 @@
+'use strict'
+
+// Code Mode round trip from inside a sandbox: `call_tool` through the relay on the engine's
+// attached exec stream, against the floor, the same client and the same dispatcher over a Unix
+// socket bind-mounted from the host (what a host-local transport does). Each side measures inside
+// its container: the Python API (one process, sequential calls) and the CLI (a fresh
+// `mcp-client` process per call, so its own start-up included). Prints p50/p99 as JSON.
+// Usage: node bench/codemode.js [apiCalls=300] [cliCalls=60] [rounds=3]
+
+const { execFile, execFileSync } = require('node:child_process')
+const { promisify } = require('node:util')
+const { mkdtempSync, rmSync, chmodSync } = require('node:fs')
+const { createServer } = require('node:net')
+const { tmpdir } = require('node:os')
+const { join } = require('node:path')
+
+const { DockerSandboxProvider } = require('..')
+
+const IMAGE = process.env.BENCH_IMAGE || 'trueforge-sandbox-debian:12'
+const API_CALLS = Number(process.argv[2] || 300)
+const CLI_CALLS = Number(process.argv[3] || 60)
+const ROUNDS = Number(process.argv[4] || 3)
+
+const dispatcher = {
+  close() {},
+  async dispatch({ request }) {
+    if (request.op === 'list_tools') return { ok: true, result: { tools: [{ name: 'echo', annotations: { readOnlyHint: true } }] } }
+    return { ok: true, result: { content: [], structuredContent: { echoed: request.arguments ?? {} } } }
+  },
+}
+
+const MEASURE = `
+import asyncio, json, subprocess, sys, time
+from mcp_client import call_tool
+api_n, cli_n = int(sys.argv[1]), int(sys.argv[2])
+def pct(xs, p):
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(len(xs) * p))], 3)
+async def api():
+    out = []
+    for i in range(10):
+        await call_tool("demo", "echo", {"i": i})
+    for i in range(api_n):
+        t = time.perf_counter()
+        await call_tool("demo", "echo", {"i": i})
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+a = asyncio.run(api())
+c = []
+for i in range(cli_n):
+    t = time.perf_counter()
+    subprocess.run(["mcp-client", "call-tool", "demo", "echo", '{"i": 1}'], check=True, stdout=subprocess.DEVNULL)
+    c.append((time.perf_counter() - t) * 1000)
+s = []
+for i in range(cli_n):
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import mcp_client"], check=True)
+    s.append((time.perf_counter() - t) * 1000)
+print(json.dumps({"api_p50": pct(a, .5), "api_p99": pct(a, .99), "cli_p50": pct(c, .5), "cli_p99": pct(c, .99),
+                  "startup_p50": pct(s, .5)}))
+`
+
+const SERVERS = Buffer.from(JSON.stringify({ demo: { allowed_tools: [] } })).toString('base64')
+
+function docker(args) {
+  return execFileSync('docker', args, { encoding: 'utf8', maxBuffer: 16 << 20 }).trim()
+}
+
+// The floor's server runs in this process: its measurement must not block the event loop.
+async function dockerAsync(args) {
+  const { stdout } = await promisify(execFile)('docker', args, { encoding: 'utf8', maxBuffer: 16 << 20 })
+  return stdout.trim()
+}
+
+async function main() {
+  const namespace = `cm-bench-${process.pid}`
+  const provider = new DockerSandboxProvider({ image: IMAGE, namespace })
+  const { sandboxId } = await provider.createSandbox()
+  const transport = provider.createCodeModeTransport()
+  const install = transport.getClientInstall({ sandboxId })
+  const dir = mkdtempSync(join(tmpdir(), 'cm-floor-'))
+  chmodSync(dir, 0o755)
+  const floorName = `cm-bench-floor-${process.pid}`
+  let server
+  try {
+    // Relay side, installed as TrueForge's Sandbox does.
+    const ex = async (command, env) => {
+      const r = await provider.exec({ sandboxId, command, env, timeoutSeconds: 600 })
+      if (!r.success || r.response.exitCode !== 0) throw new Error(`${command}: ${JSON.stringify(r)}`)
+      return r.response.result
+    }
+    await ex('mkdir -p /trueforge/codemode/bin')
+    await provider.uploadFile({ sandboxId, remotePath: install.remotePath, content: Buffer.from(install.content) })
+    await ex(`chmod 0555 ${install.remotePath} && ln -sf ../mcp_client.py /trueforge/codemode/bin/mcp-client`)
+    const { env } = await transport.start({ codeModeDispatcher: dispatcher, sandboxId, requestTimeoutSeconds: 60 })
+    const relayEnv = { ...env, PYTHONPATH: '/trueforge/codemode', TFY_MCP_SERVERS: SERVERS, TFY_ENABLE_AGENT_APPROVALS: 'true', M: MEASURE }
+    // Floor side: the same client and dispatcher over a bind-mounted socket.
+    server = createServer({ allowHalfOpen: true }, (sock) => {
+      const chunks = []
+      sock.on('data', (c) => chunks.push(c))
+      sock.on('end', async () => {
+        const reply = await dispatcher.dispatch({ request: JSON.parse(Buffer.concat(chunks).toString('utf8')), traceCarrier: {} })
+        sock.end(JSON.stringify(reply))
+      })
+      sock.on('error', () => {})
+    })
+    await new Promise((r) => server.listen(join(dir, 's.sock'), r))
+    chmodSync(join(dir, 's.sock'), 0o666)
+    docker(['run', '-d', '--name', floorName, '-v', `${dir}:/floor`, IMAGE, 'sleep', 'infinity'])
+    const floorEnv = ['-e', 'TFY_CM_SOCK=/floor/s.sock', '-e', 'PYTHONPATH=/cm', '-e', `TFY_MCP_SERVERS=${SERVERS}`, '-e', 'PATH=/cm/bin:/usr/local/bin:/usr/bin:/bin']
+    docker(['exec', floorName, 'mkdir', '-p', '/cm/bin'])
+    execFileSync('docker', ['exec', '-i', floorName, 'sh', '-c', 'cat > /cm/mcp_client.py && chmod 0555 /cm/mcp_client.py && ln -sf ../mcp_client.py /cm/bin/mcp-client'], { input: install.content })
+    // Rounds alternate between the two sides, and each figure is the best round's, so that
+    // other work on the machine weighs on both alike.
+    const rounds = []
+    for (let round = 0; round < ROUNDS; round++) {
+      const relay = JSON.parse(await ex(`python3 -c "$M" ${API_CALLS} ${CLI_CALLS}`, relayEnv))
+      const floor = JSON.parse(await dockerAsync(['exec', ...floorEnv, floorName, 'python3', '-c', MEASURE, String(API_CALLS), String(CLI_CALLS)]))
+      rounds.push({ relay, floor })
+    }
+    const best = (side) => {
+      const keys = Object.keys(rounds[0][side])
+      return Object.fromEntries(keys.map((k) => [k, Math.min(...rounds.map((r) => r[side][k]))]))
+    }
+    const relay = best('relay')
+    const floor = best('floor')
+    const out = {
+      image: IMAGE,
+      apiCalls: API_CALLS,
+      cliCalls: CLI_CALLS,
+      rounds: ROUNDS,
+      relay,
+      floor,
+      ratio: {
+        api_p50: +(relay.api_p50 / floor.api_p50).toFixed(2),
+        api_p99: +(relay.api_p99 / floor.api_p99).toFixed(2),
+        cli_p50: +(relay.cli_p50 / floor.cli_p50).toFixed(2),
+      },
+      // The issue's target: at most 1.2 × the floor's round trip plus the client's own start-up
+      // (for the CLI, the floor CLI's time less its round trip).
+      target_api_p50_ms: +(1.2 * floor.api_p50).toFixed(3),
+      target_cli_p50_ms: +(floor.cli_p50 + 0.2 * floor.api_p50).toFixed(1),
+    }
+    console.log(JSON.stringify(out, null, 2))
+  } finally {
+    await transport.stop()
+    await provider.removeSandbox(sandboxId).catch(() => {})
+    try {
+      docker(['rm', '-f', floorName])
+    } catch {}
+    server?.close()
+    rmSync(dir, { recursive: true, force: true })
+    provider.dispose()
+  }
+}
+
+main().catch((e) => {
+  console.error(e)
+  process.exit(1)
+})
