@@ -661,7 +661,7 @@ describe('every kind of sandbox', () => {
   })
 
   test("a non-root user (the image's own)", async () => {
-    const p = provider({ image: 'trueforge-sandbox:1' })
+    const p = provider({ image: 'trueforge-sandbox:2' })
     const { sandboxId } = await p.createSandbox()
     expect((await ok(p, sandboxId, 'id -u')).trim()).not.toBe('0')
     await roundTrip(p, sandboxId)
