@@ -42,9 +42,11 @@ if [ "$cross" = 1 ]; then
 fi
 
 for t in "${targets[@]}"; do
+  # This machine's target: exactly `npm run build` (no --target), or napi's type-definition
+  # cache key differs and the two builds keep invalidating each other.
   flags=()
   env=()
-  [ "$t" = "$host" ] || flags=(--cross-compile)
+  [ "$t" = "$host" ] || flags=(--target "$t" --cross-compile)
   case "$t" in
     x86_64-apple-darwin) env=(MACOSX_DEPLOYMENT_TARGET=10.15) ;;
     aarch64-apple-darwin) env=(MACOSX_DEPLOYMENT_TARGET=11.0) ;;
@@ -52,7 +54,7 @@ for t in "${targets[@]}"; do
   start=$(date +%s)
   # --js/--dts as in `npm run build`: the generated loader and types are the same for every
   # target, and without them napi would write index.js and index.d.ts, which are hand-written.
-  env "${env[@]}" npx napi build --platform --release --target "$t" "${flags[@]}" \
+  env "${env[@]}" npx napi build --platform --release "${flags[@]}" \
     --js binding.js --dts binding.d.ts
   log "$t built in $(($(date +%s) - start)) s"
 done

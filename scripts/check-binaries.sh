@@ -81,10 +81,10 @@ for plat in linux-x64-gnu linux-arm64-gnu darwin-x64 darwin-arm64; do
       ;;
   esac
   grep -Eq " T ${prefix}napi_register_module_v1$" <<<"$exports" || bad "does not export ${prefix}napi_register_module_v1"
-  if grep -Eq "^ *U ${prefix}napi_" <<<"$undefined" || grep -Eq " [TtDd] ${prefix}napi_create_function$" <<<"$exports"; then
+  if grep -Eq "^ *(U )?${prefix}napi_" <<<"$undefined" || grep -Eq " [TtDd] ${prefix}napi_create_function$" <<<"$exports"; then
     bad "binds N-API symbols at link time"
   fi
-  grep -Eq "^ *U ${prefix}dlsym(@.*)?$" <<<"$undefined" || bad "does not import dlsym (for the N-API lookup)"
+  grep -Eq "^ *(U )?${prefix}dlsym(@.*)?$" <<<"$undefined" || bad "does not import dlsym (for the N-API lookup)"
   napi_names=$(strings -a "$f" | grep -c '^napi_[a-z_0-9]*$' || true)
   grep -qx napi_create_function < <(strings -a "$f") || bad "napi_create_function is not named in the binary"
   echo "  N-API: napi_register_module_v1 exported; $napi_names napi_* functions looked up at load (dlsym), none bound at link time"
