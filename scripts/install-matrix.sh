@@ -6,9 +6,9 @@
 #   --cpu arm64  arm64 Linux: npm chooses the package for --cpu=arm64, and the arm64 Node.js runs
 #                under qemu-user (qemu-aarch64-static), with Debian's arm64 glibc, libstdc++ and
 #                libgcc from the *-arm64-cross packages as its root (-L /usr/aarch64-linux-gnu)
-# The consumer depends on main.tgz only; `overrides` point every platform package at its local
-# tarball, as if all were published, so npm itself picks the one matching os/cpu/libc and skips
-# the others. Node.js versions: NODE_MAJORS (default "20 22 24").
+# The install is scripts/install-packed.sh: npm itself picks the platform package, and this
+# checks that it picked this platform's and no other. Node.js versions: NODE_MAJORS (default
+# "20 22 24").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -45,25 +45,9 @@ for major in ${NODE_MAJORS:-20 22 24}; do
   dir="$work/$plat-node$major"
   rm -rf "$dir"
   mkdir -p "$dir"
-  node - "$dir/package.json" "$packages" <<'EOF'
-const fs = require('node:fs')
-const path = require('node:path')
-const [file, packages] = process.argv.slice(2)
-const overrides = {}
-for (const f of fs.readdirSync(packages)) {
-  const m = /^(trueforge-docker-sandbox-.+)-\d+\.\d+\.\d+.*\.tgz$/.exec(f)
-  if (m) overrides[m[1]] = `file:${path.join(packages, f)}`
-}
-const pkg = {
-  name: 'consumer',
-  private: true,
-  dependencies: { 'trueforge-docker-sandbox': `file:${path.join(packages, 'main.tgz')}` },
-  overrides,
-}
-fs.writeFileSync(file, JSON.stringify(pkg, null, 2))
-EOF
   start=$(date +%s)
-  (cd "$dir" && PATH="$(dirname "$host_node"):$PATH" npm install --no-audit --no-fund --loglevel=error "${npm_flags[@]}" >/dev/null)
+  PATH="$(dirname "$host_node"):$PATH" NPM_INSTALL_FLAGS="${npm_flags[*]}" \
+    bash scripts/install-packed.sh "$dir" "$packages"
   installed=$(cd "$dir/node_modules" && ls -d trueforge-docker-sandbox* | tr '\n' ' ')
   if [ "$installed" != "trueforge-docker-sandbox trueforge-docker-sandbox-$plat " ]; then
     echo "npm installed '$installed', expected the main package and trueforge-docker-sandbox-$plat only" >&2
