@@ -4,7 +4,7 @@
 // contract. It shapes results, turns the binding's coded errors into the contract's error
 // classes (the host's own when injected) and forwards log events to the host's logger.
 
-const { NativeProvider, reapSandboxes: nativeReap, codeModeClient } = require('./binding.js')
+const { NativeProvider, reapSandboxes: nativeReap, codeModeClient } = require('./loader.js')
 const errors = require('./errors.js')
 const { fromTrueForgeManifest } = require('./trueforge.js')
 

@@ -8,11 +8,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 node=${NODE:-node}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-tarball=$(cd "$root" && npm pack --silent --pack-destination "$tmp" | tail -n 1)
-mkdir -p "$tmp/consumer"
+# The main package and this platform's package, as npm picks it (scripts/install-packed.sh).
+bash "$root/scripts/install-packed.sh" "$tmp/consumer"
 cd "$tmp/consumer"
-npm init -y >/dev/null
-npm install --no-audit --no-fund "$tmp/$tarball" >/dev/null
 "$node" "$root/scripts/smoke-installed.js"
 cp "$root"/scripts/consumer/* .
 "$node" esm-smoke.mjs

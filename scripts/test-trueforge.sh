@@ -113,13 +113,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 say "packing $(cd "$root" && node -p 'require("./package.json").name + "@" + require("./package.json").version')"
-tarball=$(cd "$root" && npm pack --silent --pack-destination "$scratch" | tail -n 1)
-mkdir -p "$scratch/consumer"
-(
-  cd "$scratch/consumer"
-  npm init -y >/dev/null
-  npm install --no-audit --no-fund --silent "$scratch/$tarball" >/dev/null
-)
+# The main package and this platform's package, as npm picks it (scripts/install-packed.sh).
+bash "$root/scripts/install-packed.sh" "$scratch/consumer"
 
 if [ -e "$link" ] || [ -L "$link" ]; then
   if [ -L "$link" ] && [[ "$(readlink "$link")" == */tf-docker-sandbox.*/consumer/* ]]; then
