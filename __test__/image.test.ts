@@ -95,4 +95,12 @@ test('buildImage on an absent image is pending or failed, and ends failed with a
   const again = await missing.buildImage()
   expect(['pending', 'failed']).toContain(again.status)
   expect(again.reason).toEqual(expect.any(String))
+  // Let the retry end, so the cleanup after this file also removes the lease it leaves.
+  const until = Date.now() + 20_000
+  let end = again
+  while (end.status === 'pending' && Date.now() < until) {
+    await sleep(250)
+    end = await missing.getImageBuildStatus()
+  }
+  expect(end.status).toBe('failed')
 })
