@@ -3,24 +3,16 @@
 // Python API, TrueForge's own CodeModeDispatcher does the routing, and closing the turn ends the
 // relay. Runs inside a TrueForge checkout (see scripts/test-trueforge.sh).
 
-import winston from 'winston'
 import { isCallToolResponseResult, type IToolSet } from '../../src/core/mcp/IMCPServer'
 import { SANDBOX_EXEC_TOOL_NAME, Sandbox } from '../../src/core/sandbox/Sandbox'
 import * as sandboxErrors from '../../src/core/sandbox/SandboxErrors'
 import { rawSandboxId } from '../../src/core/sandbox/sandboxRef'
-import { NOOP_AGENT_TRACING } from '../../src/core/tracing/NoopAgentTracing'
-import { containersLeft, type DockerProvider, runNamespace, Tracker } from './support'
+import { containersLeft, type DockerProvider, runNamespace, silentLogger, Tracker, turnSandbox } from './support'
 
 jest.setTimeout(180_000)
 
 const namespace = runNamespace('tfcm')
 const tracker = new Tracker(namespace)
-
-function silentLogger(): winston.Logger {
-  const logger = winston.createLogger({ silent: true, transports: [] })
-  logger.child = () => logger
-  return logger
-}
 
 /** An MCP server as the turn sees it: one read-only tool and one destructive one. */
 class DemoTools {
@@ -57,17 +49,6 @@ class DemoTools {
   getAllowedToolNamesForSandbox(): string[] {
     return ['echo', 'wipe']
   }
-}
-
-function turnSandbox(provider: DockerProvider): Sandbox {
-  return new Sandbox({
-    provider,
-    blockDestructiveToolsInCodeMode: true,
-    mcpRequestTimeoutMs: 60_000,
-    mcpConnectTimeoutMs: 5_000,
-    tracing: NOOP_AGENT_TRACING,
-    logger: silentLogger(),
-  })
 }
 
 async function agentExec(sandbox: Sandbox, command: string): Promise<{ exitCode: number; out: string; sessionId?: string }> {

@@ -6,14 +6,12 @@
 
 import { execFileSync } from 'node:child_process'
 import { createHash, randomBytes } from 'node:crypto'
-import winston from 'winston'
 import { isCallToolResponseResult } from '../../src/core/mcp/IMCPServer'
 import { SANDBOX_EXEC_TOOL_NAME, Sandbox } from '../../src/core/sandbox/Sandbox'
 import * as sandboxErrors from '../../src/core/sandbox/SandboxErrors'
 import { rawSandboxId } from '../../src/core/sandbox/sandboxRef'
 import { SkillMounter } from '../../src/core/sandbox/skills/SkillMounter'
-import { NOOP_AGENT_TRACING } from '../../src/core/tracing/NoopAgentTracing'
-import { containersLeft, type DockerProvider, IMAGE, runNamespace, Tracker } from './support'
+import { containersLeft, type DockerProvider, IMAGE, runNamespace, silentLogger, Tracker, turnSandbox } from './support'
 
 jest.setTimeout(180_000)
 
@@ -23,29 +21,10 @@ const tracker = new Tracker(namespace)
 // The host's error module as a whole, as the server passes it.
 const hostErrors = sandboxErrors
 
-function silentLogger(): winston.Logger {
-  const logger = winston.createLogger({ silent: true, transports: [] })
-  logger.child = () => logger
-  return logger
-}
-
 /** A provider as the server's factory builds one: tenant, the host's error classes, logger, download cap. */
 function serverProvider(extra: Record<string, unknown> = {}): DockerProvider {
   const context = { tenantName: 'acme', errors: hostErrors, logger: silentLogger(), fileMaxBytesForDownload: 20 * 1024 * 1024 }
   return tracker.provider(context, extra)
-}
-
-/** One turn's Sandbox, as the server builds it. */
-function turnSandbox(provider: DockerProvider, extra: Partial<ConstructorParameters<typeof Sandbox>[0]> = {}): Sandbox {
-  return new Sandbox({
-    provider,
-    blockDestructiveToolsInCodeMode: true,
-    mcpRequestTimeoutMs: 60_000,
-    mcpConnectTimeoutMs: 5_000,
-    tracing: NOOP_AGENT_TRACING,
-    logger: silentLogger(),
-    ...extra,
-  })
 }
 
 interface ToolCall {

@@ -5,6 +5,9 @@
 
 import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
+import winston from 'winston'
+import { Sandbox } from '../../src/core/sandbox/Sandbox'
+import { NOOP_AGENT_TRACING } from '../../src/core/tracing/NoopAgentTracing'
 
 // eslint-disable-next-line @typescript-eslint/no-require-imports
 const pkg = require('trueforge-docker-sandbox')
@@ -96,4 +99,24 @@ export function containersLeft(namespace: string): number {
   })
     .split('\n')
     .filter((s) => s.trim()).length
+}
+
+/** A winston logger that writes nothing, as the Sandbox and its dispatcher want one. */
+export function silentLogger(): winston.Logger {
+  const logger = winston.createLogger({ silent: true, transports: [] })
+  logger.child = () => logger
+  return logger
+}
+
+/** One turn's Sandbox, as the server builds it. */
+export function turnSandbox(provider: DockerProvider, extra: Partial<ConstructorParameters<typeof Sandbox>[0]> = {}): Sandbox {
+  return new Sandbox({
+    provider,
+    blockDestructiveToolsInCodeMode: true,
+    mcpRequestTimeoutMs: 60_000,
+    mcpConnectTimeoutMs: 5_000,
+    tracing: NOOP_AGENT_TRACING,
+    logger: silentLogger(),
+    ...extra,
+  })
 }
