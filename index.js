@@ -301,6 +301,7 @@ class DockerSandboxProvider {
       case 'ENGINE_UNREACHABLE':
       case 'ENGINE_TIMEOUT':
       case 'ENGINE_ERROR':
+      case 'ENGINE_TLS':
         out = new SandboxEngineError(payload.message)
         break
       default:

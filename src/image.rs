@@ -106,7 +106,7 @@ fn works() -> &'static Mutex<HashMap<String, Work>> {
 }
 
 fn key(engine: &Engine, image: &str) -> String {
-  format!("{}\n{image}", engine.host)
+  format!("{}\n{image}", engine.key)
 }
 
 /// Splits a reference into what the pull endpoint wants; a missing tag means `latest` (an

@@ -5,6 +5,7 @@ pub mod binding;
 pub mod client;
 pub mod config;
 pub mod context;
+pub mod endpoint;
 pub mod errors;
 pub mod exec;
 #[cfg(test)]
@@ -19,4 +20,5 @@ pub mod output;
 pub mod pool;
 pub mod provider;
 pub mod reaper;
+pub mod tls;
 pub mod transfer;

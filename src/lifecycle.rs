@@ -61,7 +61,7 @@ fn cache() -> &'static Mutex<HashMap<String, Target>> {
 }
 
 fn cache_key(engine: &Engine, name: &str) -> String {
-  format!("{}\n{name}", engine.host)
+  format!("{}\n{name}", engine.key)
 }
 
 /// Records a container as ours (a claimed pool member).

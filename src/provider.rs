@@ -45,7 +45,7 @@ pub enum ExecOutcome {
 pub struct Provider {
   cfg: ProviderConfig,
   scope: Scope,
-  host: String,
+  endpoint: crate::endpoint::Endpoint,
   log: Logger,
   /// Keeps the process's background reaper for this engine and namespace alive; `None` before
   /// the first call and after `dispose()`.
@@ -55,12 +55,12 @@ pub struct Provider {
 
 impl Provider {
   pub fn new(cfg: ProviderConfig, log: Logger) -> Result<Self> {
-    let host = client::effective_host(cfg.docker_host.as_deref())?;
+    let endpoint = client::effective_endpoint(cfg.docker_host.as_deref(), cfg.tls.as_ref())?;
     let scope = Scope::of(&cfg);
     Ok(Self {
       cfg,
       scope,
-      host,
+      endpoint,
       log,
       lease: Mutex::new(None),
       disposed: Default::default(),
@@ -80,12 +80,17 @@ impl Provider {
   }
 
   pub fn host(&self) -> &str {
-    &self.host
+    &self.endpoint.host
+  }
+
+  /// How the engine is reached (address, TLS, where it was chosen).
+  pub fn endpoint(&self) -> &crate::endpoint::Endpoint {
+    &self.endpoint
   }
 
   async fn engine(&self) -> Result<Engine> {
     let limit = Duration::from_millis(self.cfg.engine_timeout_ms);
-    let mut engine = client::engine_for(&self.host, limit).await?;
+    let mut engine = client::engine_for(&self.endpoint, limit).await?;
     engine.control_timeout = limit;
     if let Some(older_than) = self.cfg.auto_delete_secs {
       if !self.disposed.load(std::sync::atomic::Ordering::SeqCst) {
