@@ -5,6 +5,7 @@ pub mod binding;
 pub mod client;
 pub mod config;
 pub mod context;
+pub mod credentials;
 pub mod endpoint;
 pub mod errors;
 pub mod exec;

@@ -4,7 +4,8 @@
 // copy of process.env, which the addon never sees). argv[2]: the provider options as JSON. It
 // creates a sandbox, runs `echo over-tls; pwd`, uploads and downloads a file, removes the
 // sandbox, and prints one JSON line: { dockerHost, sandboxId, exec, downloaded, ms } or
-// { dockerHost?, error: { code, message, name }, ms }.
+// { dockerHost?, error: { code, message, name }, ms }, plus `logs` (every line the provider
+// logged, with its meta) so a test can check that no secret was ever logged.
 const path = require('node:path')
 
 const { DockerSandboxProvider } = require(path.resolve(__dirname, '..', '..'))
@@ -15,7 +16,10 @@ async function main() {
   let provider
   let sandboxId
   try {
-    provider = new DockerSandboxProvider(JSON.parse(process.argv[2]))
+    out.logs = []
+    const log = (level) => (message, meta) => out.logs.push({ level, message, meta })
+    const logger = { debug: log('debug'), info: log('info'), warn: log('warn'), error: log('error') }
+    provider = new DockerSandboxProvider({ logger, ...JSON.parse(process.argv[2]) })
     out.dockerHost = provider.dockerHost
     ;({ sandboxId } = await provider.createSandbox())
     out.sandboxId = sandboxId
