@@ -836,4 +836,9 @@ function __napiStampBindingTarget(exportsObject, target) {
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
 module.exports.NativeProvider = nativeBinding.NativeProvider
+module.exports.describeEndpoint = nativeBinding.describeEndpoint
+module.exports.engineReport = nativeBinding.engineReport
+module.exports.listSandboxes = nativeBinding.listSandboxes
 module.exports.reapSandboxes = nativeBinding.reapSandboxes
+module.exports.removeSandboxes = nativeBinding.removeSandboxes
+module.exports.removeStoppedSandboxes = nativeBinding.removeStoppedSandboxes

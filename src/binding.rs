@@ -18,7 +18,7 @@ use crate::provider::{ExecOutcome, ExecParams, Provider};
 
 /// Errors cross as a JSON document (`{ code, message, …fields }`) in the message; the
 /// JavaScript layer turns it into the contract's error classes.
-fn to_js(e: SandboxError) -> napi::Error {
+pub(crate) fn to_js(e: SandboxError) -> napi::Error {
   napi::Error::from_reason(e.to_payload().to_string())
 }
 

@@ -1,6 +1,8 @@
 //! A TrueForge sandbox provider: one Docker container per agent session, driven through the
 //! Docker Engine API. The engine-facing core holds no napi types; `binding` converts at the edge.
 
+pub mod admin;
+pub mod admin_binding;
 pub mod binding;
 pub mod client;
 pub mod config;

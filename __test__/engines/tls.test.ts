@@ -4,7 +4,7 @@
 // that the real `docker context create` wrote; and every way it can go wrong, as typed errors
 // within engineTimeoutMs.
 
-import { execFileSync } from 'node:child_process'
+import { execFileSync, spawnSync } from 'node:child_process'
 import { copyFileSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -119,7 +119,7 @@ test('TLS by a Docker context: DOCKER_CONTEXT, then the config’s current conte
   cli('context', 'use', 'tf-tls')
   expectRoundTrip(inChild({ DOCKER_CONFIG: configDir }))
   // DOCKER_HOST wins over the context, as in the CLI (the main engine's socket here).
-  const viaHost = inChild({ DOCKER_CONFIG: configDir, DOCKER_HOST: 'unix:///var/run/docker.sock' }, { network: 'bridge' })
+  const viaHost = inChild({ DOCKER_CONFIG: configDir, DOCKER_HOST: 'unix:///var/run/docker.sock' }, { network: 'bridge', engineTimeoutMs: 30_000 })
   expect(viaHost.error).toBeUndefined()
   expect(viaHost.dockerHost).toBe('unix:///var/run/docker.sock')
   // An unknown context is a clear option error naming it.
@@ -180,3 +180,36 @@ test('an engine is its own world: a sandbox on the TLS engine is not reachable t
     main.dispose()
   }
 }, 60_000)
+
+test('doctor, ls and rm through TLS (DOCKER_* variables and a context), and doctor on plain tcp to the TLS port', () => {
+  const CLI = path.join(ROOT, 'cli.js')
+  const run = (args: string[], env: Record<string, string>) => {
+    const base = { ...process.env }
+    for (const k of ENV_KEYS) delete base[k]
+    const r = spawnSync(process.execPath, [CLI, ...args], { env: { ...base, ...env }, encoding: 'utf8', timeout: 60_000 })
+    return { code: r.status, stdout: r.stdout, stderr: r.stderr }
+  }
+  const tlsEnv = { DOCKER_HOST: host, DOCKER_TLS_VERIFY: '1', DOCKER_CERT_PATH: certs }
+  const d = run(['doctor', '--image', BUSYBOX, '--network', 'none', '--namespace', namespace], tlsEnv)
+  expect(d.stdout).toMatch(/^ok {4}endpoint: TLS: tcp:\/\/127\.0\.0\.1:\d+ \(TLS, engine verified, client certificate; DOCKER_CERT_PATH=.*from DOCKER_HOST\)$/m)
+  expect(d.stdout).toMatch(/^ok {4}test sandbox: create \d+ ms/m)
+  expect(d.code).toBe(0)
+
+  const plain = run(['doctor', '--docker-host', host], {})
+  expect(plain.code).toBe(1)
+  expect(plain.stdout).toMatch(/^warn {2}endpoint: plain TCP/m)
+  expect(plain.stdout).toMatch(/^fail {2}engine reachable: ENGINE_TLS: .*speaks TLS.*DOCKER_TLS_VERIFY/m)
+
+  // ls and rm through the context made by the CLI in the context test above.
+  const p = provider({ dockerHost: host, tls: { ca: cert('ca.pem'), cert: cert('cert.pem'), key: cert('key.pem') } })
+  return p.createSandbox().then(({ sandboxId }) => {
+    p.dispose()
+    const ctxEnv = { DOCKER_CONFIG: configDir, DOCKER_CONTEXT: 'tf-tls' }
+    const ls = run(['ls', '--namespace', namespace, '--json'], ctxEnv)
+    expect(ls.code).toBe(0)
+    expect(JSON.parse(ls.stdout).map((s: any) => s.sandboxId)).toEqual([sandboxId])
+    const rm = run(['rm', '--namespace', namespace, sandboxId], ctxEnv)
+    expect(rm.stdout).toContain(`removed ${sandboxId}`)
+    expect(JSON.parse(run(['ls', '--namespace', namespace, '--json'], ctxEnv).stdout)).toEqual([])
+  })
+}, 90_000)
