@@ -72,6 +72,8 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
   let timeout = 86_400;
   let docker = if let (Some(tls), true) = (&endpoint.tls, host.starts_with("tcp://")) {
     crate::tls::connect(host, tls, timeout, API_DEFAULT_VERSION)?
+  } else if host.starts_with("ssh://") {
+    crate::ssh::connect(host, timeout, API_DEFAULT_VERSION)?
   } else if let Some(path) = host.strip_prefix("unix://") {
     Docker::connect_with_unix(path, timeout, API_DEFAULT_VERSION)
       .map_err(|e| unreachable(e.to_string()))?
@@ -173,6 +175,9 @@ impl Engine {
   pub fn map_error(&self, operation: &str, e: BollardError) -> SandboxError {
     if let Some(tls) = crate::tls::classify(&self.host, self.client_cert, &e) {
       return tls;
+    }
+    if let Some(ssh) = crate::ssh::classify(&self.host, &e) {
+      return ssh;
     }
     match e {
       BollardError::DockerResponseServerError {

@@ -705,6 +705,15 @@ pub fn normalize_docker_host(s: &str, option: &str) -> Result<String> {
     }
     return Ok(s.to_string());
   }
+  if s.starts_with("ssh://") {
+    return match crate::ssh::parse(s) {
+      Some(_) => Ok(s.trim_end_matches('/').to_string()),
+      None => Err(bad(
+        option,
+        format!("{s:?}: expected ssh://[user@]host[:port]"),
+      )),
+    };
+  }
   let rest = s
     .strip_prefix("tcp://")
     .or_else(|| s.strip_prefix("http://"));
@@ -712,7 +721,7 @@ pub fn normalize_docker_host(s: &str, option: &str) -> Result<String> {
     Some(hp) if !hp.is_empty() && !hp.contains(['/', '?', '#', ' ']) => Ok(format!("tcp://{hp}")),
     _ => Err(bad(
       option,
-      format!("{s:?} is not supported; use unix:///path/to/docker.sock or tcp://host:port (with TLS from DOCKER_TLS_VERIFY, a context or the `tls` option)"),
+      format!("{s:?} is not supported; use unix:///path/to/docker.sock, ssh://user@host or tcp://host:port (with TLS from DOCKER_TLS_VERIFY, a context or the `tls` option)"),
     )),
   }
 }

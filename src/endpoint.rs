@@ -91,6 +91,9 @@ impl Endpoint {
   pub fn describe(&self) -> String {
     let how = match &self.tls {
       None if self.host.starts_with("unix://") => "unix socket".to_string(),
+      None if self.host.starts_with("ssh://") => {
+        "system ssh running `docker system dial-stdio`".to_string()
+      }
       None => "plain TCP, no TLS".to_string(),
       Some(t) => format!(
         "TLS, {}{}; {}",

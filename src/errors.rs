@@ -43,6 +43,13 @@ pub enum SandboxError {
     fix: String,
   },
 
+  #[error("SSH to the Docker engine at {host} failed: {detail}. Fix: {fix}")]
+  EngineSsh {
+    host: String,
+    detail: String,
+    fix: String,
+  },
+
   #[error("Docker engine at {host} did not answer {operation} within {seconds} s; it may be overloaded or hung")]
   EngineTimeout {
     host: String,
@@ -83,6 +90,7 @@ impl SandboxError {
       Self::EngineUnreachable { .. } => "ENGINE_UNREACHABLE",
       Self::EngineTimeout { .. } => "ENGINE_TIMEOUT",
       Self::EngineTls { .. } => "ENGINE_TLS",
+      Self::EngineSsh { .. } => "ENGINE_SSH",
       Self::Engine { .. } => "ENGINE_ERROR",
       Self::ImageNotAvailable { .. } => "IMAGE_NOT_AVAILABLE",
       Self::CreateFailed { .. } => "CREATE_FAILED",

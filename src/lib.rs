@@ -23,5 +23,6 @@ pub mod output;
 pub mod pool;
 pub mod provider;
 pub mod reaper;
+pub mod ssh;
 pub mod tls;
 pub mod transfer;
