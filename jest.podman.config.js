@@ -3,8 +3,9 @@
 // The contract, exec, transfer and lifecycle suites against Podman's Docker-compatible API
 // (scripts/podman-engine.sh: rootful, its own socket and network namespace): run as
 // `DOCKER_HOST=unix:///run/tf-podman/podman.sock npx jest -c jest.podman.config.js` (the provider
-// and the tests' docker CLI both follow DOCKER_HOST). The security suite is not in this run:
-// what differs on Podman is listed in docs/podman.md.
+// and the tests' docker CLI both follow DOCKER_HOST). Security on Podman is checked by
+// __test__/engines/podman.test.ts instead of security.test.ts, whose inspect-format
+// assertions are Docker's spellings; what differs on Podman is listed in docs/podman.md.
 
 /** @type {import('jest').Config} */
 module.exports = {
@@ -16,5 +17,5 @@ module.exports = {
   transform: {
     '^.+\\.(t|j)sx?$': ['@swc/jest'],
   },
-  testMatch: ['<rootDir>/__test__/{contract,exec,transfer,lifecycle}.test.ts'],
+  testMatch: ['<rootDir>/__test__/{contract,exec,transfer,lifecycle}.test.ts', '<rootDir>/__test__/engines/podman.test.ts'],
 }

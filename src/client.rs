@@ -27,6 +27,8 @@ pub struct Engine {
   /// The connection's identity (address plus TLS identity, `Endpoint::key`): what caches and
   /// process-wide maps key by, so two engines are never confused.
   pub key: Arc<str>,
+  /// The engine is Podman (its Docker-compatible API differs in places; see docs/podman.md).
+  pub podman: bool,
   /// A TLS client certificate in use (TLS errors then say whether one was missing).
   pub client_cert: bool,
   /// Deadline for one control-plane request; a provider sets its own (`engineTimeoutMs`).
@@ -89,6 +91,7 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
     docker: docker.clone(),
     host: host.into(),
     key: key.clone(),
+    podman: false,
     client_cert,
     control_timeout: limit,
   };
@@ -99,10 +102,21 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
       docker.negotiate_version(),
     )
     .await?;
+  let podman = engine
+    .within(limit, "read the engine version", negotiated.version())
+    .await
+    .map(|v| {
+      v.components
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.name.contains("Podman"))
+    })
+    .unwrap_or(false);
   Ok(Engine {
     docker: negotiated,
     host: host.into(),
     key,
+    podman,
     client_cert,
     control_timeout: CONTROL_TIMEOUT,
   })

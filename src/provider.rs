@@ -121,7 +121,9 @@ impl Provider {
   pub async fn create_sandbox(&self) -> Result<String> {
     let engine = self.engine().await?;
     let src = image::source(&self.cfg).await?;
-    if self.cfg.warm_pool_size > 0 {
+    // Podman does not serialise renames (two claimers can both rename one member), so the
+    // pool's claim is not safe there: sandboxes are created cold (docs/podman.md).
+    if self.cfg.warm_pool_size > 0 && !engine.podman {
       let fp = pool::fingerprint(&self.cfg, &src.reference);
       let claimed = pool::claim(&engine, &self.scope, &fp).await?;
       pool::refill(&engine, &self.cfg, &src.reference, &fp, &self.log);
@@ -149,6 +151,13 @@ impl Provider {
       return Ok(());
     }
     let engine = self.engine().await?;
+    if engine.podman {
+      self.log.warn(
+        "warm pool disabled: the engine is Podman, whose renames are not atomic; sandboxes are created on demand",
+        json!({ "dockerHost": self.endpoint.host }),
+      );
+      return Ok(());
+    }
     let src = image::source(&self.cfg).await?;
     image::ensure(&engine, &src, &self.log, IMAGE_WAIT).await?;
     let fp = pool::fingerprint(&self.cfg, &src.reference);
