@@ -53,6 +53,12 @@ function parse(argv) {
 // The other commands live in commands/, one file each.
 const COMMANDS = { ls: './commands/ls.js', rm: './commands/rm.js', doctor: './commands/doctor.js' }
 
+// Output piped into `head` must not kill a command before it has cleaned up (doctor's test
+// sandbox): a closed stdout is ignored.
+process.stdout.on('error', (e) => {
+  if (e.code !== 'EPIPE') throw e
+})
+
 async function main() {
   const [command, ...rest] = process.argv.slice(2)
   if (COMMANDS[command]) {
