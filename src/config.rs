@@ -886,7 +886,7 @@ mod tests {
       "labels"
     );
     assert_eq!(
-      err_option(json!({ "image": "x", "dockerHost": "ssh://h" })),
+      err_option(json!({ "image": "x", "dockerHost": "npipe:////./pipe/docker_engine" })),
       "dockerHost"
     );
     assert_eq!(
@@ -1002,5 +1002,10 @@ mod tests {
       "unix:///run/d.sock"
     );
     assert!(normalize_docker_host("h:1", "h").is_err());
+    assert_eq!(
+      normalize_docker_host("ssh://me@h:22/", "h").unwrap(),
+      "ssh://me@h:22"
+    );
+    assert!(normalize_docker_host("ssh://-oProxyCommand=x", "h").is_err());
   }
 }
