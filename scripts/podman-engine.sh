@@ -75,6 +75,14 @@ teardown() {
   for _ in $(seq 1 40); do [ -d "/proc/$pid" ] || break; sleep 0.25; done
   [ ! -d "/proc/$pid" ] || kill -KILL "$pid" 2>/dev/null || true
   rm -f "$PIDFILE" "$SOCK"
+  # Podman leaves a conmon per exec for up to 300 s (its exit delay); end ours, by pid, only
+  # those whose command line names this engine's storage root.
+  local p
+  for p in /proc/[0-9]*; do
+    if tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -q "^/usr/bin/conmon .*--exit-command-arg $ROOT "; then
+      kill -TERM "${p#/proc/}" 2>/dev/null || true
+    fi
+  done
   log "stopped"
 }
 
