@@ -124,6 +124,28 @@ test('the contract over ssh://root@127.0.0.1:PORT: create, exec, upload, downloa
   expect(viaEnv.exec.success).toBe(true)
 })
 
+test('the TrueForge contract suite (contract.test.ts) passes over ssh://, the docker CLI of its cleanup included', () => {
+  // An `ssh` on PATH that reads the test's ssh config: what a user's ~/.ssh/config does for
+  // both the docker CLI and the provider, which run the system ssh.
+  const bin = path.join(dir, 'bin')
+  execFileSync('mkdir', ['-p', bin])
+  writeFileSync(path.join(bin, 'ssh'), `#!/bin/sh\nexec /usr/bin/ssh -F ${path.join(dir, 'ssh_config')} "$@"\n`)
+  chmodSync(path.join(bin, 'ssh'), 0o755)
+  const env = sshEnv()
+  delete env.TRUEFORGE_SSH_COMMAND
+  env.PATH = `${bin}:${env.PATH}`
+  env.DOCKER_HOST = `ssh://root@127.0.0.1:${port}`
+  const jest = path.resolve(__dirname, '..', '..', 'node_modules', 'jest', 'bin', 'jest.js')
+  const r = spawnSync(process.execPath, [jest, '--ci', '__test__/contract.test.ts'], {
+    cwd: path.resolve(__dirname, '..', '..'),
+    env,
+    encoding: 'utf8',
+    timeout: 120_000,
+  })
+  expect(r.stderr).toMatch(/Tests:\s+4 passed, 4 total/)
+  expect(r.status).toBe(0)
+}, 150_000)
+
 test('an untrusted host key and a key the server does not accept: ENGINE_SSH naming the host and the fix, fast', () => {
   const host = `ssh://root@127.0.0.1:${port}`
   const untrusted = inChild(sshEnv('ssh_config_untrusted'), { dockerHost: host })
