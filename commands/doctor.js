@@ -28,7 +28,9 @@ const SPEC = {
 }
 
 const MIN_FREE = 10 * 1024 ** 3
-const CDI_DIRS = ['/etc/cdi', '/var/run/cdi']
+// Where CDI specs live (as Podman and the NVIDIA toolkit look); TRUEFORGE_CDI_DIRS (colon-separated)
+// replaces the list.
+const CDI_DIRS = process.env.TRUEFORGE_CDI_DIRS ? process.env.TRUEFORGE_CDI_DIRS.split(':').filter(Boolean) : ['/etc/cdi', '/var/run/cdi']
 
 function cdiDevices() {
   const found = []
@@ -129,7 +131,7 @@ async function run(argv, out) {
   if (nvidia || cdiDevs.length) {
     add('gpu', 'ok', [nvidia ? 'nvidia runtime registered' : null, cdi.length ? `CDI specs ${cdi.map((c) => c.file).join(', ')}: ${cdiDevs.join(', ') || 'no devices'}` : null].filter(Boolean).join('; '))
   } else {
-    add('gpu', 'warn', 'no nvidia runtime and no CDI specs (in /etc/cdi, /var/run/cdi)', 'for `gpus`, install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure` (or generate CDI specs); ignore without GPUs')
+    add('gpu', 'warn', `no nvidia runtime and no CDI specs (in ${CDI_DIRS.join(', ')})`, 'for `gpus`, install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure` (or generate CDI specs); ignore without GPUs')
   }
 
   // The image and a real sandbox, through the provider itself.

@@ -3,6 +3,8 @@
 // the plain lines (no colour codes when stdout is not a terminal).
 
 import { spawnSync } from 'node:child_process'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
 import path from 'node:path'
 
 import { DockerSandboxProvider } from '../..'
@@ -102,6 +104,38 @@ test('doctor on the local engine: every check a line, a real test sandbox, exit 
   expect(report.checks.find((c: any) => c.name === 'image')).toMatchObject({ status: 'warn' })
   // Nothing left behind.
   expect(JSON.parse(cli(['ls', '--namespace', namespace, '--json']).stdout)).toEqual([])
+})
+
+test('doctor names the CDI specs it finds and the devices they name (JSON and YAML)', () => {
+  const dir = mkdtempSync(path.join(tmpdir(), 'tf-cdi-'))
+  try {
+    writeFileSync(path.join(dir, 'nvidia.json'), JSON.stringify({ cdiVersion: '0.5.0', kind: 'nvidia.com/gpu', devices: [{ name: '0' }, { name: 'all' }] }))
+    writeFileSync(path.join(dir, 'vendor.yaml'), 'cdiVersion: "0.5.0"\nkind: "example.com/accel"\ndevices:\n  - name: a0\n    containerEdits: {}\n')
+    const r = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace], { TRUEFORGE_CDI_DIRS: dir })
+    expect(r.stdout).toMatch(/^ok {4}gpu: CDI specs .*nvidia\.json.*vendor\.yaml: nvidia\.com\/gpu=0, nvidia\.com\/gpu=all, example\.com\/accel=a0$/m)
+    const none = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace], { TRUEFORGE_CDI_DIRS: path.join(dir, 'missing') })
+    expect(none.stdout).toMatch(/^warn {2}gpu: no nvidia runtime and no CDI specs/m)
+  } finally {
+    rmSync(dir, { recursive: true, force: true })
+  }
+})
+
+test('ls marks unclaimed warm-pool members', async () => {
+  const ns = uniqueNamespace('t-cmds-pool')
+  const pooled = new DockerSandboxProvider({ image: BUSYBOX, namespace: ns, network: 'none', warmPool: { size: 1 } })
+  try {
+    await pooled.warmUp()
+    let list: any[] = []
+    for (let i = 0; i < 100 && !list.some((s) => s.poolMember && s.state === 'running'); i++) {
+      await new Promise((r) => setTimeout(r, 200))
+      list = JSON.parse(cli(['ls', '--namespace', ns, '--json']).stdout)
+    }
+    expect(list).toEqual([expect.objectContaining({ namespace: ns, poolMember: true, state: 'running' })])
+    expect(list[0].container).toMatch(/-pool$/)
+  } finally {
+    pooled.dispose()
+    cleanupNamespace(ns)
+  }
 })
 
 test('doctor, ls and rm against an unreachable engine: fail lines naming the host and the fix, exit 1', () => {
