@@ -22,13 +22,15 @@ const ref = (name: string) => images.ref(`${repoName(AUTH, namespace, name)}:1`)
 let VIA_AUTHS = ''
 let VIA_HELPER = ''
 let VIA_BROKEN = ''
+let VIA_STORE = ''
 
 beforeAll(() => {
   registries = ensureRegistries()
   VIA_AUTHS = ref('via-auths')
   VIA_HELPER = ref('via-helper')
   VIA_BROKEN = ref('via-broken')
-  for (const r of [VIA_AUTHS, VIA_HELPER, VIA_BROKEN]) pushAndForget(BUSYBOX, r, { user: registries.user, password: registries.password })
+  VIA_STORE = ref('via-store')
+  for (const r of [VIA_AUTHS, VIA_HELPER, VIA_BROKEN, VIA_STORE]) pushAndForget(BUSYBOX, r, { user: registries.user, password: registries.password })
 }, 180_000)
 
 afterAll(() => {
@@ -84,6 +86,18 @@ test('a credHelpers entry runs docker-credential-<name> get with the registry on
   expect(r.error).toBeUndefined()
   expect(r.exec.success).toBe(true)
   expect(readFileSync(calls, 'utf8')).toBe(`get ${AUTH}\n`)
+})
+
+test('credsStore: the one helper for every registry credHelpers does not name', () => {
+  const cfg = images.tempDir('tf-creds-store')
+  const bin = images.tempDir('tf-creds-store-bin')
+  const helper = path.join(bin, 'docker-credential-tfstore')
+  writeFileSync(helper, `#!/bin/sh\nread server\n[ "$1" = get ] && [ "$server" = "${AUTH}" ] || exit 1\nprintf '{"Username":"%s","Secret":"%s"}' "$TF_USER" "$TF_SECRET"\n`)
+  chmodSync(helper, 0o755)
+  writeFileSync(path.join(cfg, 'config.json'), JSON.stringify({ credsStore: 'tfstore', credHelpers: { 'other.example:5000': 'not-installed' } }))
+  const r = inChild(VIA_STORE, { DOCKER_CONFIG: cfg, PATH: `${bin}:${process.env.PATH}`, TF_USER: registries.user, TF_SECRET: registries.password })
+  expect(r.error).toBeUndefined()
+  expect(r.downloaded).toBe('tls bytes')
 })
 
 test('an unusable helper is a clear error naming it (missing, or failing)', () => {
