@@ -203,7 +203,7 @@ export declare function reapSandboxes(options?: {
 /** A TrueForge sandbox-provider manifest of `type: 'docker'`, as the server stores it (snake_case). */
 export interface TrueForgeDockerManifest {
   type: 'docker'
-  /** The image every sandbox runs, e.g. `'trueforge-sandbox:1'`. */
+  /** The image every sandbox runs, e.g. `'trueforge-sandbox:2'`. */
   image: string
   /** Default exec timeout in milliseconds (`execTimeoutMs`). */
   exec_timeout_ms?: number

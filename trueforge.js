@@ -72,7 +72,7 @@ function minutes(field, v) {
  */
 function fromTrueForgeManifest(manifest, context) {
   if (!isPlainObject(manifest)) {
-    throw optionError('manifest', "expected an object such as { type: 'docker', image: 'trueforge-sandbox:1' }")
+    throw optionError('manifest', "expected an object such as { type: 'docker', image: 'trueforge-sandbox:2' }")
   }
   for (const key of Object.keys(manifest)) {
     if (!Object.hasOwn(MANIFEST_FIELDS, key)) {
@@ -88,7 +88,7 @@ function fromTrueForgeManifest(manifest, context) {
 
   if (!present('image')) throw optionError('image', 'required: the image every sandbox runs')
   if (typeof manifest.image !== 'string') {
-    throw optionError('image', `expected a string such as 'trueforge-sandbox:1', got ${describe(manifest.image)}`)
+    throw optionError('image', `expected a string such as 'trueforge-sandbox:2', got ${describe(manifest.image)}`)
   }
   options.image = manifest.image
   if (present('exec_timeout_ms')) {

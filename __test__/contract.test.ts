@@ -1,14 +1,15 @@
-// The four behaviours of TrueForge's own SandboxProvider contract suite, on the busybox image.
+// The four behaviours of TrueForge's own SandboxProvider contract suite, on the TrueForge-ready
+// image (user `agent`, not root), the default image of the tests and the demo.
 
 import { randomBytes } from 'node:crypto'
 import { posix } from 'node:path'
 
 import { DockerSandboxProvider } from '..'
-import { BUSYBOX, ok, run, SandboxTracker, uniqueNamespace } from './helpers'
+import { ok, run, SandboxTracker, TRUEFORGE, uniqueNamespace } from './helpers'
 
 const namespace = uniqueNamespace('t-contract')
 const tracker = new SandboxTracker(namespace)
-const provider = new DockerSandboxProvider({ image: BUSYBOX, namespace })
+const provider = new DockerSandboxProvider({ image: TRUEFORGE, namespace })
 
 let a: string
 let b: string

@@ -9,6 +9,8 @@ import { DockerSandboxProvider } from '..'
 
 export const BUSYBOX = 'trueforge-sandbox-busybox:1'
 export const DEBIAN = 'trueforge-sandbox-debian:12'
+/** The TrueForge-ready image (images/trueforge/Dockerfile; made offline by scripts/ensure-images.sh). */
+export const TRUEFORGE = 'trueforge-sandbox:2'
 
 export const LABEL_MANAGED_BY = 'trueforge.sandbox.managed-by'
 export const LABEL_NAMESPACE = 'trueforge.sandbox.namespace'

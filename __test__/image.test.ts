@@ -2,7 +2,17 @@
 // with no registry reachable here, ends as 'failed' with a reason.
 
 import { DockerSandboxProvider, SandboxError } from '..'
-import { BUSYBOX, DEBIAN, containersInNamespace, docker, dockerTry, rejection, SandboxTracker, sleep, uniqueNamespace } from './helpers'
+import {
+  BUSYBOX,
+  containersInNamespace,
+  docker,
+  dockerTry,
+  rejection,
+  SandboxTracker,
+  sleep,
+  TRUEFORGE,
+  uniqueNamespace,
+} from './helpers'
 
 const namespace = uniqueNamespace('t-image')
 const tracker = new SandboxTracker(namespace)
@@ -22,18 +32,22 @@ test('a present image is ready, from both calls, with metadata.image and the pro
     expect(b.metadata).not.toBeNull()
     expect(b.metadata!.image).toBe(BUSYBOX)
     expect(b.metadata!.imageId).toBe(imageId)
-    // The busybox image has a shell but nothing TrueForge's skill init needs, and says so.
+    // The busybox image has a shell but nothing TrueForge's skill init needs: still ready (no
+    // reason), with a warning naming what is missing.
     expect(b.metadata).toMatchObject({ sh: 'yes', bash: 'no', python3: 'no', pydantic: 'no', git: 'no' })
-    expect(b.reason).toMatch(/python3/)
-    expect(b.reason).toMatch(/git/)
+    expect(b.reason).toBeNull()
+    expect(b.metadata!.warning).toMatch(/python3/)
+    expect(b.metadata!.warning).toMatch(/git/)
   }
 })
 
-test('the realistic image is ready with no reason and every tool present', async () => {
-  const b = await new DockerSandboxProvider({ image: DEBIAN, namespace }).getImageBuildStatus()
+test('the TrueForge-ready image is ready with no reason, no warning and every tool present', async () => {
+  const b = await new DockerSandboxProvider({ image: TRUEFORGE, namespace }).getImageBuildStatus()
   expect(b.status).toBe('ready')
   expect(b.reason).toBeNull()
-  expect(b.metadata).toMatchObject({ sh: 'yes', bash: 'yes', python3: 'yes', pydantic: 'yes', git: 'yes' })
+  expect(b.metadata).toMatchObject({ sh: 'yes', python3: 'yes', pydanticV2: 'yes' })
+  expect(b.metadata!.warning).toBeUndefined()
+  for (const tool of ['bash', 'python', 'pydantic', 'git', 'genson']) expect(b.metadata![tool]).toMatch(/^\d+\.\d+/)
 })
 
 test('an absent image is not ready, and reading the status never starts a pull', async () => {

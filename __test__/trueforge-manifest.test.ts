@@ -19,7 +19,7 @@ function refusal(fn: () => unknown): { option: string; code: string; message: st
   throw new Error('expected a refusal, got none')
 }
 
-const base: TrueForgeDockerManifest = { type: 'docker', image: 'trueforge-sandbox:1' }
+const base: TrueForgeDockerManifest = { type: 'docker', image: 'trueforge-sandbox:2' }
 
 describe('mapping (no engine)', () => {
   test('every manifest field and context key lands on its option', () => {
@@ -32,7 +32,7 @@ describe('mapping (no engine)', () => {
     const opts = fromTrueForgeManifest(
       {
         type: 'docker',
-        image: 'trueforge-sandbox:1',
+        image: 'trueforge-sandbox:2',
         exec_timeout_ms: 90_000,
         auto_stop_interval_in_minutes: 5,
         auto_delete_interval_in_minutes: 0,
@@ -48,7 +48,7 @@ describe('mapping (no engine)', () => {
       },
     )
     expect(opts).toEqual({
-      image: 'trueforge-sandbox:1',
+      image: 'trueforge-sandbox:2',
       execTimeoutMs: 90_000,
       autoStopIntervalInMinutes: 5,
       autoDeleteIntervalInMinutes: 0,
@@ -64,13 +64,13 @@ describe('mapping (no engine)', () => {
   })
 
   test('a minimal manifest without context gives only the image; absent and null fields are left to defaults', () => {
-    expect(fromTrueForgeManifest(base)).toEqual({ image: 'trueforge-sandbox:1' })
+    expect(fromTrueForgeManifest(base)).toEqual({ image: 'trueforge-sandbox:2' })
     expect(
       fromTrueForgeManifest(
         { ...base, exec_timeout_ms: undefined, gpus: null as any, namespace: undefined },
         { tenantName: undefined, logger: null as any },
       ),
-    ).toEqual({ image: 'trueforge-sandbox:1' })
+    ).toEqual({ image: 'trueforge-sandbox:2' })
     expect(fromTrueForgeManifest({ ...base, gpus: 'all' }).gpus).toBe('all')
     expect(fromTrueForgeManifest({ ...base, gpus: 2 }).gpus).toBe(2)
     expect(fromTrueForgeManifest({ ...base, auto_stop_interval_in_minutes: 0.5 }).autoStopIntervalInMinutes).toBe(0.5)

@@ -15,7 +15,7 @@ Checks, one line each (ok / warn / fail, with the fix): how the engine is reache
 SSH, context) and that it answers, its version and API, rootless or not, cgroup version and
 driver, storage driver and free space on its data root, the default seccomp profile, the OCI
 runtimes (runsc …), GPU support (nvidia runtime, CDI specs and their devices), the image
-(default trueforge-sandbox:1) and what its probe found, and a test sandbox created, exec'd,
+(default trueforge-sandbox:2) and what its probe found, and a test sandbox created, exec'd,
 transferred and removed, with timings. Exit code 0 only when nothing fails.`
 
 const SPEC = {
@@ -136,7 +136,7 @@ async function run(argv, out) {
 
   // The image and a real sandbox, through the provider itself.
   const { DockerSandboxProvider } = require('../index.js')
-  const image = opts.image || 'trueforge-sandbox:1'
+  const image = opts.image || 'trueforge-sandbox:2'
   const provider = new DockerSandboxProvider({
     image,
     dockerHost: opts.dockerHost,
@@ -151,8 +151,10 @@ async function run(argv, out) {
       return finish(opts, out, checks)
     }
     const md = st.metadata || {}
-    const found = Object.entries(md).filter(([k]) => k !== 'image' && k !== 'imageId').map(([k, val]) => `${k} ${val}`).join(', ')
-    add('image', st.reason ? 'warn' : 'ok', `${image} present; probe: ${found || 'nothing recorded'}`, st.reason || undefined)
+    const found = Object.entries(md).filter(([k]) => !['image', 'imageId', 'warning'].includes(k)).sort(([a], [b]) => a.localeCompare(b)).map(([k, val]) => `${k} ${val}`).join(', ')
+    // What the image lacks for TrueForge is the probe's warning (older probes: the reason).
+    const lacks = md.warning || st.reason
+    add('image', lacks ? 'warn' : 'ok', `${image} present; probe: ${found || 'nothing recorded'}`, lacks || undefined)
 
     const times = {}
     const step = async (name, fn) => {

@@ -1,9 +1,9 @@
 'use strict'
-// A real sandbox round trip on the realistic image: create, run commands, upload and download
+// A real sandbox round trip on the TrueForge-ready image: create, run commands, upload and download
 // a file, print what happened with timings, remove the sandbox.
 const { DockerSandboxProvider } = require('..')
 
-const image = process.env.TF_DEMO_IMAGE || 'trueforge-sandbox-debian:12'
+const image = process.env.TF_DEMO_IMAGE || 'trueforge-sandbox:2'
 
 function ms(t0) {
   return `${(Number(process.hrtime.bigint() - t0) / 1e6).toFixed(1)} ms`
@@ -34,7 +34,7 @@ async function main() {
       return r.response
     }
     await run('pwd')
-    await run('python3 -c "import sys, pydantic; print(sys.version.split()[0], pydantic.VERSION)"')
+    await run('python3 -c "import sys, pydantic; from pydantic import field_validator, ConfigDict; print(sys.version.split()[0], pydantic.VERSION)"')
     await run('git --version')
     await run('echo "$GREETING from $(hostname)"', { env: { GREETING: 'hello' } })
     await run('mkdir -p skills && echo data > skills/note.txt && ls skills')

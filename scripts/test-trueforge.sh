@@ -14,7 +14,7 @@
 # Needs Node >= 22 for TrueForge: the first of `node` on PATH, $TRUEFORGE_NODE, or a node@22
 # installed on demand into $TRUEFORGE_TOOLS_DIR (default ~/.cache/trueforge-docker-sandbox/tools).
 # pnpm (only to install a checkout that has no node_modules yet) is found the same way.
-# The sandbox image is $TRUEFORGE_SANDBOX_IMAGE (default trueforge-sandbox:1).
+# The sandbox image is $TRUEFORGE_SANDBOX_IMAGE (default trueforge-sandbox:2).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,7 +33,7 @@ done
 command -v docker >/dev/null 2>&1 || skip "no docker CLI on PATH (the tests need a Docker engine)"
 docker info >/dev/null 2>&1 || skip "the Docker engine is not reachable (docker info failed)"
 
-export TRUEFORGE_SANDBOX_IMAGE=${TRUEFORGE_SANDBOX_IMAGE:-trueforge-sandbox:1}
+export TRUEFORGE_SANDBOX_IMAGE=${TRUEFORGE_SANDBOX_IMAGE:-trueforge-sandbox:2}
 tools_dir=${TRUEFORGE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/trueforge-docker-sandbox/tools}
 
 node_major() { "$1" -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0; }

@@ -198,21 +198,158 @@ pub async fn present(engine: &Engine, image: &str) -> Result<Option<ImageInspect
   }
 }
 
-/// What the probe found in an image.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the probe found in an image: for each tool its version (`""` when it is there but its
+/// version could not be read), `None` when it is missing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Probe {
   pub sh: bool,
-  pub bash: bool,
-  pub python3: bool,
-  pub pydantic: bool,
-  pub git: bool,
+  pub bash: Option<String>,
+  /// `python3`'s version, e.g. `3.13.5`.
+  pub python: Option<String>,
+  /// The installed pydantic's version, whatever its major version.
+  pub pydantic: Option<String>,
+  /// `from pydantic import field_validator, ConfigDict` works: the pydantic v2 API TrueForge's
+  /// git skill downloader imports.
+  pub pydantic_v2: bool,
+  pub git: Option<String>,
+  pub genson: Option<String>,
+  pub curl: Option<String>,
+  pub jq: Option<String>,
+  pub rg: Option<String>,
 }
 
-const PROBE_SCRIPT: &str = r#"for c in bash python3 git; do
-  if command -v "$c" >/dev/null 2>&1; then echo "$c=1"; else echo "$c=0"; fi
+/// Prints `tool=<first line of its version output>` for each tool present (POSIX sh builtins
+/// only, so it runs on busybox as well); a missing tool prints nothing.
+const PROBE_SCRIPT: &str = r#"first() { IFS= read -r l; printf '%s\n' "$l"; cat >/dev/null; }
+has() { command -v "$1" >/dev/null 2>&1; }
+if has bash; then printf 'bash=%s\n' "$(bash -c 'echo "$BASH_VERSION"' 2>&1 | first)"; fi
+if has python3; then
+  printf 'python=%s\n' "$(python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>&1 | first)"
+  if python3 -c 'import pydantic' >/dev/null 2>&1; then
+    printf 'pydantic=%s\n' "$(python3 -c 'import pydantic; print(pydantic.VERSION)' 2>&1 | first)"
+  fi
+  if python3 -c 'from pydantic import field_validator, ConfigDict' >/dev/null 2>&1; then echo pydantic_v2=1; fi
+fi
+for c in git genson curl jq rg; do
+  if has "$c"; then printf '%s=%s\n' "$c" "$("$c" --version 2>&1 | first)"; fi
 done
-if command -v python3 >/dev/null 2>&1 && python3 -c 'import pydantic' >/dev/null 2>&1; then echo pydantic=1; else echo pydantic=0; fi
 "#;
+
+/// The version number in a tool's version line (`git version 2.47.3` → `2.47.3`,
+/// `jq-1.7.1` → `1.7.1`, `5.2.37(1)-release` → `5.2.37`); `""` when there is none.
+fn version_in(line: &str) -> String {
+  let bytes = line.as_bytes();
+  let mut i = 0;
+  while i < bytes.len() {
+    if bytes[i].is_ascii_digit() && (i == 0 || !bytes[i - 1].is_ascii_alphanumeric()) {
+      let end = line[i..]
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .map_or(line.len(), |e| i + e);
+      let v = line[i..end].trim_end_matches('.');
+      if v.contains('.') {
+        return v.to_string();
+      }
+      i = end;
+    } else {
+      i += 1;
+    }
+  }
+  String::new()
+}
+
+/// Reads the probe script's output.
+fn parse_probe(text: &str) -> Probe {
+  let get = |k: &str| {
+    text.lines().find_map(|l| {
+      l.trim_end()
+        .strip_prefix(k)
+        .and_then(|r| r.strip_prefix('='))
+        .map(version_in)
+    })
+  };
+  Probe {
+    sh: true,
+    bash: get("bash"),
+    python: get("python"),
+    pydantic: get("pydantic"),
+    pydantic_v2: text.lines().any(|l| l.trim() == "pydantic_v2=1"),
+    git: get("git"),
+    genson: get("genson"),
+    curl: get("curl"),
+    jq: get("jq"),
+    rg: get("rg"),
+  }
+}
+
+/// Whether a `major.minor[.patch]` version is at least 3.9.
+fn python_ok(version: &str) -> bool {
+  let mut it = version.split('.').map(|p| p.parse::<u32>().ok());
+  match (it.next().flatten(), it.next().flatten()) {
+    (Some(major), Some(minor)) => (major, minor) >= (3, 9),
+    _ => false,
+  }
+}
+
+/// What an image lacks: first what TrueForge's skill init needs (sessions with skills fail at
+/// init without it), then the tools TrueForge's exec tool description tells the agent about.
+fn lacks(p: &Probe) -> (Vec<String>, Vec<&'static str>) {
+  let mut init = Vec::new();
+  match p.python.as_deref() {
+    None => init.push("python3".to_string()),
+    Some(v) if !python_ok(v) => init.push(format!(
+      "Python 3.9 or later (python3 is {})",
+      if v.is_empty() { "unreadable" } else { v }
+    )),
+    Some(_) => {}
+  }
+  if p.python.is_some() && !p.pydantic_v2 {
+    init.push(match p.pydantic.as_deref() {
+      Some(v) if !v.is_empty() => format!(
+        "the pydantic v2 API (from pydantic import field_validator, ConfigDict; pydantic {v} is installed)"
+      ),
+      _ => "the pydantic v2 API (the python3 module pydantic 2.x; none is installed)".to_string(),
+    });
+  }
+  if p.git.is_none() {
+    init.push("git".to_string());
+  }
+  let tools = [
+    ("bash", &p.bash),
+    ("genson", &p.genson),
+    ("curl", &p.curl),
+    ("jq", &p.jq),
+    ("rg (ripgrep)", &p.rg),
+  ]
+  .into_iter()
+  .filter(|(_, v)| v.is_none())
+  .map(|(n, _)| n)
+  .collect();
+  (init, tools)
+}
+
+/// The warning about a ready image, `None` when it has everything.
+fn warning(image: &str, p: &Probe) -> Option<String> {
+  let (init, tools) = lacks(p);
+  let mut parts = Vec::new();
+  if !init.is_empty() {
+    parts.push(format!(
+      "image {image} lacks {}, which TrueForge's skill init needs: sessions with skills will fail at init",
+      init.join(", ")
+    ));
+  }
+  if !tools.is_empty() {
+    parts.push(format!(
+      "{}{} that TrueForge's exec tool tells the agent about",
+      if parts.is_empty() {
+        format!("image {image} lacks ")
+      } else {
+        "it also lacks ".to_string()
+      },
+      tools.join(", ")
+    ));
+  }
+  (!parts.is_empty()).then(|| parts.join("; "))
+}
 
 fn probes() -> &'static Mutex<HashMap<String, Probe>> {
   static P: OnceLock<Mutex<HashMap<String, Probe>>> = OnceLock::new();
@@ -265,13 +402,7 @@ pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe
   let run = async {
     let sh = transfer::stat(engine, &id, "/bin/sh").await?.is_some();
     if !sh {
-      return Ok(Probe {
-        sh: false,
-        bash: false,
-        python3: false,
-        pydantic: false,
-        git: false,
-      });
+      return Ok(Probe::default());
     }
     engine
       .control("start the probe", || {
@@ -291,14 +422,7 @@ pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe
     while let Some(Ok(chunk)) = logs.next().await {
       text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
     }
-    let has = |k: &str| text.lines().any(|l| l.trim() == format!("{k}=1"));
-    Ok::<_, SandboxError>(Probe {
-      sh: true,
-      bash: has("bash"),
-      python3: has("python3"),
-      pydantic: has("pydantic"),
-      git: has("git"),
-    })
+    Ok::<_, SandboxError>(parse_probe(&text))
   };
   let outcome = tokio::time::timeout(Duration::from_secs(90), run).await;
   let _ = crate::lifecycle::force_remove(engine, &id).await;
@@ -311,7 +435,12 @@ pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe
 }
 
 /// `ready` with metadata, from the inspect data `present` already fetched (no second inspect).
-async fn ready(engine: &Engine, src: &ImageSource, info: ImageInspect) -> Result<Build> {
+async fn ready(
+  engine: &Engine,
+  src: &ImageSource,
+  info: ImageInspect,
+  log: &Logger,
+) -> Result<Build> {
   let id = info.id.unwrap_or_default();
   let mut m = BTreeMap::new();
   m.insert("image".to_string(), src.reference.clone());
@@ -333,11 +462,23 @@ async fn ready(engine: &Engine, src: &ImageSource, info: ImageInspect) -> Result
   }
   let p = probe(engine, &src.reference, &id).await?;
   let yes = |b: bool| if b { "yes" } else { "no" }.to_string();
+  // A tool's version; `yes` when it is there but said no version; `no` when it is missing.
+  let ver = |v: &Option<String>| match v.as_deref() {
+    None => "no".to_string(),
+    Some("") => "yes".to_string(),
+    Some(v) => v.to_string(),
+  };
   m.insert("sh".into(), yes(p.sh));
-  m.insert("bash".into(), yes(p.bash));
-  m.insert("python3".into(), yes(p.python3));
-  m.insert("pydantic".into(), yes(p.pydantic));
-  m.insert("git".into(), yes(p.git));
+  m.insert("bash".into(), ver(&p.bash));
+  m.insert("python3".into(), yes(p.python.is_some()));
+  m.insert("python".into(), ver(&p.python));
+  m.insert("pydantic".into(), ver(&p.pydantic));
+  m.insert("pydanticV2".into(), yes(p.pydantic_v2));
+  m.insert("git".into(), ver(&p.git));
+  m.insert("genson".into(), ver(&p.genson));
+  m.insert("curl".into(), ver(&p.curl));
+  m.insert("jq".into(), ver(&p.jq));
+  m.insert("rg".into(), ver(&p.rg));
   if !p.sh {
     return Ok(Build {
       status: BuildStatus::Failed,
@@ -348,25 +489,26 @@ async fn ready(engine: &Engine, src: &ImageSource, info: ImageInspect) -> Result
       metadata: Some(m),
     });
   }
-  let mut missing = Vec::new();
-  if !p.python3 {
-    missing.push("python3");
-  } else if !p.pydantic {
-    missing.push("the python3 module pydantic");
+  // Ready means ready (`reason: null`): what the image lacks is a warning, in the metadata and
+  // in the log (once per image per process, not on every poll of the settings page).
+  if let Some(w) = warning(&src.reference, &p) {
+    static WARNED: OnceLock<Mutex<std::collections::HashSet<String>>> = OnceLock::new();
+    let first = WARNED
+      .get_or_init(Default::default)
+      .lock()
+      .expect("warned")
+      .insert(format!("{}\n{id}", src.reference));
+    if first {
+      log.warn(
+        &w,
+        json!({ "image": src.reference, "imageId": id, "probe": m }),
+      );
+    }
+    m.insert("warning".into(), w);
   }
-  if !p.git {
-    missing.push("git");
-  }
-  let reason = (!missing.is_empty()).then(|| {
-    format!(
-      "image {} is ready but lacks {}, which TrueForge's skill init needs: sessions will fail at init",
-      src.reference,
-      missing.join(" and ")
-    )
-  });
   Ok(Build {
     status: BuildStatus::Ready,
-    reason,
+    reason: None,
     metadata: Some(m),
   })
 }
@@ -382,9 +524,9 @@ fn meta(src: &ImageSource) -> Option<BTreeMap<String, String>> {
 /// Read-only status: never starts a pull or build, never reports work that is not happening.
 /// Work in flight is what this process does, else what the engine's lease says another process
 /// on the same engine does (see `imagework`), so every replica of a server reports the same.
-pub async fn status(engine: &Engine, src: &ImageSource) -> Result<Build> {
+pub async fn status(engine: &Engine, src: &ImageSource, log: &Logger) -> Result<Build> {
   if let Some(info) = present(engine, &src.reference).await? {
-    return ready(engine, src, info).await;
+    return ready(engine, src, info, log).await;
   }
   let work = works()
     .lock()
@@ -447,10 +589,10 @@ fn describe(work: &Work, image: &str) -> String {
 /// returns `pending` at once. A failed attempt is retried.
 pub async fn build(engine: &Engine, src: &ImageSource, log: &Logger) -> Result<Build> {
   if let Some(info) = present(engine, &src.reference).await? {
-    return ready(engine, src, info).await;
+    return ready(engine, src, info, log).await;
   }
   start(engine, src, log);
-  status(engine, src).await
+  status(engine, src, log).await
 }
 
 /// Starts the work unless it is already in flight in this process. The work itself runs only
@@ -896,6 +1038,82 @@ mod tests {
       Some("t")
     );
     assert!(credentials_for(&cfg, "python:3").is_none());
+  }
+
+  #[test]
+  fn versions_are_read_from_version_lines() {
+    assert_eq!(version_in("git version 2.47.3"), "2.47.3");
+    assert_eq!(version_in("jq-1.7.1"), "1.7.1");
+    assert_eq!(version_in("5.2.37(1)-release"), "5.2.37");
+    assert_eq!(version_in("ripgrep 14.1.1"), "14.1.1");
+    assert_eq!(
+      version_in("curl 8.14.1 (x86_64-pc-linux-gnu) libcurl/8.14.1"),
+      "8.14.1"
+    );
+    assert_eq!(version_in("genson 1.4.0"), "1.4.0");
+    assert_eq!(version_in("x86_64 2.0"), "2.0");
+    assert_eq!(version_in("no version here 7"), "");
+    assert_eq!(version_in(""), "");
+  }
+
+  #[test]
+  fn python_versions() {
+    assert!(python_ok("3.13.5"));
+    assert!(python_ok("3.9"));
+    assert!(python_ok("4.0.0"));
+    assert!(!python_ok("3.8.18"));
+    assert!(!python_ok("2.7.18"));
+    assert!(!python_ok(""));
+  }
+
+  const READY: &str = "bash=5.2.37(1)-release\npython=3.13.5\npydantic=2.12.5\npydantic_v2=1\ngit=git version 2.47.3\ngenson=genson 1.4.0\ncurl=curl 8.14.1 (x86_64-pc-linux-gnu)\njq=jq-1.7\nrg=ripgrep 14.1.1\n";
+
+  #[test]
+  fn a_trueforge_ready_image_has_no_warning() {
+    let p = parse_probe(READY);
+    assert_eq!(p.python.as_deref(), Some("3.13.5"));
+    assert_eq!(p.pydantic.as_deref(), Some("2.12.5"));
+    assert!(p.pydantic_v2);
+    assert_eq!(p.git.as_deref(), Some("2.47.3"));
+    assert_eq!(p.jq.as_deref(), Some("1.7"));
+    assert_eq!(warning("img", &p), None);
+  }
+
+  #[test]
+  fn pydantic_v1_old_python_and_missing_tools_are_warned_about() {
+    // Debian 12: pydantic 1.10, no genson, curl, jq or ripgrep.
+    let p = parse_probe(
+      "bash=5.2.15(1)-release\npython=3.11.2\npydantic=1.10.4\ngit=git version 2.39.5\n",
+    );
+    assert!(!p.pydantic_v2);
+    let w = warning("deb:12", &p).unwrap();
+    assert!(
+      w.starts_with("image deb:12 lacks the pydantic v2 API"),
+      "{w}"
+    );
+    assert!(w.contains("pydantic 1.10.4 is installed"), "{w}");
+    assert!(w.contains("skill init"), "{w}");
+    assert!(
+      w.contains("it also lacks genson, curl, jq, rg (ripgrep)"),
+      "{w}"
+    );
+    assert!(!w.contains("git,") && !w.contains("python3,"), "{w}");
+
+    let old = parse_probe(&READY.replace("python=3.13.5", "python=3.8.18"));
+    let w = warning("i", &old).unwrap();
+    assert!(w.contains("Python 3.9 or later (python3 is 3.8.18)"), "{w}");
+    assert!(!w.contains("also lacks"), "{w}");
+
+    // busybox: a shell and nothing else; an unknown version still counts as present.
+    let bb = parse_probe("");
+    let w = warning("bb", &bb).unwrap();
+    assert!(w.contains("lacks python3, git, which"), "{w}");
+    assert!(
+      w.contains("also lacks bash, genson, curl, jq, rg (ripgrep)"),
+      "{w}"
+    );
+    let odd = parse_probe("git=\n");
+    assert_eq!(odd.git.as_deref(), Some(""));
   }
 
   #[test]

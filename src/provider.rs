@@ -376,7 +376,7 @@ impl Provider {
   pub async fn image_status(&self) -> Result<Build> {
     let engine = self.engine().await?;
     let src = image::source(&self.cfg).await?;
-    image::status(&engine, &src).await
+    image::status(&engine, &src, &self.log).await
   }
 
   /// Text appended to the agent's system prompt.

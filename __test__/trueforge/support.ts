@@ -14,7 +14,7 @@ export const fromTrueForgeManifest = pkg.fromTrueForgeManifest
 export type DockerProvider = InstanceType<typeof pkg.DockerSandboxProvider>
 
 /** The image the TrueForge-side tests run; `TRUEFORGE_SANDBOX_IMAGE` overrides it. */
-export const IMAGE = process.env['TRUEFORGE_SANDBOX_IMAGE'] || 'trueforge-sandbox:1'
+export const IMAGE = process.env['TRUEFORGE_SANDBOX_IMAGE'] || 'trueforge-sandbox:2'
 
 const NAMESPACE_LABEL = 'trueforge.sandbox.namespace'
 
