@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A rootful Podman serving the Docker-compatible API on its own socket, for the Podman run of the
-# contract, exec, transfer and lifecycle suites (jest.podman.config.js). Like the other test
+# contract, exec, transfer and lifecycle suites (jest.podman.config.js; the contract runs on
+# trueforge-sandbox:2, loaded here too). Like the other test
 # engines it shares nothing with the main one: its own storage root, run root, containers.conf
 # (CONTAINERS_CONF, never /etc/containers/containers.conf) and network namespace (unshare --net:
 # its bridge and firewall rules stay there).
@@ -16,7 +17,7 @@ HOST="unix://$SOCK"
 ROOT=/var/lib/tf-podman
 PIDFILE=$RUN/service.pid
 LOG=/tmp/tf-podman.log
-IMAGES=(trueforge-sandbox-busybox:1 trueforge-sandbox-debian:12)
+IMAGES=(trueforge-sandbox-busybox:1 trueforge-sandbox-debian:12 trueforge-sandbox:2)
 
 log() { printf '[podman-engine] %s\n' "$*" >&2; }
 answers() { timeout 5 docker -H "$HOST" version >/dev/null 2>&1; }
