@@ -58,6 +58,29 @@ export declare class NativeProvider {
 
 export declare function codeModeClient(): NativeCodeModeClient
 
+/** How the engine would be reached, without reaching it (DOCKER_HOST, contexts, TLS material). */
+export declare function describeEndpoint(dockerHost?: string | undefined | null): any
+
+/**
+ * How the engine is reached and what it says about itself (`/version` and `/info`), for
+ * `doctor`: `{ endpoint: { host, source, tls, verify, clientCert, describe }, version, info }`.
+ */
+export declare function engineReport(options: NativeAdminOptions): Promise<any>
+
+/** This package's sandboxes (`admin::SandboxInfo` objects). */
+export declare function listSandboxes(options: NativeAdminOptions): Promise<any>
+
+/** Which engine and which sandboxes a command is about. */
+export interface NativeAdminOptions {
+  /** Default: as a provider without `dockerHost` (DOCKER_HOST, DOCKER_CONTEXT, the current context). */
+  dockerHost?: string
+  /** Default `'default'`; ignored with `allNamespaces`. */
+  namespace?: string
+  allNamespaces?: boolean
+  /** Deadline of one engine request, ms. Default 30000. */
+  timeoutMs?: number
+}
+
 /** Image readiness, as the contract's `SandboxBuild`. */
 export interface NativeBuild {
   status: string
@@ -110,3 +133,9 @@ export interface NativeReapOptions {
  * provider's default delete interval); returns their ids. No provider needed (for cron).
  */
 export declare function reapSandboxes(options: NativeReapOptions): Promise<Array<string>>
+
+/** Removes the sandboxes with these ids; `[{ sandboxId, outcome: 'removed' | 'not-found' }]`. */
+export declare function removeSandboxes(options: NativeAdminOptions, ids: Array<string>): Promise<any>
+
+/** Removes the sandboxes stopped for at least `olderThanMinutes` (default 0); their ids. */
+export declare function removeStoppedSandboxes(options: NativeAdminOptions, olderThanMinutes?: number | undefined | null): Promise<Array<string>>

@@ -50,10 +50,34 @@ function parse(argv) {
   return opts
 }
 
+// The other commands live in commands/, one file each.
+const COMMANDS = { ls: './commands/ls.js', rm: './commands/rm.js', doctor: './commands/doctor.js' }
+
+// Output piped into `head` must not kill a command before it has cleaned up (doctor's test
+// sandbox): a closed stdout is ignored.
+process.stdout.on('error', (e) => {
+  if (e.code !== 'EPIPE') throw e
+})
+
 async function main() {
   const [command, ...rest] = process.argv.slice(2)
+  if (COMMANDS[command]) {
+    const cmd = require(COMMANDS[command])
+    let code
+    try {
+      code = await cmd.run(rest, console)
+    } catch (e) {
+      const { payloadOf } = require('./commands/common.js')
+      const p = payloadOf(e)
+      const usage = /^(unknown option|unexpected argument|give |--)/.test(p.message) || / needs /.test(p.message)
+      console.error(usage ? `${p.message}\n\n${cmd.USAGE}` : p.message)
+      code = usage ? 2 : 1
+    }
+    process.exitCode = code
+    return
+  }
   if (command !== 'reap') {
-    console.error(USAGE)
+    console.error(`${USAGE}\n\nAlso: ls, rm, doctor (each with --help).`)
     process.exit(command === undefined || command === '-h' || command === '--help' ? 0 : 2)
   }
   let opts

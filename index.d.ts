@@ -56,8 +56,14 @@ export interface SandboxLogger {
 export interface DockerSandboxProviderOptions {
   /** The image every sandbox runs. Required. */
   image: string
-  /** `unix:///path` or `tcp://host:port`. Default: `$DOCKER_HOST`, else `unix:///var/run/docker.sock`. */
+  /** `unix:///path` or `tcp://host:port`. Default: `$DOCKER_HOST`, else `$DOCKER_CONTEXT`, else the Docker config's current context, else `unix:///var/run/docker.sock`. */
   dockerHost?: string
+  /**
+   * TLS for a `tcp://` engine: `{ ca, cert, key }` (each a file path or PEM text) and `verify`
+   * (default true; verification needs `ca`); `true` = the files in `$DOCKER_CERT_PATH`; `false` =
+   * never TLS. Default: as `DOCKER_TLS_VERIFY`/`DOCKER_TLS`/`DOCKER_CERT_PATH` or the context say.
+   */
+  tls?: boolean | { ca?: string; cert?: string; key?: string; verify?: boolean }
   /** Scopes container names and labels; `[a-z0-9-]{1,32}`. Default `'default'`. */
   namespace?: string
   /** Default exec timeout in milliseconds. Default 60000. */

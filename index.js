@@ -302,6 +302,8 @@ class DockerSandboxProvider {
       case 'ENGINE_UNREACHABLE':
       case 'ENGINE_TIMEOUT':
       case 'ENGINE_ERROR':
+      case 'ENGINE_TLS':
+      case 'ENGINE_SSH':
         out = new SandboxEngineError(payload.message)
         break
       default:

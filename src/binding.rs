@@ -19,7 +19,7 @@ use crate::provider::{ExecOutcome, ExecParams, Provider};
 
 /// Errors cross as a JSON document (`{ code, message, …fields }`) in the message; the
 /// JavaScript layer turns it into the contract's error classes.
-fn to_js(e: SandboxError) -> napi::Error {
+pub(crate) fn to_js(e: SandboxError) -> napi::Error {
   napi::Error::from_reason(e.to_payload().to_string())
 }
 
@@ -294,10 +294,7 @@ pub async fn reap_sandboxes(options: NativeReapOptions) -> napi::Result<Vec<Stri
       .unwrap_or(config::DEFAULT_NAMESPACE),
   )
   .map_err(to_js)?;
-  let host = match options.docker_host {
-    Some(h) => Some(config::normalize_docker_host(&h, "dockerHost").map_err(to_js)?),
-    None => None,
-  };
+  let host = options.docker_host.clone();
   let minutes = options.older_than_minutes.map(Value::from);
   let secs = config::minutes(
     "olderThanMinutes",
@@ -306,8 +303,8 @@ pub async fn reap_sandboxes(options: NativeReapOptions) -> napi::Result<Vec<Stri
   )
   .map_err(to_js)?
   .unwrap_or(0);
-  let host = crate::client::effective_host(host.as_deref()).map_err(to_js)?;
-  let engine = crate::client::engine_for(&host, crate::client::CONTROL_TIMEOUT)
+  let endpoint = crate::client::effective_endpoint(host.as_deref(), None).map_err(to_js)?;
+  let engine = crate::client::engine_for(&endpoint, crate::client::CONTROL_TIMEOUT)
     .await
     .map_err(to_js)?;
   crate::reaper::reap(

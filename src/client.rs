@@ -11,10 +11,11 @@ use bollard::errors::Error as BollardError;
 use bollard::{Docker, API_DEFAULT_VERSION};
 use tokio::sync::OnceCell;
 
+use crate::endpoint::Endpoint;
 use crate::errors::{Result, SandboxError};
 
-/// The socket used when neither `dockerHost` nor `DOCKER_HOST` says otherwise.
-pub const DEFAULT_DOCKER_HOST: &str = "unix:///var/run/docker.sock";
+/// The socket used when neither `dockerHost` nor `DOCKER_HOST` nor a context says otherwise.
+pub const DEFAULT_DOCKER_HOST: &str = crate::endpoint::DEFAULT_DOCKER_HOST;
 /// Default deadline for one control-plane request (inspect, create, start, archive stat …).
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -23,6 +24,13 @@ pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Engine {
   pub docker: Docker,
   pub host: Arc<str>,
+  /// The connection's identity (address plus TLS identity, `Endpoint::key`): what caches and
+  /// process-wide maps key by, so two engines are never confused.
+  pub key: Arc<str>,
+  /// The engine is Podman (its Docker-compatible API differs in places; see docs/podman.md).
+  pub podman: bool,
+  /// A TLS client certificate in use (TLS errors then say whether one was missing).
+  pub client_cert: bool,
   /// Deadline for one control-plane request; a provider sets its own (`engineTimeoutMs`).
   pub control_timeout: Duration,
 }
@@ -34,28 +42,29 @@ fn registry() -> &'static Mutex<HashMap<String, Slot>> {
   REG.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// The host an option-less provider talks to: `$DOCKER_HOST`, else the local socket.
-pub fn effective_host(configured: Option<&str>) -> Result<String> {
-  if let Some(h) = configured {
-    return Ok(h.to_string());
-  }
-  match std::env::var("DOCKER_HOST") {
-    Ok(h) if !h.trim().is_empty() => crate::config::normalize_docker_host(&h, "DOCKER_HOST"),
-    _ => Ok(DEFAULT_DOCKER_HOST.to_string()),
-  }
+/// The engine an option-less provider talks to, as the Docker CLI picks it (see `endpoint`).
+pub fn effective_endpoint(
+  configured: Option<&str>,
+  tls: Option<&crate::endpoint::TlsChoice>,
+) -> Result<Endpoint> {
+  crate::endpoint::resolve(configured, tls, &crate::endpoint::ProcessEnv)
 }
 
-/// The shared engine for `host`, connecting (and negotiating) on first use. A failed attempt
-/// is not cached: the next call tries again, so an engine that comes back is picked up.
-pub async fn engine_for(host: &str, limit: Duration) -> Result<Engine> {
+/// The shared engine for `endpoint`, connecting (and negotiating) on first use. A failed
+/// attempt is not cached: the next call tries again, so an engine that comes back is picked up.
+pub async fn engine_for(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
   let slot = {
     let mut reg = registry().lock().expect("engine registry poisoned");
-    reg.entry(host.to_string()).or_default().clone()
+    reg.entry(endpoint.key()).or_default().clone()
   };
-  slot.get_or_try_init(|| connect(host, limit)).await.cloned()
+  slot
+    .get_or_try_init(|| connect(endpoint, limit))
+    .await
+    .cloned()
 }
 
-async fn connect(host: &str, limit: Duration) -> Result<Engine> {
+async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
+  let host = endpoint.host.as_str();
   let unreachable = |detail: String| SandboxError::EngineUnreachable {
     host: host.to_string(),
     detail,
@@ -63,17 +72,27 @@ async fn connect(host: &str, limit: Duration) -> Result<Engine> {
   // Every request is wrapped in our own deadline (`within`); bollard's own limit (which covers
   // a whole upload body) must never cut in first.
   let timeout = 86_400;
-  let docker = if let Some(path) = host.strip_prefix("unix://") {
+  let docker = if let (Some(tls), true) = (&endpoint.tls, host.starts_with("tcp://")) {
+    crate::tls::connect(host, tls, timeout, API_DEFAULT_VERSION)?
+  } else if host.starts_with("ssh://") {
+    crate::ssh::connect(host, timeout, API_DEFAULT_VERSION)?
+  } else if let Some(path) = host.strip_prefix("unix://") {
     Docker::connect_with_unix(path, timeout, API_DEFAULT_VERSION)
+      .map_err(|e| unreachable(e.to_string()))?
   } else if let Some(hp) = host.strip_prefix("tcp://") {
     Docker::connect_with_http(&format!("http://{hp}"), timeout, API_DEFAULT_VERSION)
+      .map_err(|e| unreachable(e.to_string()))?
   } else {
     return Err(unreachable("unsupported address".into()));
-  }
-  .map_err(|e| unreachable(e.to_string()))?;
+  };
+  let key: Arc<str> = endpoint.key().into();
+  let client_cert = endpoint.tls.as_ref().is_some_and(|t| t.cert.is_some());
   let engine = Engine {
     docker: docker.clone(),
     host: host.into(),
+    key: key.clone(),
+    podman: false,
+    client_cert,
     control_timeout: limit,
   };
   let negotiated = engine
@@ -83,9 +102,22 @@ async fn connect(host: &str, limit: Duration) -> Result<Engine> {
       docker.negotiate_version(),
     )
     .await?;
+  let podman = engine
+    .within(limit, "read the engine version", negotiated.version())
+    .await
+    .map(|v| {
+      v.components
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.name.contains("Podman"))
+    })
+    .unwrap_or(false);
   Ok(Engine {
     docker: negotiated,
     host: host.into(),
+    key,
+    podman,
+    client_cert,
     control_timeout: CONTROL_TIMEOUT,
   })
 }
@@ -155,6 +187,12 @@ impl Engine {
   /// Server answers become `Engine` errors with their status; anything else means we never got
   /// an answer, so the engine is unreachable.
   pub fn map_error(&self, operation: &str, e: BollardError) -> SandboxError {
+    if let Some(tls) = crate::tls::classify(&self.host, self.client_cert, &e) {
+      return tls;
+    }
+    if let Some(ssh) = crate::ssh::classify(&self.host, &e) {
+      return ssh;
+    }
     match e {
       BollardError::DockerResponseServerError {
         status_code,

@@ -100,6 +100,8 @@ pub struct ProviderConfig {
   pub image: String,
   /// The engine address, normalised (`unix:///…`, `tcp://…`); `None` means the default.
   pub docker_host: Option<String>,
+  /// The `tls` option (`endpoint::parse_tls_option`); `None` = as the environment says.
+  pub tls: Option<crate::endpoint::TlsChoice>,
   pub namespace: String,
   pub exec_timeout_ms: u64,
   /// Cap on `downloadFile`.
@@ -135,6 +137,7 @@ pub struct ProviderConfig {
 struct RawOptions {
   image: Option<Value>,
   docker_host: Option<Value>,
+  tls: Option<Value>,
   namespace: Option<Value>,
   exec_timeout_ms: Option<Value>,
   file_max_bytes: Option<Value>,
@@ -160,7 +163,7 @@ struct RawOptions {
 }
 
 const KNOWN_OPTIONS: &str =
-  "image, dockerHost, namespace, execTimeoutMs, fileMaxBytes, uploadMaxBytes, maxOutputBytes, \
+  "image, dockerHost, tls, namespace, execTimeoutMs, fileMaxBytes, uploadMaxBytes, maxOutputBytes, \
   gpus, env, labels, autoStopIntervalInMinutes, autoDeleteIntervalInMinutes, capabilities, \
   noNewPrivileges, resources, network, user, readOnlyRootfs, runtime, tenantName, build, \
   registryAuth, warmPool, engineTimeoutMs, errors, logger";
@@ -212,6 +215,7 @@ impl ProviderConfig {
       }
       None => None,
     };
+    let tls = crate::endpoint::parse_tls_option(&raw.tls.unwrap_or(Value::Null))?;
     let namespace = match some(raw.namespace) {
       Some(Value::String(s)) => validate_namespace(&s)?,
       Some(_) => {
@@ -363,6 +367,7 @@ impl ProviderConfig {
       engine_timeout_ms,
       image,
       docker_host,
+      tls,
       namespace,
       exec_timeout_ms,
       file_max_bytes,
@@ -700,6 +705,15 @@ pub fn normalize_docker_host(s: &str, option: &str) -> Result<String> {
     }
     return Ok(s.to_string());
   }
+  if s.starts_with("ssh://") {
+    return match crate::ssh::parse(s) {
+      Some(_) => Ok(s.trim_end_matches('/').to_string()),
+      None => Err(bad(
+        option,
+        format!("{s:?}: expected ssh://[user@]host[:port]"),
+      )),
+    };
+  }
   let rest = s
     .strip_prefix("tcp://")
     .or_else(|| s.strip_prefix("http://"));
@@ -707,7 +721,7 @@ pub fn normalize_docker_host(s: &str, option: &str) -> Result<String> {
     Some(hp) if !hp.is_empty() && !hp.contains(['/', '?', '#', ' ']) => Ok(format!("tcp://{hp}")),
     _ => Err(bad(
       option,
-      format!("{s:?} is not supported; use unix:///path/to/docker.sock or tcp://host:port (TLS is not supported yet)"),
+      format!("{s:?} is not supported; use unix:///path/to/docker.sock, ssh://user@host or tcp://host:port (with TLS from DOCKER_TLS_VERIFY, a context or the `tls` option)"),
     )),
   }
 }
@@ -872,7 +886,7 @@ mod tests {
       "labels"
     );
     assert_eq!(
-      err_option(json!({ "image": "x", "dockerHost": "ssh://h" })),
+      err_option(json!({ "image": "x", "dockerHost": "npipe:////./pipe/docker_engine" })),
       "dockerHost"
     );
     assert_eq!(
@@ -988,5 +1002,10 @@ mod tests {
       "unix:///run/d.sock"
     );
     assert!(normalize_docker_host("h:1", "h").is_err());
+    assert_eq!(
+      normalize_docker_host("ssh://me@h:22/", "h").unwrap(),
+      "ssh://me@h:22"
+    );
+    assert!(normalize_docker_host("ssh://-oProxyCommand=x", "h").is_err());
   }
 }

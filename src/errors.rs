@@ -36,6 +36,20 @@ pub enum SandboxError {
   #[error("Docker engine at {host} is unreachable ({detail}); check that dockerd runs and that `dockerHost` points at it")]
   EngineUnreachable { host: String, detail: String },
 
+  #[error("TLS to the Docker engine at {host} failed: {detail}. Fix: {fix}")]
+  EngineTls {
+    host: String,
+    detail: String,
+    fix: String,
+  },
+
+  #[error("SSH to the Docker engine at {host} failed: {detail}. Fix: {fix}")]
+  EngineSsh {
+    host: String,
+    detail: String,
+    fix: String,
+  },
+
   #[error("Docker engine at {host} did not answer {operation} within {seconds} s; it may be overloaded or hung")]
   EngineTimeout {
     host: String,
@@ -78,6 +92,8 @@ impl SandboxError {
       Self::NotRegularFile { .. } => "NOT_REGULAR_FILE",
       Self::EngineUnreachable { .. } => "ENGINE_UNREACHABLE",
       Self::EngineTimeout { .. } => "ENGINE_TIMEOUT",
+      Self::EngineTls { .. } => "ENGINE_TLS",
+      Self::EngineSsh { .. } => "ENGINE_SSH",
       Self::Engine { .. } => "ENGINE_ERROR",
       Self::ImageNotAvailable { .. } => "IMAGE_NOT_AVAILABLE",
       Self::CreateFailed { .. } => "CREATE_FAILED",

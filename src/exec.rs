@@ -325,6 +325,12 @@ fn format_secs(d: Duration) -> String {
 fn classify_start(e: SandboxError) -> StartError {
   match &e {
     SandboxError::Engine { status: 409, .. } => StartError::NotRunning,
+    // Podman says the same with a 500.
+    SandboxError::Engine {
+      status: 500,
+      detail,
+      ..
+    } if detail.contains("container state improper") => StartError::NotRunning,
     SandboxError::Engine { status: 404, .. } => StartError::Gone,
     _ => StartError::Other(e),
   }

@@ -106,7 +106,7 @@ fn works() -> &'static Mutex<HashMap<String, Work>> {
 }
 
 fn key(engine: &Engine, image: &str) -> String {
-  format!("{}\n{image}", engine.host)
+  format!("{}\n{image}", engine.key)
 }
 
 /// Splits a reference into what the pull endpoint wants; a missing tag means `latest` (an
@@ -833,9 +833,22 @@ async fn pull(
     tag: Some(tag),
     ..Default::default()
   };
-  let mut stream = engine
-    .docker
-    .create_image(Some(opts), None, src.credentials.clone());
+  // No `registryAuth` for this registry: the Docker config's, as the CLI finds them (blocking:
+  // a file and maybe a credential helper).
+  let credentials = match &src.credentials {
+    Some(c) => Some(c.clone()),
+    None if src.build.is_none() => {
+      let registry = registry_of(image);
+      tokio::task::spawn_blocking(move || {
+        crate::credentials::from_docker_config(&registry, &crate::endpoint::ProcessEnv)
+      })
+      .await
+      .map_err(|e| format!("pulling {image}: reading the Docker config panicked: {e}"))?
+      .map_err(|e| format!("pulling {image}: {e}"))?
+    }
+    None => None,
+  };
+  let mut stream = engine.docker.create_image(Some(opts), None, credentials);
   let mut last_log = Instant::now();
   while let Some(item) = next_or_stall(&mut stream, image).await? {
     let info = item.map_err(|e| match engine.map_error("pull the image", e) {

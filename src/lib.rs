@@ -1,11 +1,15 @@
 //! A TrueForge sandbox provider: one Docker container per agent session, driven through the
 //! Docker Engine API. The engine-facing core holds no napi types; `binding` converts at the edge.
 
+pub mod admin;
+pub mod admin_binding;
 pub mod binding;
 pub mod client;
 pub mod codemode;
 pub mod config;
 pub mod context;
+pub mod credentials;
+pub mod endpoint;
 pub mod errors;
 pub mod exec;
 #[cfg(test)]
@@ -20,4 +24,6 @@ pub mod output;
 pub mod pool;
 pub mod provider;
 pub mod reaper;
+pub mod ssh;
+pub mod tls;
 pub mod transfer;

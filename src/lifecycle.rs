@@ -61,7 +61,7 @@ fn cache() -> &'static Mutex<HashMap<String, Target>> {
 }
 
 fn cache_key(engine: &Engine, name: &str) -> String {
-  format!("{}\n{name}", engine.host)
+  format!("{}\n{name}", engine.key)
 }
 
 /// Records a container as ours (a claimed pool member).
@@ -280,6 +280,37 @@ pub fn idle_check_secs(idle: u64) -> u64 {
   (idle / 6).clamp(1, 30)
 }
 
+/// Whether sandboxes run as a user other than root.
+fn non_root(cfg: &ProviderConfig) -> bool {
+  cfg.user.as_deref().is_some_and(|u| {
+    let user = u.split(':').next().unwrap_or("");
+    user != "root" && user != "0"
+  })
+}
+
+/// Where Podman's Docker API differs in ways that matter for security (docs/podman.md):
+/// - a non-root exec gets the container's capabilities as *ambient* ones (Docker: none), so a
+///   non-root sandbox keeps no capability at all there (root-only capabilities are useless to
+///   a non-root user on Docker anyway);
+/// - `HostConfig.Runtime` is ignored, so asking for a runtime is refused rather than silently
+///   running under the default one.
+pub fn podman_adjust(cfg: &ProviderConfig, body: &mut ContainerCreateBody) -> Result<()> {
+  if let Some(rt) = &cfg.runtime {
+    return Err(SandboxError::CreateFailed {
+      step: "runtime".into(),
+      detail: format!(
+        "the engine is Podman, whose Docker API ignores the OCI runtime asked for ({rt}); set it in Podman's containers.conf ([engine] runtime = \"{rt}\") and leave `runtime` unset"
+      ),
+    });
+  }
+  if non_root(cfg) {
+    if let Some(hc) = body.host_config.as_mut() {
+      hc.cap_add = Some(Vec::new());
+    }
+  }
+  Ok(())
+}
+
 /// The container definition for a new sandbox: least privilege by default (see README).
 pub fn container_body(
   cfg: &ProviderConfig,
@@ -385,7 +416,10 @@ pub async fn create(
     name: Some(name.clone()),
     ..Default::default()
   };
-  let body = container_body(cfg, &sandbox_id, image, pool);
+  let mut body = container_body(cfg, &sandbox_id, image, pool);
+  if engine.podman {
+    podman_adjust(cfg, &mut body)?;
+  }
   // Not retried: a create that reached the engine would collide with its own name.
   let created = engine
     .within(

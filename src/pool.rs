@@ -142,7 +142,7 @@ const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(750);
 /// Tops the pool up to `cfg.warm_pool_size` running members in the background (one refill per
 /// configuration at a time). Stopped members are removed: they are nobody's session.
 pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log: &Logger) {
-  let key = format!("{}\n{fp}", engine.host);
+  let key = format!("{}\n{fp}", engine.key);
   {
     let mut r = refilling().lock().expect("refilling");
     if let Some(again) = r.get_mut(&key) {

@@ -46,7 +46,7 @@ pub enum ExecOutcome {
 pub struct Provider {
   cfg: ProviderConfig,
   scope: Scope,
-  host: String,
+  endpoint: crate::endpoint::Endpoint,
   log: Logger,
   /// Keeps the process's background reaper for this engine and namespace alive; `None` before
   /// the first call and after `dispose()`.
@@ -56,12 +56,12 @@ pub struct Provider {
 
 impl Provider {
   pub fn new(cfg: ProviderConfig, log: Logger) -> Result<Self> {
-    let host = client::effective_host(cfg.docker_host.as_deref())?;
+    let endpoint = client::effective_endpoint(cfg.docker_host.as_deref(), cfg.tls.as_ref())?;
     let scope = Scope::of(&cfg);
     Ok(Self {
       cfg,
       scope,
-      host,
+      endpoint,
       log,
       lease: Mutex::new(None),
       disposed: Default::default(),
@@ -81,12 +81,17 @@ impl Provider {
   }
 
   pub fn host(&self) -> &str {
-    &self.host
+    &self.endpoint.host
+  }
+
+  /// How the engine is reached (address, TLS, where it was chosen).
+  pub fn endpoint(&self) -> &crate::endpoint::Endpoint {
+    &self.endpoint
   }
 
   async fn engine(&self) -> Result<Engine> {
     let limit = Duration::from_millis(self.cfg.engine_timeout_ms);
-    let mut engine = client::engine_for(&self.host, limit).await?;
+    let mut engine = client::engine_for(&self.endpoint, limit).await?;
     engine.control_timeout = limit;
     if let Some(older_than) = self.cfg.auto_delete_secs {
       if !self.disposed.load(std::sync::atomic::Ordering::SeqCst) {
@@ -117,7 +122,9 @@ impl Provider {
   pub async fn create_sandbox(&self) -> Result<String> {
     let engine = self.engine().await?;
     let src = image::source(&self.cfg).await?;
-    if self.cfg.warm_pool_size > 0 {
+    // Podman does not serialise renames (two claimers can both rename one member), so the
+    // pool's claim is not safe there: sandboxes are created cold (docs/podman.md).
+    if self.cfg.warm_pool_size > 0 && !engine.podman {
       let fp = pool::fingerprint(&self.cfg, &src.reference);
       let claimed = pool::claim(&engine, &self.scope, &fp).await?;
       pool::refill(&engine, &self.cfg, &src.reference, &fp, &self.log);
@@ -145,6 +152,13 @@ impl Provider {
       return Ok(());
     }
     let engine = self.engine().await?;
+    if engine.podman {
+      self.log.warn(
+        "warm pool disabled: the engine is Podman, whose renames are not atomic; sandboxes are created on demand",
+        json!({ "dockerHost": self.endpoint.host }),
+      );
+      return Ok(());
+    }
     let src = image::source(&self.cfg).await?;
     image::ensure(&engine, &src, &self.log, IMAGE_WAIT).await?;
     let fp = pool::fingerprint(&self.cfg, &src.reference);

@@ -221,7 +221,7 @@ fn leases() -> &'static Mutex<HashMap<String, Weak<Lease>>> {
 
 /// Joins (or starts) the background reaper for this engine and namespace.
 pub fn lease(engine: &Engine, namespace: &str, older_than: Duration, log: &Logger) -> Arc<Lease> {
-  let key = format!("{}\n{namespace}", engine.host);
+  let key = format!("{}\n{namespace}", engine.key);
   let mut map = leases().lock().expect("leases");
   if let Some(l) = map.get(&key).and_then(Weak::upgrade) {
     return l;

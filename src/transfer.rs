@@ -409,26 +409,54 @@ pub async fn upload(
   // The payload goes out in 1 MiB slices of the caller's buffer (no copies), so the HTTP layer
   // never holds one huge chunk.
   const SLICE: usize = 1 << 20;
-  let slices = (0..content.len().div_ceil(SLICE))
-    .map(move |i| content.slice(i * SLICE..((i + 1) * SLICE).min(content.len())));
-  let parts = futures_util::stream::iter(
-    std::iter::once(header)
-      .chain(slices)
-      .chain(std::iter::once(Bytes::from(tail))),
-  );
+  let tail = Bytes::from(tail);
   let deadline = transfer_deadline(engine, size);
-  let res = engine
-    .within(
-      deadline,
-      "write a file into the sandbox",
-      engine.docker.upload_to_container(
-        container,
-        Some(upload_options(root)),
-        bollard::body_stream(parts),
-      ),
-    )
-    .await;
-  res.map_err(|e| classify_upload_error(e, shown))?;
+  // Podman answers a write over an existing directory, and two concurrent writes of one file
+  // (the activity file), with "file exists": a directory is the caller's error; a race is
+  // retried once.
+  for attempt in 0..2 {
+    let body = content.clone();
+    let slices = (0..body.len().div_ceil(SLICE))
+      .map(move |i| body.slice(i * SLICE..((i + 1) * SLICE).min(body.len())));
+    let parts = futures_util::stream::iter(
+      std::iter::once(header.clone())
+        .chain(slices)
+        .chain(std::iter::once(tail.clone())),
+    );
+    let res = engine
+      .within(
+        deadline,
+        "write a file into the sandbox",
+        engine.docker.upload_to_container(
+          container,
+          Some(upload_options(root)),
+          bollard::body_stream(parts),
+        ),
+      )
+      .await;
+    match res {
+      Err(SandboxError::Engine { ref detail, .. })
+        if detail.contains("copier: put") && detail.contains("file exists") =>
+      {
+        if stat(engine, container, path)
+          .await?
+          .is_some_and(|s| s.mode & MODE_DIR != 0)
+        {
+          return Err(SandboxError::PathIsDirectory {
+            path: shown.to_string(),
+          });
+        }
+        if attempt == 0 {
+          continue;
+        }
+        res.map_err(|e| classify_upload_error(e, shown))?;
+      }
+      other => {
+        other.map_err(|e| classify_upload_error(e, shown))?;
+        break;
+      }
+    }
+  }
   if activity.is_none() {
     touch_activity(engine, container, owner).await;
   }

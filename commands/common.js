@@ -1,0 +1,87 @@
+'use strict'
+
+// Shared by the commands: argument parsing, the binding's coded errors, and output that is
+// coloured only on a terminal (plain lines otherwise, and never with NO_COLOR).
+
+const native = require('../binding.js')
+
+/** Parses `argv` by `spec` ({ '--flag': 'string' | 'number' | 'boolean' }); rest → `_`. */
+function parseArgs(argv, spec) {
+  const opts = { _: [] }
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]
+    if (!arg.startsWith('-') || arg === '-') {
+      opts._.push(arg)
+      continue
+    }
+    const eq = arg.indexOf('=')
+    const flag = eq > 0 ? arg.slice(0, eq) : arg
+    const kind = flag === '-h' || flag === '--help' ? 'boolean' : spec[flag]
+    if (!kind) throw new Error(`unknown option ${flag}`)
+    const key = flag === '-h' ? 'help' : flag.replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase())
+    if (kind === 'boolean') {
+      opts[key] = true
+      continue
+    }
+    let value
+    if (eq > 0) value = arg.slice(eq + 1)
+    else if (i + 1 < argv.length) value = argv[++i]
+    else throw new Error(`${flag} needs a value`)
+    if (kind === 'number') {
+      const n = Number(value)
+      if (!Number.isFinite(n) || n < 0) throw new Error(`${flag} needs a number >= 0`)
+      value = n
+    }
+    opts[key] = value
+  }
+  return opts
+}
+
+/** `{ code, message }` from an error the binding threw (a JSON payload in the message). */
+function payloadOf(e) {
+  const msg = (e && e.message) || String(e)
+  if (msg.startsWith('{"code"')) {
+    try {
+      return JSON.parse(msg)
+    } catch {}
+  }
+  return { code: (e && e.code) || 'ERROR', message: msg }
+}
+
+function adminOptions(opts) {
+  return {
+    dockerHost: opts.dockerHost,
+    namespace: opts.namespace,
+    allNamespaces: opts.allNamespaces,
+    timeoutMs: opts.timeoutMs,
+  }
+}
+
+const tty = Boolean(process.stdout.isTTY) && !process.env.NO_COLOR
+const paint = (code) => (s) => (tty ? `\u001b[${code}m${s}\u001b[0m` : s)
+const colour = { green: paint('32'), yellow: paint('33'), red: paint('31'), dim: paint('2'), bold: paint('1') }
+
+/** Left-aligned columns, two spaces apart. */
+function table(rows) {
+  if (rows.length === 0) return ''
+  const widths = rows[0].map((_, i) => Math.max(...rows.map((r) => String(r[i]).length)))
+  return rows.map((r) => r.map((c, i) => (i === r.length - 1 ? String(c) : String(c).padEnd(widths[i]))).join('  ')).join('\n')
+}
+
+function iso(epochSeconds) {
+  return epochSeconds == null ? '-' : new Date(epochSeconds * 1000).toISOString().replace(/\.\d{3}Z$/, 'Z')
+}
+
+function bytes(n) {
+  if (n == null) return '-'
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB']
+  let i = 0
+  let v = n
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024
+    i++
+  }
+  return i === 0 ? `${v} B` : `${v.toFixed(1)} ${units[i]}`
+}
+
+module.exports = { native, parseArgs, payloadOf, adminOptions, colour, table, iso, bytes, tty }

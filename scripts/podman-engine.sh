@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# A rootful Podman serving the Docker-compatible API on its own socket, for the Podman run of the
+# contract, exec, transfer and lifecycle suites (jest.podman.config.js; the contract runs on
+# trueforge-sandbox:2, loaded here too). Like the other test
+# engines it shares nothing with the main one: its own storage root, run root, containers.conf
+# (CONTAINERS_CONF, never /etc/containers/containers.conf) and network namespace (unshare --net:
+# its bridge and firewall rules stay there).
+#
+#   scripts/podman-engine.sh start      install podman + catatonit if missing, start, load images
+#   scripts/podman-engine.sh teardown   remove every container on it, stop it
+#   scripts/podman-engine.sh host       print its address
+set -euo pipefail
+
+RUN=/run/tf-podman
+SOCK=$RUN/podman.sock
+HOST="unix://$SOCK"
+ROOT=/var/lib/tf-podman
+PIDFILE=$RUN/service.pid
+LOG=/tmp/tf-podman.log
+IMAGES=(trueforge-sandbox-busybox:1 trueforge-sandbox-debian:12 trueforge-sandbox:2)
+
+log() { printf '[podman-engine] %s\n' "$*" >&2; }
+answers() { timeout 5 docker -H "$HOST" version >/dev/null 2>&1; }
+
+service_pid() {
+  [ -f "$PIDFILE" ] || return 0
+  local pid
+  pid=$(tr -dc '0-9' < "$PIDFILE")
+  [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$SOCK" && echo "$pid" || true
+}
+
+start() {
+  if ! command -v podman >/dev/null || ! command -v catatonit >/dev/null; then
+    log "installing podman and catatonit (Debian packages)"
+    local guard=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && guard=1; fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o Dpkg::Options::=--force-confold podman catatonit >/dev/null
+    [ -z "$guard" ] || rm -f /usr/sbin/policy-rc.d
+  fi
+  mkdir -p "$RUN" "$ROOT"
+  # This VM lacks CAP_SYS_RESOURCE: no default rlimits, no default pids limit (the provider sets
+  # its own). cgroupfs and file events: no systemd here.
+  cat > "$RUN/containers.conf" <<'CONF'
+[containers]
+default_ulimits = []
+pids_limit = 0
+[engine]
+events_logger = "file"
+cgroup_manager = "cgroupfs"
+CONF
+  if [ -z "$(service_pid)" ]; then
+    rm -f "$SOCK"
+    CONTAINERS_CONF="$RUN/containers.conf" setsid unshare --net sh -c \
+      'ip link set lo up; echo $$ > "$0"; exec podman --root "$1" --runroot "$2/run" system service --time=0 "unix://$3"' \
+      "$PIDFILE" "$ROOT" "$RUN" "$SOCK" >>"$LOG" 2>&1 </dev/null &
+  fi
+  for _ in $(seq 1 60); do answers && break; sleep 0.5; done
+  answers || { log "podman did not answer; its log ends with:"; tail -n 20 "$LOG" >&2; exit 1; }
+  local img
+  for img in "${IMAGES[@]}"; do
+    docker -H "$HOST" image inspect "$img" >/dev/null 2>&1 || docker save "$img" | docker -H "$HOST" load >/dev/null
+  done
+  log "podman up on $HOST"
+  echo "$HOST"
+}
+
+teardown() {
+  local pid ids
+  pid=$(service_pid)
+  [ -n "$pid" ] || { log "not running"; return 0; }
+  ids=$(docker -H "$HOST" ps -aq 2>/dev/null || true)
+  # shellcheck disable=SC2086
+  [ -z "$ids" ] || docker -H "$HOST" rm -f -v $ids >/dev/null 2>&1 || true
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 40); do [ -d "/proc/$pid" ] || break; sleep 0.25; done
+  [ ! -d "/proc/$pid" ] || kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$PIDFILE" "$SOCK"
+  # Podman leaves a conmon per exec for up to 300 s (its exit delay); end ours, by pid, only
+  # those whose command line names this engine's storage root.
+  local p
+  for p in /proc/[0-9]*; do
+    if tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -q "^/usr/bin/conmon .*--exit-command-arg $ROOT "; then
+      kill -TERM "${p#/proc/}" 2>/dev/null || true
+    fi
+  done
+  log "stopped"
+}
+
+case "${1:-}" in
+  start) start ;;
+  teardown) teardown ;;
+  host) echo "$HOST" ;;
+  *) echo "usage: $0 start|teardown|host" >&2; exit 2 ;;
+esac
