@@ -56,6 +56,20 @@ pub enum SandboxError {
   #[error("Creating the sandbox failed at {step}: {detail}")]
   CreateFailed { step: String, detail: String },
 
+  #[error("No GPU is free for this sandbox: it needs {wanted} of {total} ({devices}), and {held}; retry once one of those sandboxes stops, or raise `gpuWaitMs`")]
+  GpusUnavailable {
+    wanted: u32,
+    total: usize,
+    devices: String,
+    /// Who holds them, `<gpu>: <sandbox id>` each, for the message.
+    held: String,
+    /// The sandbox ids holding GPUs this one could have used.
+    holders: Vec<String>,
+  },
+
+  #[error("The Docker engine cannot give this sandbox GPUs: {reason}")]
+  GpuUnsupported { reason: String },
+
   #[error("{0}")]
   Internal(String),
 }
@@ -78,6 +92,8 @@ impl SandboxError {
       Self::Engine { .. } => "ENGINE_ERROR",
       Self::ImageNotAvailable { .. } => "IMAGE_NOT_AVAILABLE",
       Self::CreateFailed { .. } => "CREATE_FAILED",
+      Self::GpusUnavailable { .. } => "GPUS_UNAVAILABLE",
+      Self::GpuUnsupported { .. } => "GPU_UNSUPPORTED",
       Self::Internal(_) => "INTERNAL",
     }
   }
@@ -105,6 +121,9 @@ impl SandboxError {
       }
       Self::InvalidOption { option, .. } => {
         o.insert("option".into(), json!(option));
+      }
+      Self::GpusUnavailable { holders, .. } => {
+        o.insert("holders".into(), json!(holders));
       }
       _ => {}
     }
