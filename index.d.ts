@@ -70,7 +70,7 @@ export interface DockerSandboxProviderOptions {
   maxOutputBytes?: number
   /**
    * GPUs. Like `docker run --gpus`: `'all'`, a count, or device indexes/UUIDs; or CDI device names
-   * (`'nvidia.com/gpu=all'`, `['nvidia.com/gpu=0']`; Docker 25+ with CDI enabled, Podman 4+); or
+   * (`'nvidia.com/gpu=all'`, `['nvidia.com/gpu=0']`; Docker 25+ with CDI enabled, Podman 5+); or
    * `{ count, exclusive: true }`: GPUs no other running sandbox on the engine holds (see README).
    * Default: no GPU.
    */

@@ -16,7 +16,8 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bollard::models::{
-  ContainerCreateBody, ContainerInspectResponse, DeviceMapping, DeviceRequest, HostConfig,
+  ContainerCreateBody, ContainerInspectResponse, ContainerSummaryStateEnum, DeviceRequest,
+  HostConfig,
 };
 use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, LogsOptions};
 use futures_util::StreamExt;
@@ -126,16 +127,16 @@ pub fn parse_devices(v: Option<Value>, gpus: Option<&Gpus>) -> Result<Vec<String
   Ok(out)
 }
 
-/// Whether a container for this configuration needs to know if the engine is Podman (CDI
-/// devices go to Podman as devices, to Docker as device requests).
-pub fn needs_engine_kind(cfg: &ProviderConfig, picked: Option<&[String]>) -> bool {
+/// Whether a container for this configuration asks for CDI devices.
+pub fn needs_cdi(cfg: &ProviderConfig, picked: Option<&[String]>) -> bool {
   matches!(cfg.gpus, Some(Gpus::Cdi(_))) || picked.is_some_and(|p| p.iter().any(|d| is_cdi_name(d)))
 }
 
-/// Whether the engine is Podman (its version lists a "Podman Engine" component). Asked once
-/// per engine address per process.
-pub async fn is_podman(engine: &Engine) -> Result<bool> {
-  static SEEN: OnceLock<Mutex<HashMap<String, bool>>> = OnceLock::new();
+/// The engine's Podman version (major, minor) when it is Podman (its version lists a "Podman
+/// Engine" component), else `None`. Asked once per engine address per process.
+pub async fn podman_version(engine: &Engine) -> Result<Option<(u32, u32)>> {
+  type Versions = Mutex<HashMap<String, Option<(u32, u32)>>>;
+  static SEEN: OnceLock<Versions> = OnceLock::new();
   let seen = SEEN.get_or_init(Default::default);
   if let Some(p) = seen.lock().expect("seen").get(&*engine.host) {
     return Ok(*p);
@@ -147,12 +148,37 @@ pub async fn is_podman(engine: &Engine) -> Result<bool> {
     .components
     .unwrap_or_default()
     .iter()
-    .any(|c| c.name.to_ascii_lowercase().contains("podman"));
+    .find(|c| c.name.to_ascii_lowercase().contains("podman"))
+    .map(|c| {
+      let mut parts = c
+        .version
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+      (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+    });
   seen
     .lock()
     .expect("seen")
     .insert(engine.host.to_string(), podman);
   Ok(podman)
+}
+
+/// Refuses CDI devices on an engine that would drop them. Podman before 5 reads a Docker API
+/// client's devices as host paths (`stat nvidia.com/gpu=all: no such file`) and ignores device
+/// requests of the `cdi` driver, so a sandbox would start without its GPUs; Podman 5 passes
+/// those requests on as CDI devices, as Docker 25 and later do.
+pub async fn check_cdi_support(engine: &Engine, names: &[String]) -> Result<()> {
+  match podman_version(engine).await? {
+    Some((major, minor)) if major < 5 => Err(SandboxError::GpuUnsupported {
+      reason: format!(
+        "this engine is Podman {major}.{minor}, whose Docker-compatible API cannot pass CDI \
+         devices ({}): it reads them as device paths and ignores device requests of the `cdi` \
+         driver. Use Podman 5 or later, or Docker 25 or later with CDI enabled",
+        names.join(", ")
+      ),
+    }),
+    _ => Ok(()),
+  }
 }
 
 fn nvidia_request(count: Option<i64>, ids: Option<Vec<String>>) -> DeviceRequest {
@@ -175,38 +201,20 @@ pub fn nvidia_requests(gpus: &Gpus) -> Option<Vec<DeviceRequest>> {
   }
 }
 
-fn cdi_devices(host: &mut HostConfig, names: &[String], podman: bool) {
-  if podman {
-    // Podman resolves a CDI name given as a device's host path.
-    host.devices = Some(
-      names
-        .iter()
-        .map(|n| DeviceMapping {
-          path_on_host: Some(n.clone()),
-          path_in_container: Some(n.clone()),
-          cgroup_permissions: Some("rwm".into()),
-        })
-        .collect(),
-    );
-  } else {
-    // Docker 25 and later with CDI enabled: the `cdi` device driver.
-    host.device_requests = Some(vec![DeviceRequest {
-      driver: Some("cdi".into()),
-      device_ids: Some(names.to_vec()),
-      ..Default::default()
-    }]);
-  }
+/// CDI devices as a request to the `cdi` device driver: what Docker 25 and later (with CDI
+/// enabled) and Podman 5 and later take through the Docker API.
+fn cdi_devices(host: &mut HostConfig, names: &[String]) {
+  host.device_requests = Some(vec![DeviceRequest {
+    driver: Some("cdi".into()),
+    device_ids: Some(names.to_vec()),
+    ..Default::default()
+  }]);
 }
 
 /// Adds to a container body what `gpus` asks for: device requests or CDI devices, the NVIDIA
 /// runtime's variables (which `docker exec` would not see otherwise), `TRUEFORGE_GPUS` naming
 /// the GPUs, and for an exclusive sandbox the label recording the GPUs it holds (`picked`).
-pub fn shape(
-  body: &mut ContainerCreateBody,
-  gpus: Option<&Gpus>,
-  picked: Option<&[String]>,
-  podman: bool,
-) {
+pub fn shape(body: &mut ContainerCreateBody, gpus: Option<&Gpus>, picked: Option<&[String]>) {
   let Some(gpus) = gpus else { return };
   let host = body.host_config.get_or_insert_with(Default::default);
   let mut visible: Option<String> = None;
@@ -223,13 +231,13 @@ pub fn shape(
       named = visible.clone();
     }
     Gpus::Cdi(names) => {
-      cdi_devices(host, names, podman);
+      cdi_devices(host, names);
       named = Some(names.join(","));
     }
     Gpus::Exclusive(_) => {
       let Some(ids) = picked else { return };
       if ids.iter().all(|d| is_cdi_name(d)) {
-        cdi_devices(host, ids, podman);
+        cdi_devices(host, ids);
       } else {
         host.device_requests = Some(vec![nvidia_request(None, Some(ids.to_vec()))]);
         visible = Some(ids.join(","));
@@ -286,7 +294,7 @@ pub fn explain(e: SandboxError, gpus: Option<&Gpus>, picked: Option<&[String]>) 
       "the engine did not resolve the CDI device(s) {}. Docker needs version 25 or later with \
        CDI enabled (\"features\": {{\"cdi\": true}} in daemon.json) and a CDI spec naming them \
        in /etc/cdi or /var/run/cdi (the NVIDIA container toolkit writes one: `nvidia-ctk cdi \
-       generate --output=/etc/cdi/nvidia.yaml`); Podman 4 or later reads the same specs. The \
+       generate --output=/etc/cdi/nvidia.yaml`); Podman 5 or later reads the same specs. The \
        engine said: {detail}",
       match gpus {
         Gpus::Cdi(n) => n.join(", "),
@@ -329,6 +337,20 @@ impl Lock {
   /// over `LOCK_STALE`: a lock older than that is broken).
   pub async fn take(engine: &Engine) -> Result<Lock> {
     crate::imagework::ensure_lease_image(engine).await?;
+    // By id: Podman 4 files an image imported through the Docker API under `latest`, whatever
+    // tag was asked for, where the name with its tag misses it.
+    let name = crate::imagework::lease_image();
+    let repo = name.split(':').next().unwrap_or(&name).to_string();
+    let mut image = name.clone();
+    for candidate in [name.clone(), repo] {
+      if let Some(id) = crate::image::present(engine, &candidate)
+        .await?
+        .and_then(|i| i.id)
+      {
+        image = id;
+        break;
+      }
+    }
     // Waiting is bounded per holder, not in all: a queue of creates behind us is progress.
     let patience = LOCK_STALE + Duration::from_secs(10);
     let mut give_up = Instant::now() + patience;
@@ -336,7 +358,7 @@ impl Lock {
     let mut pause = Duration::from_millis(20);
     loop {
       let body = ContainerCreateBody {
-        image: Some(crate::imagework::lease_image()),
+        image: Some(image.clone()),
         cmd: Some(vec!["/lock".into()]),
         labels: Some(HashMap::from([
           (ids::LABEL_MANAGED_BY.into(), ids::MANAGED_BY.into()),
@@ -429,19 +451,14 @@ impl Lock {
 
 /// The GPUs our running sandboxes hold on this engine: GPU → the sandbox id holding it.
 pub async fn held(engine: &Engine) -> Result<BTreeMap<String, String>> {
-  let filters = HashMap::from([
-    (
-      "label".to_string(),
-      vec![
-        format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
-        LABEL_GPUS.to_string(),
-      ],
-    ),
-    (
-      "status".to_string(),
-      vec!["running".into(), "paused".into(), "restarting".into()],
-    ),
-  ]);
+  // States are filtered here: Podman refuses a `restarting` status filter.
+  let filters = HashMap::from([(
+    "label".to_string(),
+    vec![
+      format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
+      LABEL_GPUS.to_string(),
+    ],
+  )]);
   let opts = ListContainersOptions {
     all: true,
     filters: Some(filters),
@@ -454,6 +471,16 @@ pub async fn held(engine: &Engine) -> Result<BTreeMap<String, String>> {
     .await?;
   let mut out = BTreeMap::new();
   for c in list {
+    if !matches!(
+      c.state,
+      Some(
+        ContainerSummaryStateEnum::RUNNING
+          | ContainerSummaryStateEnum::PAUSED
+          | ContainerSummaryStateEnum::RESTARTING
+      )
+    ) {
+      continue;
+    }
     let labels = c.labels.unwrap_or_default();
     let who = labels
       .get(ids::LABEL_ID)
@@ -549,8 +576,9 @@ pub async fn inventory(engine: &Engine, cfg: &ProviderConfig, image: &str) -> Re
   Ok(devices)
 }
 
-/// The device names (`kind=name`, "all" left out) of the CDI specs in `dirs`, JSON or YAML,
-/// read line by line (a spec's `name:` keys are its devices').
+/// The GPU device names (`vendor/gpu=name`, "all" left out) of the CDI specs in `dirs`, JSON
+/// or YAML, read line by line (a spec's `name:` keys are its devices'). Specs of other device
+/// classes are not GPUs to hand out.
 pub fn local_cdi_devices(dirs: &[&str]) -> Vec<String> {
   let mut out = Vec::new();
   for dir in dirs {
@@ -563,7 +591,11 @@ pub fn local_cdi_devices(dirs: &[&str]) -> Vec<String> {
       let Ok(text) = std::fs::read_to_string(&f) else {
         continue;
       };
-      out.extend(cdi_spec_devices(&text));
+      out.extend(
+        cdi_spec_devices(&text)
+          .into_iter()
+          .filter(|d| d.split('=').next().is_some_and(|k| k.ends_with("/gpu"))),
+      );
     }
   }
   out.dedup();
@@ -914,9 +946,9 @@ mod tests {
     );
   }
 
-  fn body(gpus: Value, picked: Option<&[String]>, podman: bool, env: Value) -> ContainerCreateBody {
+  fn body(gpus: Value, picked: Option<&[String]>, env: Value) -> ContainerCreateBody {
     let c = cfg(json!({ "gpus": gpus, "env": env })).expect("valid");
-    crate::lifecycle::container_body_with(&c, "/workspace/x", "img", None, picked, podman)
+    crate::lifecycle::container_body_with(&c, "/workspace/x", "img", None, picked)
   }
 
   fn env_of(b: &ContainerCreateBody) -> Vec<String> {
@@ -924,8 +956,8 @@ mod tests {
   }
 
   #[test]
-  fn cdi_becomes_a_cdi_request_on_docker_and_a_device_on_podman() {
-    let b = body(json!("nvidia.com/gpu=all"), None, false, json!({}));
+  fn cdi_becomes_a_request_to_the_cdi_driver() {
+    let b = body(json!("nvidia.com/gpu=all"), None, json!({}));
     let req = &b
       .host_config
       .as_ref()
@@ -937,13 +969,7 @@ mod tests {
     assert_eq!(req.device_ids, Some(vec!["nvidia.com/gpu=all".to_string()]));
     assert!(env_of(&b).contains(&"NVIDIA_DRIVER_CAPABILITIES=compute,utility".to_string()));
     assert!(env_of(&b).contains(&"TRUEFORGE_GPUS=nvidia.com/gpu=all".to_string()));
-    let p = body(json!("nvidia.com/gpu=all"), None, true, json!({}));
-    let host = p.host_config.as_ref().unwrap();
-    assert!(host.device_requests.is_none());
-    assert_eq!(
-      host.devices.as_ref().unwrap()[0].path_on_host.as_deref(),
-      Some("nvidia.com/gpu=all")
-    );
+    assert!(b.host_config.as_ref().unwrap().devices.is_none());
   }
 
   #[test]
@@ -953,7 +979,6 @@ mod tests {
     let b = body(
       json!({ "count": 2, "exclusive": true }),
       Some(&picked),
-      false,
       json!({ "NVIDIA_VISIBLE_DEVICES": "all" }),
     );
     let req = &b
@@ -987,7 +1012,6 @@ mod tests {
     let b = body(
       json!("all"),
       None,
-      false,
       json!({ "NVIDIA_DRIVER_CAPABILITIES": "all" }),
     );
     let env = env_of(&b);
@@ -999,7 +1023,6 @@ mod tests {
     let b = body(
       json!({ "count": 1, "exclusive": true }),
       Some(&cdi),
-      false,
       json!({}),
     );
     let req = &b
@@ -1103,6 +1126,24 @@ mod tests {
       vec!["nvidia.com/gpu=0".to_string()]
     );
     assert!(cdi_spec_devices("not a spec").is_empty());
+    // From files: GPU classes only.
+    let dir = std::env::temp_dir().join(format!("cdi-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a.yaml"), yaml).unwrap();
+    std::fs::write(
+      dir.join("b.json"),
+      r#"{"cdiVersion":"0.5.0","kind":"vendor.example/fpga","devices":[{"name":"f0"}]}"#,
+    )
+    .unwrap();
+    let found = local_cdi_devices(&[dir.to_str().unwrap(), "/nonexistent-cdi-dir"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+      found,
+      vec![
+        "nvidia.com/gpu=0".to_string(),
+        "nvidia.com/gpu=GPU-abc".to_string()
+      ]
+    );
   }
 
   #[test]

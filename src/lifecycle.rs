@@ -279,18 +279,16 @@ pub fn container_body(
   image: &str,
   pool: Option<&str>,
 ) -> ContainerCreateBody {
-  container_body_with(cfg, sandbox_id, image, pool, None, false)
+  container_body_with(cfg, sandbox_id, image, pool, None)
 }
 
-/// `container_body` with the GPUs picked for an exclusive sandbox, for an engine that is Podman
-/// or not (see `gpu::shape`).
+/// `container_body` with the GPUs picked for an exclusive sandbox (see `gpu::shape`).
 pub fn container_body_with(
   cfg: &ProviderConfig,
   sandbox_id: &str,
   image: &str,
   pool: Option<&str>,
   gpus_picked: Option<&[String]>,
-  podman: bool,
 ) -> ContainerCreateBody {
   let mut labels: HashMap<String, String> = cfg.labels.clone().into_iter().collect();
   labels.insert(ids::LABEL_MANAGED_BY.into(), ids::MANAGED_BY.into());
@@ -366,7 +364,7 @@ pub fn container_body_with(
     }),
     ..Default::default()
   };
-  crate::gpu::shape(&mut body, cfg.gpus.as_ref(), gpus_picked, podman);
+  crate::gpu::shape(&mut body, cfg.gpus.as_ref(), gpus_picked);
   body
 }
 
@@ -393,9 +391,15 @@ pub async fn create_with(
   log: &Logger,
   gpus_picked: Option<&[String]>,
 ) -> Result<Target> {
-  let podman =
-    crate::gpu::needs_engine_kind(cfg, gpus_picked) && crate::gpu::is_podman(engine).await?;
-  create_inner(engine, cfg, image, pool, log, gpus_picked, podman)
+  if crate::gpu::needs_cdi(cfg, gpus_picked) {
+    let names = match (&cfg.gpus, gpus_picked) {
+      (_, Some(p)) => p.to_vec(),
+      (Some(Gpus::Cdi(n)), None) => n.clone(),
+      _ => Vec::new(),
+    };
+    crate::gpu::check_cdi_support(engine, &names).await?;
+  }
+  create_inner(engine, cfg, image, pool, log, gpus_picked)
     .await
     .map_err(|e| crate::gpu::explain(e, cfg.gpus.as_ref(), gpus_picked))
 }
@@ -407,7 +411,6 @@ async fn create_inner(
   pool: Option<&str>,
   log: &Logger,
   gpus_picked: Option<&[String]>,
-  podman: bool,
 ) -> Result<Target> {
   let sandbox_id = ids::new_sandbox_id();
   let final_name = name_for(&cfg.namespace, &sandbox_id)?;
@@ -420,7 +423,7 @@ async fn create_inner(
     name: Some(name.clone()),
     ..Default::default()
   };
-  let body = container_body_with(cfg, &sandbox_id, image, pool, gpus_picked, podman);
+  let body = container_body_with(cfg, &sandbox_id, image, pool, gpus_picked);
   // Not retried: a create that reached the engine would collide with its own name.
   let created = engine
     .within(
