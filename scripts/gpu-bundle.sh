@@ -61,6 +61,9 @@ debs=$(mktemp -d)
 trap 'rm -rf "$debs"' EXIT
 chmod 755 "$debs"
 
+command -v readelf >/dev/null 2>&1 || { log "readelf is needed (binutils; scripts/ensure-gpu-tools.sh brings it)"; exit 1; }
+# A fresh machine may have no package lists yet.
+if ! apt-cache show busybox-static >/dev/null 2>&1; then apt-get update -qq; fi
 log "downloading ${#PACKAGES[@]} Debian packages for Podman $podman, ${#IMAGE_PACKAGES[@]} for the image"
 apt_opts=()
 if [ "$podman" = 5 ]; then
