@@ -224,6 +224,48 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     quick.dispose()
   }, 120_000)
 
+  test('a foreign container holding the lock name is never removed: creates fail saying so', async () => {
+    const n = ns('t-gpu-foreign')
+    engineCli(['create', '--name', 'trueforge-gpu-lock', '--label', `${LABEL_NAMESPACE}=${n}`, BUSYBOX, 'true'])
+    try {
+      const p = provider(n, { gpus: exclusive(1), gpuDevices: ['0'] })
+      const e = await rejection(p.createSandbox())
+      expect(e.message).toMatch(/trueforge-gpu-lock that is not our GPU allocation lock/)
+      expect(engineCli(['ps', '-aq', '--filter', 'name=trueforge-gpu-lock'])).not.toBe('')
+      p.dispose()
+    } finally {
+      engineCli(['rm', '-f', 'trueforge-gpu-lock'])
+    }
+  })
+
+  test('the allocation lock: a dead holder\'s is broken, a live holder\'s is waited for', async () => {
+    const n = ns('t-gpu-lock')
+    const p = provider(n, { gpus: exclusive(1), gpuDevices: ['0', '1'] })
+    const fakeLock = (atMs: number) =>
+      engineCli(['create', '--name', 'trueforge-gpu-lock', '--label', 'trueforge.sandbox.managed-by=trueforge-docker-sandbox', '--label', 'trueforge.sandbox.gpu-lock=test:1', '--label', `trueforge.sandbox.gpu-lock-at=${atMs}`, '--label', `${LABEL_NAMESPACE}=${n}`, BUSYBOX, 'true'])
+    try {
+      // Taken a minute ago by a process that died: broken at once.
+      const dead = fakeLock(Date.now() - 60_000)
+      const t0 = Date.now()
+      const a = (await p.createSandbox()).sandboxId
+      expect(Date.now() - t0).toBeLessThan(10_000)
+      expect(gpusOf(n, a)).toEqual(['0'])
+      expect(engineCli(['ps', '-aq', '--no-trunc', '--filter', 'name=trueforge-gpu-lock'])).not.toContain(dead)
+      // Held now: the create waits until the holder lets go.
+      fakeLock(Date.now())
+      const t1 = Date.now()
+      const pending = p.createSandbox()
+      await sleep(1500)
+      engineCli(['rm', '-f', 'trueforge-gpu-lock'])
+      const b = (await pending).sandboxId
+      expect(Date.now() - t1).toBeGreaterThanOrEqual(1500)
+      expect(gpusOf(n, b)).toEqual(['1'])
+    } finally {
+      dockerTryGpu(['rm', '-f', 'trueforge-gpu-lock'])
+      p.dispose()
+    }
+  })
+
   test('with no gpuDevices, GPUs are discovered with nvidia-smi -L; none found is a typed error naming the option', async () => {
     const n = ns('t-gpu-disc')
     // busybox has no nvidia-smi: nothing is found.
@@ -257,6 +299,14 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     found.dispose()
   }, 120_000)
 })
+
+function dockerTryGpu(args: string[]): void {
+  try {
+    engineCli(args)
+  } catch {
+    // already gone
+  }
+}
 
 function containersInNamespaceOnGpuEngine(n: string): string[] {
   return engineCli(['ps', '-aq', '--filter', `label=${LABEL_NAMESPACE}=${n}`]).split('\n').filter(Boolean)

@@ -407,6 +407,12 @@ impl Lock {
             .as_ref()
             .and_then(|c| c.labels.clone())
             .unwrap_or_default();
+          if !labels.contains_key(LABEL_GPU_LOCK) {
+            return Err(SandboxError::Internal(format!(
+              "a container named {LOCK_NAME} that is not our GPU allocation lock exists on the \
+               engine; remove or rename it"
+            )));
+          }
           let at: u64 = labels
             .get(LABEL_GPU_LOCK_AT)
             .and_then(|v| v.parse().ok())
@@ -675,7 +681,19 @@ async fn nvidia_smi_in_container(engine: &Engine, image: &str) -> Result<(Vec<St
         .docker
         .create_container(None::<CreateContainerOptions>, body),
     )
-    .await?;
+    .await
+    .map_err(|e| match e {
+      // The caller pulls or builds the image and tries again, as for a sandbox.
+      SandboxError::Engine {
+        status: 404,
+        detail,
+        ..
+      } if detail.contains("image") => SandboxError::ImageNotAvailable {
+        image: image.to_string(),
+        reason: detail,
+      },
+      other => other,
+    })?;
   let id = created.id;
   let run = async {
     engine
