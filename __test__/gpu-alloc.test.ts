@@ -166,6 +166,7 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
       expect(info.State.Running).toBe(true)
     }
     p.dispose()
+    cleanup(n)
   }, 180_000)
 
   test('a stopped sandbox releases its GPU; restarting re-claims it, or says who holds it', async () => {
@@ -201,6 +202,7 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     expect(rc.success).toBe(false)
     expect(rc.error).toContain(`GPU 0 is held by ${a}`)
     p.dispose()
+    cleanup(n)
   }, 120_000)
 
   test('gpuWaitMs: a create waits for a GPU to free up', async () => {
@@ -222,6 +224,7 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     expect(Date.now() - t).toBeLessThan(10_000)
     p.dispose()
     quick.dispose()
+    cleanup(n)
   }, 120_000)
 
   test('a foreign container holding the lock name is never removed: creates fail saying so', async () => {
@@ -240,7 +243,8 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
 
   test('the allocation lock: a dead holder\'s is broken, a live holder\'s is waited for', async () => {
     const n = ns('t-gpu-lock')
-    const p = provider(n, { gpus: exclusive(1), gpuDevices: ['0', '1'] })
+    // GPU ids of its own: GPUs held are engine-wide, and other tests' sandboxes still run.
+    const p = provider(n, { gpus: exclusive(1), gpuDevices: ['lock-0', 'lock-1'] })
     const fakeLock = (atMs: number) =>
       engineCli(['create', '--name', 'trueforge-gpu-lock', '--label', 'trueforge.sandbox.managed-by=trueforge-docker-sandbox', '--label', 'trueforge.sandbox.gpu-lock=test:1', '--label', `trueforge.sandbox.gpu-lock-at=${atMs}`, '--label', `${LABEL_NAMESPACE}=${n}`, BUSYBOX, 'true'])
     try {
@@ -249,7 +253,7 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
       const t0 = Date.now()
       const a = (await p.createSandbox()).sandboxId
       expect(Date.now() - t0).toBeLessThan(10_000)
-      expect(gpusOf(n, a)).toEqual(['0'])
+      expect(gpusOf(n, a)).toEqual(['lock-0'])
       expect(engineCli(['ps', '-aq', '--no-trunc', '--filter', 'name=trueforge-gpu-lock'])).not.toContain(dead)
       // Held now: the create waits until the holder lets go.
       fakeLock(Date.now())
@@ -259,7 +263,7 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
       engineCli(['rm', '-f', 'trueforge-gpu-lock'])
       const b = (await pending).sandboxId
       expect(Date.now() - t1).toBeGreaterThanOrEqual(1500)
-      expect(gpusOf(n, b)).toEqual(['1'])
+      expect(gpusOf(n, b)).toEqual(['lock-1'])
     } finally {
       dockerTryGpu(['rm', '-f', 'trueforge-gpu-lock'])
       p.dispose()
