@@ -44,6 +44,20 @@ test('the Podman 5 bundle (for GPU machines) holds everything and stays under 64
   expect(readdirSync(join(dir, 'pkg')).some((f) => f.endsWith('.node'))).toBe(true)
 })
 
+test('--node-only: node for a machine without one, in a folder of its own under 64 MiB, that unpacks and runs', () => {
+  const dir = join(ROOT, 'target', 'gpu-node-test')
+  bundles.push(dir)
+  const r = spawnSync('bash', [join(ROOT, 'scripts', 'gpu-bundle.sh'), '--node-only', dir], { encoding: 'utf8', timeout: 240_000 })
+  expect(r.status).toBe(0)
+  const size = Number(r.stdout.trim().split('\n').pop())
+  console.log(`node folder: ${(size / 1024 / 1024).toFixed(1)} MiB`)
+  expect(size).toBeLessThan(LIMIT)
+  const u = spawnSync('bash', [join(dir, 'unpack.sh')], { encoding: 'utf8', timeout: 120_000 })
+  expect(u.status).toBe(0)
+  expect(u.stdout.trim()).toBe(process.version)
+  rmSync('/tmp/trueforge-gpu-node', { recursive: true, force: true })
+})
+
 const noGpu = !existsSync('/dev/nvidiactl')
 ;(noGpu ? test : test.skip)('the Podman 4 bundle: gpu-check.sh runs Podman from the folder and the provider through it, then stops before the GPU step', () => {
   const { dir, size } = bundle('4')

@@ -9,6 +9,12 @@
 # machine without one. Prints the folder's size; fails when it is not under 64 MiB.
 #
 #   scripts/gpu-bundle.sh [--podman 5|4] [--with-node] [FOLDER]   (default: 5, target/gpu-bundle)
+#   scripts/gpu-bundle.sh --node-only [FOLDER]                    (default: target/gpu-node)
+#
+# Node, xz-compressed, is 23 MiB: with the Podman 5 bundle (45 MiB) it would pass 64 MiB. For a
+# machine without node, --node-only makes a folder of its own (node.xz and unpack.sh): carry it
+# in one call and run `bash FOLDER/unpack.sh` (it writes /tmp/trueforge-gpu-node/node, which
+# gpu-check.sh looks for), then carry the bundle in the next call while the machine is warm.
 #
 # Podman 5 (Debian 13's 5.4, about 35 MB of packages; needs glibc 2.38 or later where it runs)
 # is the one whose Docker-compatible API passes CDI devices on, so it is what the GPU step
@@ -23,10 +29,12 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 with_node=0
+node_only=0
 podman=5
 while [ $# -gt 0 ]; do
   case "$1" in
     --with-node) with_node=1; shift ;;
+    --node-only) node_only=1; shift ;;
     --podman) podman=${2:-}; shift 2 ;;
     *) break ;;
   esac
@@ -36,6 +44,32 @@ out=${1:-target/gpu-bundle}
 limit=$((64 * 1024 * 1024))
 
 log() { printf '[gpu-bundle] %s\n' "$*" >&2; }
+
+if [ "$node_only" = 1 ]; then
+  out=${1:-target/gpu-node}
+  rm -rf "$out"
+  mkdir -p "$out"
+  log "compressing node $(node --version) (xz, about 40 s)"
+  xz -T2 -6 -c "$(readlink -f "$(command -v node)")" > "$out/node.xz"
+  cat > "$out/unpack.sh" <<'UNPACK'
+#!/usr/bin/env bash
+# Unpacks node to /tmp/trueforge-gpu-node/node, where gpu-check.sh looks for it (xz, else Python's lzma).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p /tmp/trueforge-gpu-node
+if command -v xz >/dev/null 2>&1; then xz -dc "$here/node.xz" > /tmp/trueforge-gpu-node/node
+else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$here/node.xz" /tmp/trueforge-gpu-node/node
+fi
+chmod 755 /tmp/trueforge-gpu-node/node
+/tmp/trueforge-gpu-node/node --version
+UNPACK
+  chmod 755 "$out/unpack.sh"
+  size=$(du -sb "$out" | cut -f1)
+  log "node folder: $out, $((size / 1024 / 1024)) MiB ($size bytes)"
+  echo "$size"
+  [ "$size" -lt "$limit" ] || { log "too big for one device call"; exit 1; }
+  exit 0
+fi
 
 # Podman and what it, conmon and the runtimes load beyond glibc (read off their ELF NEEDED
 # entries; the check below fails when one is missing).

@@ -106,11 +106,12 @@ trap cleanup EXIT
 log "podman $(pm --version | awk '{print $3}'); importing the image"
 if ! pm image exists "$IMAGE"; then pm import "$B/rootfs.tar.gz" "$IMAGE" >/dev/null || die "podman import failed"; fi
 
-NODE=$(command -v node || true)
+NODE=${NODE:-$(command -v node || true)}
+[ -n "$NODE" ] || { [ -x /tmp/trueforge-gpu-node/node ] && NODE=/tmp/trueforge-gpu-node/node; } || true
 if [ -z "$NODE" ] && [ -f "$B/node.xz" ]; then
   xz -dc "$B/node.xz" > "$W/node" && chmod 755 "$W/node" && NODE="$W/node"
 fi
-[ -n "$NODE" ] || die "no node here and none in the bundle (make it with gpu-bundle.sh --with-node)"
+[ -n "$NODE" ] || die "no node here: carry a folder made by gpu-bundle.sh --node-only and run its unpack.sh first (or make this bundle --with-node, if it fits)"
 
 rm -f "$SOCK"
 log "starting the Podman service on unix://$SOCK (log: $W/service.log)"
