@@ -80,6 +80,17 @@ class SandboxEngineError extends SandboxError {
   }
 }
 
+// The engine cannot give the GPUs asked for (`code` GPU_UNSUPPORTED, 500: the engine host lacks
+// the NVIDIA container toolkit or a CDI spec), or none is free for an exclusive sandbox
+// (`code` GPUS_UNAVAILABLE, 503; `holders` are the ids of the sandboxes holding them).
+class SandboxGpuError extends SandboxError {
+  constructor(message, code, holders) {
+    super(message, code === 'GPUS_UNAVAILABLE' ? 503 : 500)
+    this.code = code
+    this.holders = holders ?? []
+  }
+}
+
 // The classes whose failures are the request's fault (a host answers with their statusCode),
 // with how each builds its message from the constructor's arguments. Engine failures are not
 // among them: they are never the request's fault.
@@ -143,6 +154,7 @@ module.exports = {
   SandboxInvalidPathError,
   SandboxNotRegularFileError,
   SandboxEngineError,
+  SandboxGpuError,
   CONTRACT_ERROR_NAMES,
   REQUEST_ERRORS,
   onHostBase,

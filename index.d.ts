@@ -74,8 +74,17 @@ export interface DockerSandboxProviderOptions {
   uploadMaxBytes?: number
   /** Cap on one exec's combined output (head and tail kept), in bytes. Default 10 MiB. */
   maxOutputBytes?: number
-  /** Like `docker run --gpus`: `'all'`, a count, or device indexes/UUIDs. Default: no GPU. */
-  gpus?: 'all' | number | string[]
+  /**
+   * GPUs. Like `docker run --gpus`: `'all'`, a count, or device indexes/UUIDs; or CDI device names
+   * (`'nvidia.com/gpu=all'`, `['nvidia.com/gpu=0']`; Docker 25+ with CDI enabled, Podman 5+); or
+   * `{ count, exclusive: true }`: GPUs no other running sandbox on the engine holds (see README).
+   * Default: no GPU.
+   */
+  gpus?: 'all' | number | string[] | { count: number; exclusive?: boolean }
+  /** The GPUs (indexes, UUIDs or CDI names) exclusive allocation hands out. Default: discovered on the engine host (CDI specs, else `nvidia-smi -L` in a throwaway container). */
+  gpuDevices?: string[]
+  /** How long `createSandbox()` waits for exclusive GPUs to free up before `GPUS_UNAVAILABLE`, in ms (at most an hour). Default 0. */
+  gpuWaitMs?: number
   /** Container environment. Default none. */
   env?: Record<string, string>
   /** Extra container labels (the `trueforge.sandbox.` prefix is reserved). Default none. */
@@ -231,6 +240,13 @@ export declare class SandboxNotRegularFileError extends SandboxError {
 }
 /** The Docker engine could not be reached, timed out, or refused the request. */
 export declare class SandboxEngineError extends SandboxError {}
+/** The engine cannot give GPUs (`code` `'GPU_UNSUPPORTED'`, statusCode 500), or no GPU is free for an exclusive sandbox (`'GPUS_UNAVAILABLE'`, 503). */
+export declare class SandboxGpuError extends SandboxError {
+  constructor(message: string, code: 'GPUS_UNAVAILABLE' | 'GPU_UNSUPPORTED', holders?: string[])
+  readonly code: 'GPUS_UNAVAILABLE' | 'GPU_UNSUPPORTED'
+  /** Ids of the sandboxes holding the GPUs this one could have used. */
+  readonly holders: string[]
+}
 export declare const CONTRACT_ERROR_NAMES: readonly string[]
 
 /** Removes sandboxes of one namespace stopped for at least `olderThanMinutes` (default 7200), without a provider. */

@@ -18,6 +18,7 @@ const {
   SandboxInvalidPathError,
   SandboxNotRegularFileError,
   SandboxEngineError,
+  SandboxGpuError,
   CONTRACT_ERROR_NAMES,
   onHostBase,
 } = errors
@@ -306,6 +307,10 @@ class DockerSandboxProvider {
       case 'ENGINE_SSH':
         out = new SandboxEngineError(payload.message)
         break
+      case 'GPUS_UNAVAILABLE':
+      case 'GPU_UNSUPPORTED':
+        out = new SandboxGpuError(payload.message, payload.code, payload.holders)
+        break
       default:
         out = new SandboxError(payload.message, 500)
     }
@@ -524,5 +529,6 @@ module.exports = {
   SandboxInvalidPathError,
   SandboxNotRegularFileError,
   SandboxEngineError,
+  SandboxGpuError,
   CONTRACT_ERROR_NAMES,
 }

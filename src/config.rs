@@ -86,12 +86,17 @@ pub enum RegistryCredential {
   IdentityToken(String),
 }
 
-/// Which GPUs a sandbox gets, as `docker run --gpus` takes them.
+/// Which GPUs a sandbox gets: as `docker run --gpus` takes them, CDI device names, or a count
+/// of GPUs that no other running sandbox on the engine holds (see src/gpu.rs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Gpus {
   All,
   Count(u32),
   Devices(Vec<String>),
+  /// CDI device names (`vendor/class=name`), such as `nvidia.com/gpu=all`.
+  Cdi(Vec<String>),
+  /// `{ count, exclusive: true }`.
+  Exclusive(u32),
 }
 
 /// Validated provider configuration.
@@ -110,6 +115,10 @@ pub struct ProviderConfig {
   pub upload_max_bytes: Option<u64>,
   pub max_output_bytes: u64,
   pub gpus: Option<Gpus>,
+  /// The GPUs exclusive allocation hands out (`gpuDevices`); empty = discovered on the engine.
+  pub gpu_devices: Vec<String>,
+  /// How long `createSandbox()` waits for exclusive GPUs to free up (`gpuWaitMs`); 0 = not at all.
+  pub gpu_wait_ms: u64,
   pub env: BTreeMap<String, String>,
   pub labels: BTreeMap<String, String>,
   /// Seconds without activity before a sandbox stops itself; `None` = never.
@@ -144,6 +153,8 @@ struct RawOptions {
   upload_max_bytes: Option<Value>,
   max_output_bytes: Option<Value>,
   gpus: Option<Value>,
+  gpu_devices: Option<Value>,
+  gpu_wait_ms: Option<Value>,
   env: Option<Value>,
   labels: Option<Value>,
   auto_stop_interval_in_minutes: Option<Value>,
@@ -164,7 +175,7 @@ struct RawOptions {
 
 const KNOWN_OPTIONS: &str =
   "image, dockerHost, tls, namespace, execTimeoutMs, fileMaxBytes, uploadMaxBytes, maxOutputBytes, \
-  gpus, env, labels, autoStopIntervalInMinutes, autoDeleteIntervalInMinutes, capabilities, \
+  gpus, gpuDevices, gpuWaitMs, env, labels, autoStopIntervalInMinutes, autoDeleteIntervalInMinutes, capabilities, \
   noNewPrivileges, resources, network, user, readOnlyRootfs, runtime, tenantName, build, \
   registryAuth, warmPool, engineTimeoutMs, errors, logger";
 
@@ -254,6 +265,22 @@ impl ProviderConfig {
       ));
     }
     let gpus = some(raw.gpus).map(parse_gpus).transpose()?;
+    let gpu_devices = crate::gpu::parse_devices(some(raw.gpu_devices), gpus.as_ref())?;
+    let gpu_wait_ms = match some(raw.gpu_wait_ms) {
+      None => 0,
+      Some(v) if v.as_u64().is_some_and(|n| n <= crate::gpu::MAX_WAIT_MS) => {
+        v.as_u64().unwrap_or(0)
+      }
+      Some(v) => {
+        return Err(bad(
+          "gpuWaitMs",
+          format!(
+            "expected a whole number of milliseconds from 0 to {}, got {v}",
+            crate::gpu::MAX_WAIT_MS
+          ),
+        ))
+      }
+    };
     let env = string_map("env", some(raw.env))?;
     for (k, v) in &env {
       validate_env_name(k).map_err(|r| bad("env", format!("variable {k:?}: {r}")))?;
@@ -357,6 +384,12 @@ impl ProviderConfig {
         ))
       }
     };
+    if warm_pool_size > 0 && matches!(gpus, Some(Gpus::Exclusive(_))) {
+      return Err(bad(
+        "warmPool",
+        "cannot be combined with exclusive GPUs: idle pool members would hold GPUs nobody uses",
+      ));
+    }
     let engine_timeout_ms = positive_int(
       "engineTimeoutMs",
       some(raw.engine_timeout_ms),
@@ -374,6 +407,8 @@ impl ProviderConfig {
       upload_max_bytes,
       max_output_bytes,
       gpus,
+      gpu_devices,
+      gpu_wait_ms,
       env,
       labels,
       auto_stop_secs,
@@ -727,15 +762,17 @@ pub fn normalize_docker_host(s: &str, option: &str) -> Result<String> {
 }
 
 fn parse_gpus(v: Value) -> Result<Gpus> {
+  let count = |n: &serde_json::Number| match n.as_u64() {
+    Some(c) if (1..=64).contains(&c) => Ok(c as u32),
+    _ => Err(bad(
+      "gpus",
+      format!("a count must be a whole number from 1 to 64, got {n}"),
+    )),
+  };
   match v {
     Value::String(s) if s == "all" => Ok(Gpus::All),
-    Value::Number(n) => match n.as_u64() {
-      Some(c) if (1..=64).contains(&c) => Ok(Gpus::Count(c as u32)),
-      _ => Err(bad(
-        "gpus",
-        format!("a count must be a whole number from 1 to 64, got {n}"),
-      )),
-    },
+    Value::String(s) if crate::gpu::is_cdi_name(&s) => Ok(Gpus::Cdi(vec![s])),
+    Value::Number(n) => count(&n).map(Gpus::Count),
     Value::Array(items) => {
       if items.is_empty() {
         return Err(bad(
@@ -743,29 +780,61 @@ fn parse_gpus(v: Value) -> Result<Gpus> {
           "the device list is empty; omit `gpus` for no GPU",
         ));
       }
-      items
+      let items = items
         .into_iter()
         .map(|i| match i {
-          Value::String(s)
-            if !s.is_empty()
-              && s.len() <= 128
-              && s
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_:.".contains(c)) =>
-          {
-            Ok(s)
-          }
+          Value::String(s) if crate::gpu::is_cdi_name(&s) || crate::gpu::is_device_id(&s) => Ok(s),
           other => Err(bad(
             "gpus",
-            format!("device {other} is not an index or a GPU UUID"),
+            format!("device {other} is not an index, a GPU UUID or a CDI name (vendor/class=name)"),
           )),
         })
-        .collect::<Result<Vec<_>>>()
-        .map(Gpus::Devices)
+        .collect::<Result<Vec<_>>>()?;
+      let cdi = items.iter().filter(|s| crate::gpu::is_cdi_name(s)).count();
+      if cdi == items.len() {
+        Ok(Gpus::Cdi(items))
+      } else if cdi == 0 {
+        Ok(Gpus::Devices(items))
+      } else {
+        Err(bad(
+          "gpus",
+          "mixes CDI names and device ids; use one kind (CDI names such as nvidia.com/gpu=0, or ids such as 0)",
+        ))
+      }
+    }
+    Value::Object(m) => {
+      let mut n = None;
+      let mut exclusive = false;
+      for (k, v) in m {
+        match (k.as_str(), v) {
+          ("count", Value::Number(c)) => n = Some(count(&c)?),
+          ("exclusive", Value::Bool(b)) => exclusive = b,
+          ("exclusive", Value::Null) => {}
+          (k, v) => {
+            return Err(bad(
+              "gpus",
+              format!(
+                "{k}: {v} is not understood; expected {{ count: number, exclusive?: boolean }}"
+              ),
+            ))
+          }
+        }
+      }
+      let n = n.ok_or_else(|| {
+        bad(
+          "gpus",
+          "an object needs `count`, as in { count: 1, exclusive: true }",
+        )
+      })?;
+      Ok(if exclusive {
+        Gpus::Exclusive(n)
+      } else {
+        Gpus::Count(n)
+      })
     }
     other => Err(bad(
       "gpus",
-      format!("expected 'all', a count or a list of device ids, got {other}"),
+      format!("expected 'all', a count, a list of device ids, CDI names, or {{ count, exclusive }}, got {other}"),
     )),
   }
 }

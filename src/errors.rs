@@ -73,6 +73,20 @@ pub enum SandboxError {
   #[error("Code Mode cannot run in this sandbox: {reason}")]
   CodeModeUnavailable { reason: String },
 
+  #[error("No GPU is free for this sandbox: it needs {wanted} of {total} ({devices}), and {held}; retry once one of those sandboxes stops, or raise `gpuWaitMs`")]
+  GpusUnavailable {
+    wanted: u32,
+    total: usize,
+    devices: String,
+    /// Who holds them, `<gpu>: <sandbox id>` each, for the message.
+    held: String,
+    /// The sandbox ids holding GPUs this one could have used.
+    holders: Vec<String>,
+  },
+
+  #[error("The Docker engine cannot give this sandbox GPUs: {reason}")]
+  GpuUnsupported { reason: String },
+
   #[error("{0}")]
   Internal(String),
 }
@@ -98,6 +112,8 @@ impl SandboxError {
       Self::ImageNotAvailable { .. } => "IMAGE_NOT_AVAILABLE",
       Self::CreateFailed { .. } => "CREATE_FAILED",
       Self::CodeModeUnavailable { .. } => "CODE_MODE_UNAVAILABLE",
+      Self::GpusUnavailable { .. } => "GPUS_UNAVAILABLE",
+      Self::GpuUnsupported { .. } => "GPU_UNSUPPORTED",
       Self::Internal(_) => "INTERNAL",
     }
   }
@@ -125,6 +141,9 @@ impl SandboxError {
       }
       Self::InvalidOption { option, .. } => {
         o.insert("option".into(), json!(option));
+      }
+      Self::GpusUnavailable { holders, .. } => {
+        o.insert("holders".into(), json!(holders));
       }
       _ => {}
     }

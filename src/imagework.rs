@@ -163,9 +163,14 @@ fn record_tar(record: &Record) -> Result<Vec<u8>> {
     .map_err(|e| SandboxError::Internal(format!("packing the image-work record: {e}")))
 }
 
+/// The image leases (and the GPU allocation lock) are created from.
+pub(crate) fn lease_image() -> String {
+  format!("{LEASE_IMAGE_REPO}:{LEASE_IMAGE_TAG}")
+}
+
 /// Makes the lease image when the engine lacks it: imported from a one-file tar, so no
 /// registry is needed (two processes racing here both import the same tag, harmlessly).
-async fn ensure_lease_image(engine: &Engine) -> Result<()> {
+pub(crate) async fn ensure_lease_image(engine: &Engine) -> Result<()> {
   let reference = format!("{LEASE_IMAGE_REPO}:{LEASE_IMAGE_TAG}");
   if crate::image::present(engine, &reference).await?.is_some() {
     return Ok(());

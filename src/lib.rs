@@ -14,6 +14,7 @@ pub mod errors;
 pub mod exec;
 #[cfg(test)]
 mod fuzz_tests;
+pub mod gpu;
 pub mod ids;
 pub mod image;
 pub mod imagework;

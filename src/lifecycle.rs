@@ -217,7 +217,7 @@ pub async fn ensure_started(engine: &Engine, target: &Target, log: &Logger) -> R
     }
     Err(e) => return Err(e),
   };
-  let state = info.state.unwrap_or_default();
+  let state = info.state.clone().unwrap_or_default();
   if state.running == Some(true) && state.paused != Some(true) && state.restarting != Some(true) {
     return Ok(());
   }
@@ -232,16 +232,25 @@ pub async fn ensure_started(engine: &Engine, target: &Target, log: &Logger) -> R
       })
       .await;
   }
+  // An exclusive GPU sandbox starts only while its GPUs are free; the lock is held until the
+  // engine runs it, so no other process hands them out meanwhile.
+  let gpu_lock = match crate::gpu::gpus_of(&info) {
+    Some(gpus) => Some(crate::gpu::before_restart(engine, &target.sandbox_id, &gpus, log).await?),
+    None => None,
+  };
   log.info(
     "starting stopped sandbox",
     json!({ "sandboxId": target.sandbox_id }),
   );
-  match engine
+  let started = engine
     .control("start the sandbox container", || {
       engine.docker.start_container(&target.container_id, None)
     })
-    .await
-  {
+    .await;
+  if let Some(lock) = gpu_lock {
+    lock.release(log).await;
+  }
+  match started {
     Ok(()) => Ok(()),
     Err(e) if status_of(&e) == Some(404) => {
       forget(engine, &target.name);
@@ -251,27 +260,10 @@ pub async fn ensure_started(engine: &Engine, target: &Target, log: &Logger) -> R
   }
 }
 
-/// The engine's device requests for `gpus`, as `docker run --gpus` builds them.
+/// The engine's device requests for the NVIDIA forms of `gpus`, as `docker run --gpus` builds
+/// them (CDI and exclusive GPUs: see `gpu::shape`).
 pub fn device_requests(gpus: &Gpus) -> Vec<DeviceRequest> {
-  let caps = Some(vec![vec!["gpu".to_string()]]);
-  let req = match gpus {
-    Gpus::All => DeviceRequest {
-      count: Some(-1),
-      capabilities: caps,
-      ..Default::default()
-    },
-    Gpus::Count(n) => DeviceRequest {
-      count: Some(i64::from(*n)),
-      capabilities: caps,
-      ..Default::default()
-    },
-    Gpus::Devices(ids) => DeviceRequest {
-      device_ids: Some(ids.clone()),
-      capabilities: caps,
-      ..Default::default()
-    },
-  };
-  vec![req]
+  crate::gpu::nvidia_requests(gpus).unwrap_or_default()
 }
 
 /// How often the init checks for idleness: often enough for short test intervals, at most
@@ -318,6 +310,17 @@ pub fn container_body(
   image: &str,
   pool: Option<&str>,
 ) -> ContainerCreateBody {
+  container_body_with(cfg, sandbox_id, image, pool, None)
+}
+
+/// `container_body` with the GPUs picked for an exclusive sandbox (see `gpu::shape`).
+pub fn container_body_with(
+  cfg: &ProviderConfig,
+  sandbox_id: &str,
+  image: &str,
+  pool: Option<&str>,
+  gpus_picked: Option<&[String]>,
+) -> ContainerCreateBody {
   let mut labels: HashMap<String, String> = cfg.labels.clone().into_iter().collect();
   labels.insert(ids::LABEL_MANAGED_BY.into(), ids::MANAGED_BY.into());
   labels.insert(ids::LABEL_NAMESPACE.into(), cfg.namespace.clone());
@@ -349,7 +352,7 @@ pub fn container_body(
   } else {
     (None, None)
   };
-  ContainerCreateBody {
+  let mut body = ContainerCreateBody {
     image: Some(image.to_string()),
     entrypoint: Some(vec![
       "/bin/sh".into(),
@@ -373,7 +376,6 @@ pub fn container_body(
     network_disabled: None,
     host_config: Some(HostConfig {
       init: Some(true),
-      device_requests: cfg.gpus.as_ref().map(device_requests),
       cap_drop: Some(vec!["ALL".into()]),
       cap_add: Some(cfg.capabilities.clone()),
       security_opt: cfg
@@ -392,7 +394,9 @@ pub fn container_body(
       ..Default::default()
     }),
     ..Default::default()
-  }
+  };
+  crate::gpu::shape(&mut body, cfg.gpus.as_ref(), gpus_picked);
+  body
 }
 
 /// Creates, lays out and starts a sandbox from `image` (the resolved reference). A pool member
@@ -405,6 +409,40 @@ pub async fn create(
   pool: Option<&str>,
   log: &Logger,
 ) -> Result<Target> {
+  create_with(engine, cfg, image, pool, log, None).await
+}
+
+/// `create` with the GPUs picked for an exclusive sandbox (`gpu::create_exclusive`). An engine
+/// that cannot give the GPUs asked for fails with `GpuUnsupported`.
+pub async fn create_with(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  image: &str,
+  pool: Option<&str>,
+  log: &Logger,
+  gpus_picked: Option<&[String]>,
+) -> Result<Target> {
+  if crate::gpu::needs_cdi(cfg, gpus_picked) {
+    let names = match (&cfg.gpus, gpus_picked) {
+      (_, Some(p)) => p.to_vec(),
+      (Some(Gpus::Cdi(n)), None) => n.clone(),
+      _ => Vec::new(),
+    };
+    crate::gpu::check_cdi_support(engine, &names).await?;
+  }
+  create_inner(engine, cfg, image, pool, log, gpus_picked)
+    .await
+    .map_err(|e| crate::gpu::explain(e, cfg.gpus.as_ref(), gpus_picked))
+}
+
+async fn create_inner(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  image: &str,
+  pool: Option<&str>,
+  log: &Logger,
+  gpus_picked: Option<&[String]>,
+) -> Result<Target> {
   let sandbox_id = ids::new_sandbox_id();
   let final_name = name_for(&cfg.namespace, &sandbox_id)?;
   let name = if pool.is_some() {
@@ -416,7 +454,7 @@ pub async fn create(
     name: Some(name.clone()),
     ..Default::default()
   };
-  let mut body = container_body(cfg, &sandbox_id, image, pool);
+  let mut body = container_body_with(cfg, &sandbox_id, image, pool, gpus_picked);
   if engine.podman {
     podman_adjust(cfg, &mut body)?;
   }

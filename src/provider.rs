@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex};
 
 use crate::client::{self, Engine};
 use crate::codemode::{self, Launcher, Relay, RequestSink};
-use crate::config::ProviderConfig;
+use crate::config::{Gpus, ProviderConfig};
 use crate::errors::{Result, SandboxError};
 use crate::exec::{self, ExecRequest, StartError};
+use crate::gpu;
 use crate::image::{self, Build};
 use crate::layout;
 use crate::lifecycle::{self, Scope, Target};
@@ -136,10 +137,18 @@ impl Provider {
         return Ok(t.sandbox_id);
       }
     }
-    let t = match lifecycle::create(&engine, &self.cfg, &src.reference, None, &self.log).await {
+    let make = || async {
+      match self.cfg.gpus {
+        Some(Gpus::Exclusive(n)) => {
+          gpu::create_exclusive(&engine, &self.cfg, &src.reference, n, &self.log).await
+        }
+        _ => lifecycle::create(&engine, &self.cfg, &src.reference, None, &self.log).await,
+      }
+    };
+    let t = match make().await {
       Err(SandboxError::ImageNotAvailable { .. }) => {
         image::ensure(&engine, &src, &self.log, IMAGE_WAIT).await?;
-        lifecycle::create(&engine, &self.cfg, &src.reference, None, &self.log).await?
+        make().await?
       }
       other => other?,
     };
@@ -421,10 +430,7 @@ impl Provider {
 
   /// Text appended to the agent's system prompt.
   pub fn additional_instructions(&self) -> String {
-    let gpu = match &self.cfg.gpus {
-      None => "No GPU is attached.".to_string(),
-      Some(_) => "GPUs are attached; `nvidia-smi` lists them.".to_string(),
-    };
+    let gpu = gpu_instructions(self.cfg.gpus.as_ref());
     format!(
       "You work in a Docker container (image {image}) that is yours alone for this session. \
        Each command runs in a fresh shell whose working directory is your sandbox root; files you \
@@ -443,5 +449,29 @@ impl Launcher for Provider {
   async fn launch_relay(&self, sandbox_id: &str, socket: &str, sink: RequestSink) -> Result<Relay> {
     lifecycle::name_for(&self.cfg.namespace, sandbox_id)?;
     self.launch_code_mode_relay(sandbox_id, socket, sink).await
+  }
+}
+
+/// What the agent is told about its GPUs. The instructions are the same for every sandbox of a
+/// provider, so a sandbox's own GPUs are named by `$TRUEFORGE_GPUS` inside it.
+pub fn gpu_instructions(gpus: Option<&Gpus>) -> String {
+  let var = gpu::ENV_GPUS;
+  match gpus {
+    None => "No GPU is attached.".to_string(),
+    Some(Gpus::All) => "Every GPU of the host is attached; `nvidia-smi -L` lists them.".into(),
+    Some(Gpus::Count(n)) => format!("{n} GPU(s) are attached; `nvidia-smi -L` lists them."),
+    Some(Gpus::Devices(ids)) => format!(
+      "GPUs {} are attached (${var} names them); `nvidia-smi -L` lists them.",
+      ids.join(", ")
+    ),
+    Some(Gpus::Cdi(names)) => format!(
+      "GPUs are attached as CDI devices {} (${var} names them); `nvidia-smi -L` lists them.",
+      names.join(", ")
+    ),
+    Some(Gpus::Exclusive(n)) => format!(
+      "{n} GPU(s) are yours alone while this sandbox runs: no other sandbox uses them, so \
+       timings are not disturbed by other agents' work. ${var} names them; `nvidia-smi -L` \
+       lists them."
+    ),
   }
 }
