@@ -154,7 +154,9 @@ tar -C "$rootfs" -czf "$out/rootfs.tar.gz" .
 rm -rf "$img"
 
 log "adding the addon, its JS, the bandwidth program and the scripts"
-cp "$addon" index.js index.d.ts binding.js errors.js trueforge.js package.json "$out/pkg/"
+# What the published package holds (package.json "files"), so a file added there is never missed.
+cp "$addon" package.json "$out/pkg/"
+node -p "require('./package.json').files.join('\\n')" | while read -r f; do cp -a "${f%/}" "$out/pkg/"; done
 mkdir -p "$out/bench"
 cp bench/gpu/bandwidth.c "$out/bench/"
 cc -O2 -std=c11 -o "$out/bench/bandwidth" bench/gpu/bandwidth.c -ldl

@@ -29,15 +29,19 @@ service_pid() {
   [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$SOCK" && echo "$pid" || true
 }
 
-start() {
-  if ! command -v podman >/dev/null || ! command -v catatonit >/dev/null; then
+install() {
+  if ! command -v podman >/dev/null || ! command -v catatonit >/dev/null || ! command -v newuidmap >/dev/null || ! command -v slirp4netns >/dev/null; then
     log "installing podman and catatonit (Debian packages)"
     local guard=""
     if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && guard=1; fi
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o Dpkg::Options::=--force-confold podman catatonit >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o Dpkg::Options::=--force-confold podman catatonit uidmap slirp4netns >/dev/null
     [ -z "$guard" ] || rm -f /usr/sbin/policy-rc.d
   fi
+}
+
+start() {
+  install
   mkdir -p "$RUN" "$ROOT"
   # This VM lacks CAP_SYS_RESOURCE: no default rlimits, no default pids limit (the provider sets
   # its own). cgroupfs and file events: no systemd here.
@@ -88,8 +92,9 @@ teardown() {
 }
 
 case "${1:-}" in
+  install) install ;;
   start) start ;;
   teardown) teardown ;;
   host) echo "$HOST" ;;
-  *) echo "usage: $0 start|teardown|host" >&2; exit 2 ;;
+  *) echo "usage: $0 install|start|teardown|host" >&2; exit 2 ;;
 esac
