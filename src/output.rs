@@ -1,5 +1,11 @@
-//! Exec output handling: a byte cap that keeps the head and the tail, and a scanner that finds
-//! the wrapper's per-call markers in the stream without ever buffering more than a marker.
+//! Exec output handling: a byte cap that keeps the head and the tail, a scanner that finds the
+//! wrapper's per-call markers in the stream without ever buffering more than a marker, and a
+//! reader that drives both over an exec's attached output frames.
+
+use std::time::Instant;
+
+use bollard::container::LogOutput;
+use futures_util::{Stream, StreamExt};
 
 /// Keeps the first half of the cap and the last half; counts what falls in between.
 #[derive(Debug)]
@@ -170,6 +176,146 @@ impl MarkerScanner {
   pub fn finish(&mut self, out: &mut dyn FnMut(&[u8])) {
     let rest = std::mem::take(&mut self.pending);
     out(&rest);
+  }
+}
+
+/// Which marker a read waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+  /// The wrapper's pid: the command has started and can be killed by its group.
+  Pid,
+  /// The exit status: the command is over, whatever still holds its output open.
+  Exit,
+}
+
+/// Why a read stopped.
+#[derive(Debug)]
+pub enum ReadEnd<E> {
+  /// The marker waited for is known.
+  Marker,
+  /// The output ended first.
+  Ended,
+  /// The deadline passed first.
+  Deadline,
+  /// Reading the output failed.
+  Failed(E),
+}
+
+/// What the reads of one exec found, once the output is no longer read.
+#[derive(Debug)]
+pub struct ReadResult {
+  pub pid: Option<u32>,
+  pub exit: Option<i32>,
+  pub output: CappedOutput,
+}
+
+/// Reads an exec's output frames, keeping the payload under the cap and the wrapper's markers.
+/// Every frame kind carrying output counts the same: a TTY exec sends `Console` frames, others
+/// `StdOut` and `StdErr`, and the markers may be split across any of them.
+pub struct MarkerReader {
+  scanner: MarkerScanner,
+  kept: CappedOutput,
+  pid: Option<u32>,
+  exit: Option<i32>,
+  /// The stream ended or failed: polling it again is not allowed for every stream.
+  closed: bool,
+}
+
+impl MarkerReader {
+  /// `token` is the call's marker token; `cap` the total output bytes kept.
+  pub fn new(token: &str, cap: usize) -> Self {
+    Self {
+      scanner: MarkerScanner::new(token),
+      kept: CappedOutput::new(cap),
+      pid: None,
+      exit: None,
+      closed: false,
+    }
+  }
+
+  pub fn pid(&self) -> Option<u32> {
+    self.pid
+  }
+
+  pub fn exit(&self) -> Option<i32> {
+    self.exit
+  }
+
+  /// Reads until the marker `until` is known, the stream ends or fails, or `deadline` passes.
+  /// It may be called again on the same stream (with another goal or a later deadline).
+  pub async fn read_until<S, E>(
+    &mut self,
+    output: &mut S,
+    until: Until,
+    deadline: Instant,
+  ) -> ReadEnd<E>
+  where
+    S: Stream<Item = std::result::Result<LogOutput, E>> + Unpin,
+  {
+    loop {
+      if self.reached(until) {
+        return ReadEnd::Marker;
+      }
+      if self.closed {
+        return ReadEnd::Ended;
+      }
+      // Frames already waiting are still taken once the deadline has passed (the inner future
+      // is polled first), so an exit marker that arrived in time is never lost to it.
+      match tokio::time::timeout_at(deadline.into(), output.next()).await {
+        Err(_) => return ReadEnd::Deadline,
+        Ok(None) => {
+          self.closed = true;
+          return ReadEnd::Ended;
+        }
+        Ok(Some(Err(e))) => {
+          self.closed = true;
+          return ReadEnd::Failed(e);
+        }
+        Ok(Some(Ok(frame))) => self.feed(frame),
+      }
+    }
+  }
+
+  fn reached(&self, until: Until) -> bool {
+    match until {
+      Until::Pid => self.pid.is_some(),
+      Until::Exit => self.exit.is_some(),
+    }
+  }
+
+  fn feed(&mut self, frame: LogOutput) {
+    let bytes = match frame {
+      LogOutput::StdOut { message }
+      | LogOutput::StdErr { message }
+      | LogOutput::Console { message } => message,
+      LogOutput::StdIn { .. } => return,
+    };
+    let mut markers = Vec::new();
+    let kept = &mut self.kept;
+    self
+      .scanner
+      .feed(&bytes, &mut |b| kept.push(b), &mut markers);
+    for m in markers {
+      match m {
+        // The wrapper prints its pid before the command runs, so the first one is its own.
+        Marker::Pid(p) => self.pid = self.pid.or(Some(p)),
+        Marker::Exit(c) => self.exit = Some(c),
+      }
+    }
+  }
+
+  /// Stops reading. Bytes held back as a possible marker are output after all, unless the exit
+  /// marker came: the wrapper prints nothing after it.
+  pub fn finish(mut self) -> ReadResult {
+    if self.exit.is_none() {
+      let kept = &mut self.kept;
+      self.scanner.finish(&mut |b| kept.push(b));
+    }
+    ReadResult {
+      pid: self.pid,
+      exit: self.exit,
+      output: self.kept,
+    }
   }
 }
 
