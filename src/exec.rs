@@ -566,4 +566,19 @@ mod tests {
     assert_eq!(format_secs(Duration::from_secs(5)), "5");
     assert_eq!(format_secs(Duration::from_millis(1500)), "1.5");
   }
+
+  #[test]
+  fn a_timed_out_result_says_so_on_its_own_line() {
+    let mut kept = CappedOutput::new(100);
+    kept.push(b"partial");
+    let out = timed_out_output(kept, Duration::from_millis(1500));
+    assert_eq!(out.exit_code, TIMEOUT_EXIT_CODE);
+    assert!(out.timed_out);
+    assert_eq!(
+      out.output,
+      "partial\n[timed out after 1.5 s: the command and every process it started were killed]"
+    );
+    let out = timed_out_output(CappedOutput::new(100), Duration::from_secs(2));
+    assert!(out.output.starts_with("[timed out after 2 s"));
+  }
 }
