@@ -248,8 +248,8 @@ async fn start(
   })
 }
 
-/// Everything after the start: read to the exit marker or the deadline, kill on a timeout,
-/// finish.
+/// Everything after the start. Its errors are never `StartError`s: the command may have run,
+/// and a retry would run it twice.
 async fn complete(
   engine: &Engine,
   container: &str,
@@ -266,6 +266,7 @@ async fn complete(
     timed_out,
   } = started;
   let end = if timed_out {
+    // A deadline passed during the start stands: later frames cannot make the call succeed.
     ReadEnd::Deadline
   } else {
     reader.read_until(&mut output, Until::Exit, deadline).await
