@@ -6,16 +6,18 @@
 //! process group plus every process that inherited the token.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
 use rand::Rng;
+use tokio::io::AsyncWrite;
 
 use crate::client::Engine;
 use crate::errors::{Result, SandboxError};
-use crate::output::{CappedOutput, Marker, MarkerScanner};
+use crate::output::{CappedOutput, MarkerReader, ReadEnd, ReadResult, Until};
 
 /// Exit code reported for a command killed by its timeout (as coreutils `timeout`).
 pub const TIMEOUT_EXIT_CODE: i32 = 124;
@@ -105,13 +107,47 @@ fn new_token() -> String {
   format!("{:016x}", rand::rng().random::<u64>())
 }
 
-/// Runs `req` in `container`. Errors before the command started are `StartError`s.
+/// How long a timed-out call still waits for the wrapper's pid, so the group kill cannot miss a
+/// command that a loaded engine starts just after the deadline.
+const PID_GRACE: Duration = Duration::from_secs(2);
+
+type OutputStream =
+  Pin<Box<dyn Stream<Item = std::result::Result<LogOutput, bollard::errors::Error>> + Send>>;
+
+/// An exec the engine started, its output read up to the wrapper's pid or the call's deadline.
+struct Started {
+  exec_id: String,
+  output: OutputStream,
+  /// Held only so the attach connection stays open while the output is read.
+  input: Pin<Box<dyn AsyncWrite + Send>>,
+  reader: MarkerReader,
+  deadline: Instant,
+  /// The deadline passed before the wrapper reported its pid.
+  timed_out: bool,
+}
+
+/// Runs `req` in `container`. The outer error means the command never started, so the caller
+/// may recover (start the container, re-resolve it, restart one out of processes) and try
+/// again; the inner one means it started and the call failed after (output lost, a kill not
+/// verified), which a retry must not hide.
 pub async fn run(
   engine: &Engine,
   container: &str,
   req: &ExecRequest,
-) -> std::result::Result<ExecOutput, StartError> {
+) -> std::result::Result<Result<ExecOutput>, StartError> {
   let token = new_token();
+  let started = start(engine, container, req, &token).await?;
+  Ok(complete(engine, container, req, &token, started).await)
+}
+
+/// Creates the exec, starts it attached and reads its output until the wrapper reports its pid.
+/// The only source of `StartError`s: past it the command runs, or may.
+async fn start(
+  engine: &Engine,
+  container: &str,
+  req: &ExecRequest,
+  token: &str,
+) -> std::result::Result<Started, StartError> {
   // The token is in the exec's own environment too, so the killer finds even a wrapper whose
   // pid it never learnt (a timeout that fired before the wrapper printed it).
   let mut env: Vec<String> = req.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -123,7 +159,7 @@ pub async fn run(
     "trueforge-exec".to_string(),
     req.cwd.clone(),
     req.command.clone(),
-    token.clone(),
+    token.to_string(),
   ];
   let opts = CreateExecOptions {
     cmd: Some(cmd),
@@ -166,7 +202,7 @@ pub async fn run(
         e,
         SandboxError::EngineTimeout { .. } | SandboxError::EngineUnreachable { .. }
       ) {
-        let (engine, container, token) = (engine.clone(), container.to_string(), token.clone());
+        let (engine, container, token) = (engine.clone(), container.to_string(), token.to_string());
         tokio::spawn(async move {
           for _ in 0..2 {
             let _ = kill_tree(&engine, &container, None, &token, Duration::from_secs(600)).await;
@@ -183,132 +219,147 @@ pub async fn run(
     )));
   };
   let deadline = Instant::now() + req.timeout;
-  let mut scanner = MarkerScanner::new(&token);
-  let mut kept = CappedOutput::new(req.max_output);
-  let mut markers = Vec::new();
-  let mut pid: Option<u32> = None;
-  let mut exit: Option<i32> = None;
-  let mut timed_out = false;
-  let mut stream_error: Option<SandboxError> = None;
-  loop {
-    let next = tokio::time::timeout_at(deadline.into(), output.next()).await;
-    let item = match next {
-      Err(_) => {
-        timed_out = true;
-        break;
-      }
-      Ok(None) => break,
-      Ok(Some(Err(e))) => {
-        stream_error = Some(engine.map_error("read exec output", e));
-        break;
-      }
-      Ok(Some(Ok(item))) => item,
-    };
-    let bytes = match item {
-      LogOutput::StdOut { message }
-      | LogOutput::StdErr { message }
-      | LogOutput::Console { message } => message,
-      LogOutput::StdIn { .. } => continue,
-    };
-    scanner.feed(&bytes, &mut |b| kept.push(b), &mut markers);
-    for m in markers.drain(..) {
-      match m {
-        Marker::Pid(p) => pid = pid.or(Some(p)),
-        Marker::Exit(c) => exit = Some(c),
-      }
+  let mut reader = MarkerReader::new(token, req.max_output);
+  let timed_out = match reader.read_until(&mut output, Until::Pid, deadline).await {
+    ReadEnd::Marker => false,
+    ReadEnd::Deadline => true,
+    // Not from this wrapper, which prints its pid first; an exit status still ends the call.
+    ReadEnd::Ended if reader.exit().is_some() => false,
+    ReadEnd::Ended => {
+      return Err(StartError::NeverStarted(
+        reader.finish().output.into_text().trim().to_string(),
+      ));
     }
-    if exit.is_some() {
-      break;
+    ReadEnd::Failed(e) => {
+      let e = engine.map_error("read exec output", e);
+      drop(output);
+      drop(input);
+      let _ = kill_tree(engine, container, None, token, engine.control_timeout).await;
+      return Err(StartError::Other(e));
     }
-  }
-  if timed_out && pid.is_none() {
-    // The wrapper may not have started yet (a loaded engine): wait briefly for its pid so the
-    // group kill below cannot miss a command that starts right after.
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-      while let Some(Ok(item)) = output.next().await {
-        if let LogOutput::StdOut { message } | LogOutput::StdErr { message } = item {
-          scanner.feed(&message, &mut |b| kept.push(b), &mut markers);
-          if let Some(Marker::Pid(p)) = markers.iter().find(|m| matches!(m, Marker::Pid(_))) {
-            pid = Some(*p);
-            break;
-          }
-        }
-      }
-    })
-    .await;
+  };
+  Ok(Started {
+    exec_id: created.id,
+    output,
+    input,
+    reader,
+    deadline,
+    timed_out,
+  })
+}
+
+/// Everything after the start. Its errors are never `StartError`s: the command may have run,
+/// and a retry would run it twice.
+async fn complete(
+  engine: &Engine,
+  container: &str,
+  req: &ExecRequest,
+  token: &str,
+  started: Started,
+) -> Result<ExecOutput> {
+  let Started {
+    exec_id,
+    mut output,
+    input,
+    mut reader,
+    deadline,
+    timed_out,
+  } = started;
+  let end = if timed_out {
+    // A deadline passed during the start stands: later frames cannot make the call succeed.
+    ReadEnd::Deadline
+  } else {
+    reader.read_until(&mut output, Until::Exit, deadline).await
+  };
+  if matches!(end, ReadEnd::Deadline) && reader.pid().is_none() {
+    let _ = reader
+      .read_until(&mut output, Until::Pid, Instant::now() + PID_GRACE)
+      .await;
   }
   // Dropping the attach connection leaves background processes running, as in a terminal.
   drop(output);
   drop(input);
-  if exit.is_none() {
-    scanner.finish(&mut |b| kept.push(b));
-  }
-  if timed_out {
-    // All kill attempts share one engine timeout, so a hung engine cannot stretch the call.
-    let budget_end = Instant::now() + engine.control_timeout;
-    let left = || budget_end.saturating_duration_since(Instant::now());
-    let mut killed = false;
-    for attempt in 0..3 {
-      if attempt > 0 {
-        tokio::time::sleep(Duration::from_millis(300).min(left())).await;
-      }
-      if left().is_zero() {
-        break;
-      }
-      if kill_tree(engine, container, pid, &token, left()).await {
-        killed = true;
-        break;
-      }
+  let read = reader.finish();
+  match end {
+    ReadEnd::Deadline => {
+      kill_after_timeout(engine, container, read.pid, token, req.timeout).await?;
+      Ok(timed_out_output(read.output, req.timeout))
     }
-    // Out of processes (a fork bomb), the killer itself cannot start: restarting the container
-    // is then the only way to kill everything. Files are kept.
-    if !killed && !left().is_zero() && restart(engine, container, left()).await {
-      killed = true;
+    ReadEnd::Failed(e) => {
+      let e = engine.map_error("read exec output", e);
+      let _ = kill_tree(engine, container, read.pid, token, engine.control_timeout).await;
+      Err(e)
     }
-    if !killed {
-      // Never claim a kill that did not happen.
-      return Err(StartError::Other(SandboxError::EngineTimeout {
-        host: engine.host.to_string(),
-        operation: format!(
-          "kill the command after its {} s timeout (its processes may still be running)",
-          format_secs(req.timeout)
-        ),
-        seconds: engine.control_timeout.as_secs().max(1),
-      }));
+    ReadEnd::Marker | ReadEnd::Ended => finish(engine, &exec_id, read).await,
+  }
+}
+
+/// Kills a command whose timeout ran out: its group and every process carrying its token, then
+/// a restart of the container if even the killer cannot start. Errs unless a kill is verified.
+async fn kill_after_timeout(
+  engine: &Engine,
+  container: &str,
+  pid: Option<u32>,
+  token: &str,
+  timeout: Duration,
+) -> Result<()> {
+  // All kill attempts share one engine timeout, so a hung engine cannot stretch the call.
+  let budget_end = Instant::now() + engine.control_timeout;
+  let left = || budget_end.saturating_duration_since(Instant::now());
+  for attempt in 0..3 {
+    if attempt > 0 {
+      tokio::time::sleep(Duration::from_millis(300).min(left())).await;
     }
-    let mut text = kept.into_text();
-    if !text.is_empty() && !text.ends_with('\n') {
-      text.push('\n');
+    if left().is_zero() {
+      break;
     }
-    text.push_str(&format!(
-      "[timed out after {} s: the command and every process it started were killed]",
-      format_secs(req.timeout)
-    ));
-    return Ok(ExecOutput {
-      exit_code: TIMEOUT_EXIT_CODE,
-      output: text,
-      timed_out: true,
-    });
+    if kill_tree(engine, container, pid, token, left()).await {
+      return Ok(());
+    }
   }
-  if let Some(e) = stream_error {
-    let _ = kill_tree(engine, container, pid, &token, engine.control_timeout).await;
-    return Err(StartError::Other(e));
+  // Out of processes (a fork bomb), the killer itself cannot start: restarting the container
+  // is then the only way to kill everything. Files are kept.
+  if !left().is_zero() && restart(engine, container, left()).await {
+    return Ok(());
   }
-  if exit.is_none() && pid.is_none() {
-    return Err(StartError::NeverStarted(
-      kept.into_text().trim().to_string(),
-    ));
+  // Never claim a kill that did not happen.
+  Err(SandboxError::EngineTimeout {
+    host: engine.host.to_string(),
+    operation: format!(
+      "kill the command after its {} s timeout (its processes may still be running)",
+      format_secs(timeout)
+    ),
+    seconds: engine.control_timeout.as_secs().max(1),
+  })
+}
+
+/// The result of a command killed by its timeout: its output so far and a line saying so.
+fn timed_out_output(output: CappedOutput, timeout: Duration) -> ExecOutput {
+  let mut text = output.into_text();
+  if !text.is_empty() && !text.ends_with('\n') {
+    text.push('\n');
   }
-  let exit_code = match exit {
+  text.push_str(&format!(
+    "[timed out after {} s: the command and every process it started were killed]",
+    format_secs(timeout)
+  ));
+  ExecOutput {
+    exit_code: TIMEOUT_EXIT_CODE,
+    output: text,
+    timed_out: true,
+  }
+}
+
+/// The result of a command that ended: the status its wrapper reported or, when the wrapper
+/// itself died (killed with its group, say), the one the engine saw.
+async fn finish(engine: &Engine, exec_id: &str, read: ReadResult) -> Result<ExecOutput> {
+  let exit_code = match read.exit {
     Some(c) => c,
-    // The wrapper itself died (killed with its group, say): ask the engine.
-    None => exit_from_inspect(engine, &created.id)
-      .await
-      .map_err(StartError::Other)?,
+    None => exit_from_inspect(engine, exec_id).await?,
   };
   Ok(ExecOutput {
     exit_code,
-    output: kept.into_text(),
+    output: read.output.into_text(),
     timed_out: false,
   })
 }
@@ -515,5 +566,20 @@ mod tests {
   fn timeouts_print_plainly() {
     assert_eq!(format_secs(Duration::from_secs(5)), "5");
     assert_eq!(format_secs(Duration::from_millis(1500)), "1.5");
+  }
+
+  #[test]
+  fn a_timed_out_result_says_so_on_its_own_line() {
+    let mut kept = CappedOutput::new(100);
+    kept.push(b"partial");
+    let out = timed_out_output(kept, Duration::from_millis(1500));
+    assert_eq!(out.exit_code, TIMEOUT_EXIT_CODE);
+    assert!(out.timed_out);
+    assert_eq!(
+      out.output,
+      "partial\n[timed out after 1.5 s: the command and every process it started were killed]"
+    );
+    let out = timed_out_output(CappedOutput::new(100), Duration::from_secs(2));
+    assert!(out.output.starts_with("[timed out after 2 s"));
   }
 }

@@ -237,7 +237,8 @@ impl Provider {
     let mut restarted = false;
     for attempt in 0..3 {
       match exec::run(&engine, &target.container_id, &req).await {
-        Ok(out) => {
+        Ok(ran) => {
+          let out = ran?;
           if out.timed_out {
             self.log.info(
               "exec timed out",
