@@ -1,7 +1,7 @@
 'use strict'
 
 // The contract, exec, transfer and lifecycle suites against Podman's Docker-compatible API
-// (scripts/podman-engine.sh: rootful, its own socket and network namespace): run as
+// (scripts/podman-engine.sh: rootful, its own socket and network namespace; scripts/podman-rootless-engine.sh: rootless, as its own user): run as
 // `DOCKER_HOST=unix:///run/tf-podman/podman.sock npx jest -c jest.podman.config.js` (the provider
 // and the tests' docker CLI both follow DOCKER_HOST). Security on Podman is checked by
 // __test__/engines/podman.test.ts instead of security.test.ts, whose inspect-format

@@ -112,7 +112,13 @@ test('a stopped container is restarted transparently with its files kept', async
   expect(await ok(fresh, id, 'cat up.txt kept.txt')).toBe('while stoppedkept\n')
 })
 
-test('a paused container is unpaused transparently', async () => {
+// A rootless engine on cgroup v1 (scripts/podman-rootless-engine.sh here) gives containers no
+// cgroup, so nothing can pause them and there is nothing to unpause.
+const rootlessOnCgroupV1 =
+  (process.env.DOCKER_HOST ?? '').startsWith('unix:///run/user/') &&
+  dockerTry(['info', '--format', '{{.CgroupVersion}}']).stdout === '1'
+
+;(rootlessOnCgroupV1 ? test.skip : test)('a paused container is unpaused transparently', async () => {
   const id = await tracker.create(provider)
   const name = containerNameFor(namespace, id)
   await ok(provider, id, 'echo before-pause > p.txt')

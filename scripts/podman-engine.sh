@@ -26,7 +26,7 @@ service_pid() {
   [ -f "$PIDFILE" ] || return 0
   local pid
   pid=$(tr -dc '0-9' < "$PIDFILE")
-  [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$SOCK" && echo "$pid" || true
+  [ -n "$pid" ] && tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline" | grep -q -- "$SOCK" && echo "$pid" || true
 }
 
 install() {
@@ -84,7 +84,7 @@ teardown() {
   # those whose command line names this engine's storage root.
   local p
   for p in /proc/[0-9]*; do
-    if tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -q "^/usr/bin/conmon .*--exit-command-arg $ROOT "; then
+    if tr '\0' ' ' 2>/dev/null < "$p/cmdline" | grep -q "^/usr/bin/conmon .*--exit-command-arg $ROOT "; then
       kill -TERM "${p#/proc/}" 2>/dev/null || true
     fi
   done

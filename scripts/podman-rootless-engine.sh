@@ -26,7 +26,7 @@ service_pid() {
   local p
   for p in /proc/[0-9]*; do
     if [ "$(stat -c %U "$p" 2>/dev/null)" = "$USER_NAME" ] &&
-      tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -q "^podman system service"; then
+      tr '\0' ' ' 2>/dev/null < "$p/cmdline" | grep -q "^podman system service"; then
       echo "${p#/proc/}"
       return 0
     fi

@@ -272,21 +272,37 @@ pub fn idle_check_secs(idle: u64) -> u64 {
   (idle / 6).clamp(1, 30)
 }
 
-/// Whether sandboxes run as a user other than root.
-fn non_root(cfg: &ProviderConfig) -> bool {
-  cfg.user.as_deref().is_some_and(|u| {
+/// Whether `user` (an image's `USER` or the `user` option: `name`, `uid`, `name:group` …) is
+/// someone other than root. No user at all means root.
+fn non_root(user: Option<&str>) -> bool {
+  user.is_some_and(|u| {
     let user = u.split(':').next().unwrap_or("");
-    user != "root" && user != "0"
+    !user.is_empty() && user != "root" && user != "0"
   })
+}
+
+/// The `USER` an image runs as, if it names one.
+async fn image_user(engine: &Engine, image: &str) -> Result<Option<String>> {
+  let info = engine
+    .control("inspect the sandbox image", || {
+      engine.docker.inspect_image(image)
+    })
+    .await?;
+  Ok(info.config.and_then(|c| c.user).filter(|u| !u.is_empty()))
 }
 
 /// Where Podman's Docker API differs in ways that matter for security (docs/podman.md):
 /// - a non-root exec gets the container's capabilities as *ambient* ones (Docker: none), so a
-///   non-root sandbox keeps no capability at all there (root-only capabilities are useless to
-///   a non-root user on Docker anyway);
+///   sandbox whose user is not root keeps no capability at all there (root-only capabilities
+///   are useless to a non-root user on Docker anyway). That user is the `user` option, else the
+///   image's `USER` (`image_user`: the default image runs as `agent`);
 /// - `HostConfig.Runtime` is ignored, so asking for a runtime is refused rather than silently
 ///   running under the default one.
-pub fn podman_adjust(cfg: &ProviderConfig, body: &mut ContainerCreateBody) -> Result<()> {
+pub fn podman_adjust(
+  cfg: &ProviderConfig,
+  image_user: Option<&str>,
+  body: &mut ContainerCreateBody,
+) -> Result<()> {
   if let Some(rt) = &cfg.runtime {
     return Err(SandboxError::CreateFailed {
       step: "runtime".into(),
@@ -295,7 +311,7 @@ pub fn podman_adjust(cfg: &ProviderConfig, body: &mut ContainerCreateBody) -> Re
       ),
     });
   }
-  if non_root(cfg) {
+  if non_root(cfg.user.as_deref().or(image_user)) {
     if let Some(hc) = body.host_config.as_mut() {
       hc.cap_add = Some(Vec::new());
     }
@@ -456,7 +472,12 @@ async fn create_inner(
   };
   let mut body = container_body_with(cfg, &sandbox_id, image, pool, gpus_picked);
   if engine.podman {
-    podman_adjust(cfg, &mut body)?;
+    // One more request, on Podman only: who the image runs as decides its capabilities there.
+    let image_user = match cfg.user {
+      Some(_) => None,
+      None => image_user(engine, image).await?,
+    };
+    podman_adjust(cfg, image_user.as_deref(), &mut body)?;
   }
   // Not retried: a create that reached the engine would collide with its own name.
   let created = engine
@@ -724,6 +745,23 @@ fn lookup<'a>(db: &'a str, field: usize, value: &str) -> Option<Vec<&'a str>> {
 mod tests {
   use super::*;
   use crate::config::ProviderConfig;
+
+  #[test]
+  fn who_counts_as_non_root() {
+    for root in [
+      None,
+      Some(""),
+      Some("root"),
+      Some("0"),
+      Some("0:0"),
+      Some("root:wheel"),
+    ] {
+      assert!(!non_root(root), "{root:?}");
+    }
+    for other in ["agent", "1000", "1000:1000", "nobody:nogroup", "65534"] {
+      assert!(non_root(Some(other)), "{other}");
+    }
+  }
 
   #[test]
   fn gpu_requests_match_the_cli() {

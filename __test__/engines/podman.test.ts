@@ -1,15 +1,14 @@
 // The security baseline and the warm pool on Podman, where its Docker API differs from Docker's
 // (docs/podman.md):
-// run by jest.podman.config.js with DOCKER_HOST at scripts/podman-engine.sh's socket; skipped in
-// the default run (the same properties are checked on Docker by __test__/security.test.ts,
+// run by jest.podman.config.js with DOCKER_HOST at the socket of scripts/podman-engine.sh (rootful)
+// or scripts/podman-rootless-engine.sh (rootless); skipped in the default run (the same properties are checked on Docker by __test__/security.test.ts,
 // whose inspect-format assertions — docker-init, PidMode "", CapDrop ["ALL"], the `bridge`
 // network's gateway — are Docker's spellings and do not apply to Podman).
 
 import { DockerSandboxProvider } from '../..'
-import { BUSYBOX, containersInNamespace, DEBIAN, docker, ok, rejection, run, SandboxTracker, sleep, uniqueNamespace } from '../helpers'
+import { TRUEFORGE, BUSYBOX, containersInNamespace, DEBIAN, docker, ok, rejection, run, SandboxTracker, sleep, uniqueNamespace } from '../helpers'
 
-const PODMAN = 'unix:///run/tf-podman/podman.sock'
-const onPodman = process.env.DOCKER_HOST === PODMAN
+const onPodman = /podman\.sock$/.test(process.env.DOCKER_HOST ?? '')
 const suite = onPodman ? describe : describe.skip
 
 const namespace = uniqueNamespace('t-podsec')
@@ -58,6 +57,18 @@ suite('on Podman (skipped unless DOCKER_HOST is the Podman test socket: npm run 
     }
     await p.uploadFile({ sandboxId: id, remotePath: 'up.txt', content: Buffer.from('hello') })
     expect(await ok(p, id, `stat -c %u up.txt && touch ${p.getFileUploadsDir(id)}/w && echo writable`)).toBe(`${uid}\nwritable\n`)
+  })
+
+  test("an image whose USER is not root (the default image runs as agent): no capability at all, none ambient", async () => {
+    const p = provider({ image: TRUEFORGE })
+    const id = await tracker.create(p)
+    expect(await ok(p, id, 'id -un')).toBe('agent\n')
+    expect(await caps(p, id)).toEqual({ CapEff: '0000000000000000', CapAmb: '0000000000000000', NoNewPrivs: '1' })
+    expect((await run(p, id, 'touch /etc/x')).exitCode).not.toBe(0)
+    // The same image with `user: 'root'` keeps the default set: the option wins over USER.
+    const asRoot = provider({ image: TRUEFORGE, user: 'root' })
+    const rootId = await tracker.create(asRoot)
+    expect(await caps(asRoot, rootId)).toEqual({ CapEff: '00000000000004fb', CapAmb: '0000000000000000', NoNewPrivs: '1' })
   })
 
   test("runtime: 'runsc' is refused at create (Podman's Docker API ignores the runtime) and leaves no container", async () => {
