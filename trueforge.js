@@ -8,6 +8,8 @@
 //
 //   const provider = new DockerSandboxProvider(fromTrueForgeManifest(record.manifest, context))
 
+const { optionError } = require('./errors.js')
+
 // Manifest field -> constructor option.
 const MANIFEST_FIELDS = {
   type: null,
@@ -33,13 +35,6 @@ const CONTEXT_KEYS = {
 const MAX_EXEC_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 const MAX_MINUTES = 5_256_000
 const MAX_FILE_BYTES = 1024 * 1024 * 1024
-
-function optionError(option, reason) {
-  const e = new TypeError(`invalid option \`${option}\`: ${reason}`)
-  e.code = 'INVALID_OPTION'
-  e.option = option
-  return e
-}
 
 function isPlainObject(v) {
   return v !== null && typeof v === 'object' && !Array.isArray(v)

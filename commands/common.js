@@ -1,9 +1,14 @@
 'use strict'
 
-// Shared by the commands: argument parsing, the binding's coded errors, and output that is
-// coloured only on a terminal (plain lines otherwise, and never with NO_COLOR).
+// Shared by the commands: argument parsing, the binding with its coded errors turned into the
+// package's error classes (as the provider throws them), and output that is coloured only on a
+// terminal (plain lines otherwise, and never with NO_COLOR).
 
-const native = require('../binding.js')
+const binding = require('../loader.js')
+const { translated } = require('../errors.js')
+
+const ADMIN_FUNCTIONS = ['listSandboxes', 'removeSandboxes', 'removeStoppedSandboxes', 'describeEndpoint', 'engineReport']
+const native = Object.fromEntries(ADMIN_FUNCTIONS.map((name) => [name, (...args) => translated(() => binding[name](...args))]))
 
 /** Parses `argv` by `spec` ({ '--flag': 'string' | 'number' | 'boolean' }); rest → `_`. */
 function parseArgs(argv, spec) {
@@ -35,17 +40,6 @@ function parseArgs(argv, spec) {
     opts[key] = value
   }
   return opts
-}
-
-/** `{ code, message }` from an error the binding threw (a JSON payload in the message). */
-function payloadOf(e) {
-  const msg = (e && e.message) || String(e)
-  if (msg.startsWith('{"code"')) {
-    try {
-      return JSON.parse(msg)
-    } catch {}
-  }
-  return { code: (e && e.code) || 'ERROR', message: msg }
 }
 
 function adminOptions(opts) {
@@ -84,4 +78,4 @@ function bytes(n) {
   return i === 0 ? `${v} B` : `${v.toFixed(1)} ${units[i]}`
 }
 
-module.exports = { native, parseArgs, payloadOf, adminOptions, colour, table, iso, bytes, tty }
+module.exports = { native, parseArgs, adminOptions, colour, table, iso, bytes, tty }

@@ -7,7 +7,7 @@
 const fs = require('node:fs')
 const path = require('node:path')
 
-const { native, parseArgs, payloadOf, adminOptions, colour, bytes, tty } = require('./common')
+const { native, parseArgs, adminOptions, colour, bytes, tty } = require('./common')
 
 const USAGE = `usage: trueforge-docker-sandbox doctor [--docker-host H] [--image I] [--network N] [--namespace N] [--json]
 
@@ -81,7 +81,7 @@ async function run(argv, out) {
     const how = endpoint.host.startsWith('ssh://') ? 'SSH' : endpoint.tls ? 'TLS' : endpoint.host.startsWith('unix://') ? 'socket' : 'plain TCP'
     add('endpoint', !endpoint.tls && endpoint.host.startsWith('tcp://') ? 'warn' : 'ok', `${how}: ${endpoint.describe}`, !endpoint.tls && endpoint.host.startsWith('tcp://') ? 'plain TCP is unauthenticated: use TLS (DOCKER_TLS_VERIFY, a context with TLS, or the tls option) or SSH' : undefined)
   } catch (e) {
-    add('endpoint', 'fail', payloadOf(e).message, 'fix DOCKER_HOST / DOCKER_CONTEXT / the Docker config, or pass --docker-host')
+    add('endpoint', 'fail', e.message, 'fix DOCKER_HOST / DOCKER_CONTEXT / the Docker config, or pass --docker-host')
     return finish(opts, out, checks)
   }
 
@@ -91,8 +91,7 @@ async function run(argv, out) {
     report = await native.engineReport(adminOptions({ ...opts, timeoutMs: opts.timeoutMs ?? 10_000 }))
     add('engine reachable', 'ok', `${endpoint.host} answered in ${Date.now() - t0} ms`)
   } catch (e) {
-    const p = payloadOf(e)
-    add('engine reachable', 'fail', `${p.code}: ${p.message}`, p.code === 'ENGINE_TLS' ? 'see the message: it names the TLS fix' : `start the engine or point --docker-host / DOCKER_HOST / the context at it (${endpoint.host})`)
+    add('engine reachable', 'fail', `${e.code}: ${e.message}`, e.code === 'ENGINE_TLS' ? 'see the message: it names the TLS fix' : `start the engine or point --docker-host / DOCKER_HOST / the context at it (${endpoint.host})`)
     return finish(opts, out, checks)
   }
   const v = report.version || {}
@@ -176,12 +175,12 @@ async function run(argv, out) {
       sandboxId = undefined
       add('test sandbox', 'ok', Object.entries(times).map(([k, ms]) => `${k} ${ms} ms`).join(', '))
     } catch (e) {
-      add('test sandbox', 'fail', `${payloadOf(e).message}`, 'see the message; `--network none` helps on engines without a bridge')
+      add('test sandbox', 'fail', e.message, 'see the message; `--network none` helps on engines without a bridge')
     } finally {
       if (sandboxId) await provider.removeSandbox(sandboxId).catch(() => {})
     }
   } catch (e) {
-    add('image', 'fail', payloadOf(e).message, 'check --image and the engine')
+    add('image', 'fail', e.message, 'check --image and the engine')
   } finally {
     provider.dispose()
   }
