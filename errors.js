@@ -95,15 +95,31 @@ class SandboxGpuError extends SandboxError {
 // with how each builds its message from the constructor's arguments. Engine failures are not
 // among them: they are never the request's fault.
 const REQUEST_ERRORS = {
-  SandboxNotAvailableError: { statusCode: 410, fields: ['sandboxId'], message: (id) => new SandboxNotAvailableError(id).message },
-  SandboxFileNotFoundError: { statusCode: 404, fields: ['path'], message: (p) => new SandboxFileNotFoundError(p).message },
-  SandboxPathIsDirectoryError: { statusCode: 400, fields: ['path'], message: (p) => new SandboxPathIsDirectoryError(p).message },
+  SandboxNotAvailableError: {
+    statusCode: 410,
+    fields: ['sandboxId'],
+    message: (id) => new SandboxNotAvailableError(id).message,
+  },
+  SandboxFileNotFoundError: {
+    statusCode: 404,
+    fields: ['path'],
+    message: (p) => new SandboxFileNotFoundError(p).message,
+  },
+  SandboxPathIsDirectoryError: {
+    statusCode: 400,
+    fields: ['path'],
+    message: (p) => new SandboxPathIsDirectoryError(p).message,
+  },
   SandboxFileTooLargeError: {
     statusCode: 413,
     fields: ['path', 'fileSize', 'maxSize'],
     message: (p, size, max) => new SandboxFileTooLargeError(p, size, max).message,
   },
-  SandboxPathTraversalError: { statusCode: 400, fields: ['path'], message: (p) => new SandboxPathTraversalError(p).message },
+  SandboxPathTraversalError: {
+    statusCode: 400,
+    fields: ['path'],
+    message: (p) => new SandboxPathTraversalError(p).message,
+  },
   SandboxInvalidPathError: { statusCode: 400, fields: ['message', 'path'], message: (m) => m },
   SandboxNotRegularFileError: { statusCode: 400, fields: ['message', 'path'], message: (m) => m },
 }
@@ -122,7 +138,12 @@ function onHostBase(HostBase) {
     const Derived = class extends HostBase {
       constructor(...args) {
         super(spec.message(...args))
-        Object.defineProperty(this, 'statusCode', { value: spec.statusCode, enumerable: true, writable: true, configurable: true })
+        Object.defineProperty(this, 'statusCode', {
+          value: spec.statusCode,
+          enumerable: true,
+          writable: true,
+          configurable: true,
+        })
         this.name = name
         spec.fields.forEach((field, i) => {
           if (field !== 'message') this[field] = args[i]
@@ -146,18 +167,20 @@ const CONTRACT_ERROR_NAMES = [
 
 // Bad options and arguments are the caller's bug, not a sandbox failure: plain TypeErrors, as
 // Node's own APIs throw, told apart by `code`.
+/**
+ * @param {string} option
+ * @param {string} reason
+ */
 function optionError(option, reason) {
-  const e = new TypeError(`invalid option \`${option}\`: ${reason}`)
-  e.code = 'INVALID_OPTION'
-  e.option = option
-  return e
+  return Object.assign(new TypeError(`invalid option \`${option}\`: ${reason}`), { code: 'INVALID_OPTION', option })
 }
 
+/** @param {string} message */
 function argumentError(message) {
-  const e = new TypeError(message)
-  e.code = 'INVALID_ARGUMENT'
-  return e
+  return Object.assign(new TypeError(message), { code: 'INVALID_ARGUMENT' })
 }
+
+/** @typedef {new (...args: any[]) => Error} ErrorClass */
 
 // How each code the binding sets turns into the error to throw. `make(name, Fallback)` picks
 // the host's constructor of that name when it gave one. Codes not listed here (INTERNAL,
@@ -168,7 +191,8 @@ const FROM_CODE = {
   SANDBOX_NOT_AVAILABLE: (e, make) => make('SandboxNotAvailableError', SandboxNotAvailableError, e.sandboxId),
   FILE_NOT_FOUND: (e, make) => make('SandboxFileNotFoundError', SandboxFileNotFoundError, e.path),
   PATH_IS_DIRECTORY: (e, make) => make('SandboxPathIsDirectoryError', SandboxPathIsDirectoryError, e.path),
-  FILE_TOO_LARGE: (e, make) => make('SandboxFileTooLargeError', SandboxFileTooLargeError, e.path, e.fileSize, e.maxSize),
+  FILE_TOO_LARGE: (e, make) =>
+    make('SandboxFileTooLargeError', SandboxFileTooLargeError, e.path, e.fileSize, e.maxSize),
   PATH_TRAVERSAL: (e, make) => make('SandboxPathTraversalError', SandboxPathTraversalError, e.path),
   INVALID_PATH: (e, make) => make('SandboxInvalidPathError', SandboxInvalidPathError, e.message, e.path),
   NOT_REGULAR_FILE: (e, make) => make('SandboxNotRegularFileError', SandboxNotRegularFileError, e.message, e.path),
@@ -193,7 +217,7 @@ const OUR_CODE = /^[A-Z][A-Z_]*$/
  * is returned as it is.
  *
  * @param {unknown} e
- * @param {Record<string, Function>} [injected]
+ * @param {Record<string, ErrorClass>} [injected]
  * @returns {unknown}
  */
 function fromNative(e, injected = {}) {
@@ -202,6 +226,7 @@ function fromNative(e, injected = {}) {
   if (e === null || typeof e !== 'object' || e instanceof SandboxError) return e
   const { code, message } = /** @type {{ code?: unknown, message?: unknown }} */ (e)
   if (typeof code !== 'string' || !OUR_CODE.test(code) || typeof message !== 'string') return e
+  /** @type {(name: string, Fallback: ErrorClass, ...args: unknown[]) => Error} */
   const make = (name, Fallback, ...args) => new (injected[name] ?? Fallback)(...args)
   const build = FROM_CODE[code]
   const out = build ? build(e, make) : new SandboxError(message, 500)
@@ -214,7 +239,7 @@ function fromNative(e, injected = {}) {
  *
  * @template T
  * @param {() => T} fn
- * @param {Record<string, Function>} [injected]
+ * @param {Record<string, ErrorClass>} [injected]
  * @returns {T}
  */
 function translated(fn, injected) {

@@ -27,12 +27,16 @@ const { unrepresentable, pickErrors, pickLogger, execParamsError, requireStrings
 const { DockerCodeModeTransport } = require('./transport.js')
 const { fromTrueForgeManifest } = require('./trueforge.js')
 
+/** @typedef {import('./index.d.ts').ExecResult} ExecResult */
+/** @typedef {import('./index.d.ts').SandboxBuild} SandboxBuild */
+
 /** The contract's SandboxProvider backed by one Docker container per sandbox. */
 class DockerSandboxProvider {
   #native
   #errors
   #layout
 
+  /** @param {import('./index.d.ts').DockerSandboxProviderOptions} options */
   constructor(options) {
     if (options === null || typeof options !== 'object' || Array.isArray(options)) {
       throw optionError('options', "expected an object such as { image: 'python:3.12' }")
@@ -48,11 +52,11 @@ class DockerSandboxProvider {
     } catch (e) {
       const out = fromNative(e, this.#errors)
       // Anything the binding refused before our own validation ran is still a bad option.
-      throw out === e ? optionError('options', e.message) : out
+      throw out === e ? optionError('options', /** @type {Error} */ (e).message) : out
     }
     this.#layout = this.#native.layout()
-    this.type = 'docker'
-    this.supportsCodeMode = true
+    this.type = /** @type {const} */ ('docker')
+    this.supportsCodeMode = /** @type {const} */ (true)
   }
 
   /** The namespace this provider's sandboxes live in. */
@@ -78,6 +82,10 @@ class DockerSandboxProvider {
     return { sandboxId }
   }
 
+  /**
+   * @param {import('./index.d.ts').SandboxExecParams} params
+   * @returns {Promise<ExecResult>}
+   */
   async exec(params) {
     const bad = execParamsError(params)
     if (bad) return { success: false, error: bad }
@@ -92,8 +100,8 @@ class DockerSandboxProvider {
       }),
     )
     return r.success
-      ? { success: true, response: { exitCode: r.exitCode, result: r.result } }
-      : { success: false, error: r.error }
+      ? { success: true, response: { exitCode: /** @type {number} */ (r.exitCode), result: r.result ?? '' } }
+      : { success: false, error: r.error ?? '' }
   }
 
   getAdditionalInstructions() {
@@ -170,8 +178,16 @@ class DockerSandboxProvider {
   }
 }
 
+/**
+ * @param {import('./binding').NativeBuild} b
+ * @returns {SandboxBuild}
+ */
 function shapeBuild(b) {
-  return { status: b.status, reason: b.reason ?? null, metadata: b.metadata ?? null }
+  return {
+    status: /** @type {SandboxBuild['status']} */ (b.status),
+    reason: b.reason ?? null,
+    metadata: b.metadata ?? null,
+  }
 }
 
 function forward(logger, line) {
@@ -223,3 +239,8 @@ module.exports = {
   SandboxGpuError,
   CONTRACT_ERROR_NAMES,
 }
+
+// `npm run typecheck` (tsconfig.js.json) holds the exports to what index.d.ts declares.
+/** @type {typeof import('./index.d.ts')} */
+const declared = module.exports
+void declared

@@ -50,7 +50,8 @@ class DockerCodeModeTransport {
       // a transport nobody stopped be collected, and its relay end with it.
       const self = new WeakRef(this)
       session = this.#native.codeModeSession((generation, id, payload) => {
-        void self.deref()?.#onRequest(generation, id, payload)
+        const transport = self.deref()
+        if (transport !== undefined) void transport.#onRequest(generation, id, payload)
       })
       this.#session = session
     }
@@ -60,7 +61,11 @@ class DockerCodeModeTransport {
       throw fromNative(e, this.#errors)
     }
     const env = { TFY_CM_SOCK: session.socketPath }
-    if (typeof requestTimeoutSeconds === 'number' && Number.isFinite(requestTimeoutSeconds) && requestTimeoutSeconds > 0) {
+    if (
+      typeof requestTimeoutSeconds === 'number' &&
+      Number.isFinite(requestTimeoutSeconds) &&
+      requestTimeoutSeconds > 0
+    ) {
       env.TFY_CM_REQUEST_TIMEOUT_SECONDS = String(requestTimeoutSeconds)
     }
     return { env }
@@ -84,7 +89,13 @@ class DockerCodeModeTransport {
     try {
       bytes = Buffer.from(JSON.stringify(reply) ?? 'null', 'utf8')
     } catch (e) {
-      bytes = Buffer.from(JSON.stringify({ ok: false, error: `Code Mode reply is not JSON: ${e.message}`, source: 'transport' }))
+      bytes = Buffer.from(
+        JSON.stringify({
+          ok: false,
+          error: `Code Mode reply is not JSON: ${/** @type {Error} */ (e).message}`,
+          source: 'transport',
+        }),
+      )
     }
     if (bytes.length > CODE_MODE_MAX_MESSAGE_BYTES) {
       const error = `Code Mode reply of ${bytes.length} bytes exceeds the limit of ${CODE_MODE_MAX_MESSAGE_BYTES} bytes`

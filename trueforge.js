@@ -71,7 +71,10 @@ function fromTrueForgeManifest(manifest, context) {
   }
   for (const key of Object.keys(manifest)) {
     if (!Object.hasOwn(MANIFEST_FIELDS, key)) {
-      throw optionError(key, `unknown field of a docker manifest; known ones are ${Object.keys(MANIFEST_FIELDS).join(', ')}`)
+      throw optionError(
+        key,
+        `unknown field of a docker manifest; known ones are ${Object.keys(MANIFEST_FIELDS).join(', ')}`,
+      )
     }
   }
   if (manifest.type !== 'docker') {
@@ -101,7 +104,10 @@ function fromTrueForgeManifest(manifest, context) {
   }
   if (present('namespace')) {
     if (typeof manifest.namespace !== 'string') {
-      throw optionError('namespace', `expected a string of [a-z0-9-], 1 to 32 long, got ${describe(manifest.namespace)}`)
+      throw optionError(
+        'namespace',
+        `expected a string of [a-z0-9-], 1 to 32 long, got ${describe(manifest.namespace)}`,
+      )
     }
     options.namespace = manifest.namespace
   }

@@ -53,7 +53,7 @@ function unrepresentable(value, path) {
  * host did not give are then rebuilt on it, so they are `instanceof` the host's base too.
  *
  * @param {unknown} injected
- * @returns {Record<string, Function>}
+ * @returns {Record<string, import('./errors').ErrorClass>}
  */
 function pickErrors(injected) {
   if (injected === undefined || injected === null) return {}
@@ -62,7 +62,7 @@ function pickErrors(injected) {
   }
   const given = /** @type {Record<string, unknown>} */ (injected)
   const known = [...CONTRACT_ERROR_NAMES, 'SandboxError']
-  /** @type {Record<string, Function>} */
+  /** @type {Record<string, any>} */
   const out = {}
   for (const name of known) {
     const ctor = given[name]

@@ -7,8 +7,16 @@
 const binding = require('../loader.js')
 const { translated } = require('../errors.js')
 
-const ADMIN_FUNCTIONS = ['listSandboxes', 'removeSandboxes', 'removeStoppedSandboxes', 'describeEndpoint', 'engineReport']
-const native = Object.fromEntries(ADMIN_FUNCTIONS.map((name) => [name, (...args) => translated(() => binding[name](...args))]))
+const ADMIN_FUNCTIONS = [
+  'listSandboxes',
+  'removeSandboxes',
+  'removeStoppedSandboxes',
+  'describeEndpoint',
+  'engineReport',
+]
+const native = Object.fromEntries(
+  ADMIN_FUNCTIONS.map((name) => [name, (...args) => translated(() => binding[name](...args))]),
+)
 
 /** Parses `argv` by `spec` ({ '--flag': 'string' | 'number' | 'boolean' }); rest → `_`. */
 function parseArgs(argv, spec) {
@@ -59,7 +67,9 @@ const colour = { green: paint('32'), yellow: paint('33'), red: paint('31'), dim:
 function table(rows) {
   if (rows.length === 0) return ''
   const widths = rows[0].map((_, i) => Math.max(...rows.map((r) => String(r[i]).length)))
-  return rows.map((r) => r.map((c, i) => (i === r.length - 1 ? String(c) : String(c).padEnd(widths[i]))).join('  ')).join('\n')
+  return rows
+    .map((r) => r.map((c, i) => (i === r.length - 1 ? String(c) : String(c).padEnd(widths[i]))).join('  '))
+    .join('\n')
 }
 
 function iso(epochSeconds) {
