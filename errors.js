@@ -207,9 +207,9 @@ const FROM_CODE = {
   GPU_UNSUPPORTED: (e) => new SandboxGpuError(e.message, 'GPU_UNSUPPORTED', e.holders),
 }
 
-// Codes napi itself sets (a wrong argument type, a closing runtime) are not ours: only an error
-// whose code is all capitals and underscores came from `SandboxError` in the binding.
-const OUR_CODE = /^[A-Z][A-Z_]*$/
+// Codes napi itself sets (`InvalidArg`, `Closing`) and Node's (`ERR_…`) are not ours: only an
+// error whose code is all capitals and underscores otherwise came from `SandboxError`.
+const OUR_CODE = /^(?!ERR_)[A-Z][A-Z_]*$/
 
 /**
  * The error to throw for one the binding threw or rejected with: the contract's class (the

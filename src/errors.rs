@@ -196,4 +196,26 @@ mod tests {
       "Path is a directory, not a file: /x"
     );
   }
+
+  #[test]
+  fn fields_carry_what_the_contract_constructors_take() {
+    let e = SandboxError::SandboxNotAvailable {
+      sandbox_id: "/workspace/x".into(),
+    };
+    assert_eq!(
+      Value::Object(e.fields()),
+      json!({ "sandboxId": "/workspace/x" })
+    );
+    // The reason alone, so the JavaScript side rebuilds the same message around `option`.
+    let e = SandboxError::InvalidOption {
+      option: "namespace".into(),
+      reason: "too long".into(),
+    };
+    assert_eq!(
+      Value::Object(e.fields()),
+      json!({ "option": "namespace", "reason": "too long" })
+    );
+    assert_eq!(e.to_string(), "invalid option `namespace`: too long");
+    assert!(SandboxError::Internal("x".into()).fields().is_empty());
+  }
 }
