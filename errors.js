@@ -2,7 +2,9 @@
 
 // The error classes of the SandboxProvider contract. The host server checks `instanceof`
 // against its own classes, so the provider throws the host's constructors when given them
-// (option `errors`) and these otherwise: same names, status codes and messages.
+// (option `errors`) and these otherwise: same names, status codes and messages. `fromNative` is
+// the one place the binding's errors (a stable `code`, the message, and the contract's fields on
+// the object) become them, for the provider, Code Mode, `reapSandboxes` and the commands alike.
 
 // An error made on the host's base class (see `onHostBase`) records which class of ours it
 // stands for, so `instanceof` that class (and our `SandboxError`) still holds for it.
