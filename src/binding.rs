@@ -2,9 +2,8 @@
 //! JavaScript errors carrying a stable code. No behaviour lives here.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
-
 use std::future::Future;
+use std::sync::Arc;
 
 use napi::bindgen_prelude::{Buffer, FnArgs, Function, JsObjectValue, PromiseRaw, ToNapiValue};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
