@@ -67,10 +67,9 @@ async function main() {
     try {
       code = await cmd.run(rest, console)
     } catch (e) {
-      const { payloadOf } = require('./commands/common.js')
-      const p = payloadOf(e)
-      const usage = /^(unknown option|unexpected argument|give |--)/.test(p.message) || / needs /.test(p.message)
-      console.error(usage ? `${p.message}\n\n${cmd.USAGE}` : p.message)
+      const message = e instanceof Error ? e.message : String(e)
+      const usage = /^(unknown option|unexpected argument|give |--)/.test(message) || / needs /.test(message)
+      console.error(usage ? `${message}\n\n${cmd.USAGE}` : message)
       code = usage ? 2 : 1
     }
     process.exitCode = code

@@ -2,7 +2,9 @@
 
 // The error classes of the SandboxProvider contract. The host server checks `instanceof`
 // against its own classes, so the provider throws the host's constructors when given them
-// (option `errors`) and these otherwise: same names, status codes and messages.
+// (option `errors`) and these otherwise: same names, status codes and messages. `fromNative` is
+// the one place the binding's errors (a stable `code`, the message, and the contract's fields on
+// the object) become them, for the provider, Code Mode, `reapSandboxes` and the commands alike.
 
 // An error made on the host's base class (see `onHostBase`) records which class of ours it
 // stands for, so `instanceof` that class (and our `SandboxError`) still holds for it.
@@ -95,15 +97,31 @@ class SandboxGpuError extends SandboxError {
 // with how each builds its message from the constructor's arguments. Engine failures are not
 // among them: they are never the request's fault.
 const REQUEST_ERRORS = {
-  SandboxNotAvailableError: { statusCode: 410, fields: ['sandboxId'], message: (id) => new SandboxNotAvailableError(id).message },
-  SandboxFileNotFoundError: { statusCode: 404, fields: ['path'], message: (p) => new SandboxFileNotFoundError(p).message },
-  SandboxPathIsDirectoryError: { statusCode: 400, fields: ['path'], message: (p) => new SandboxPathIsDirectoryError(p).message },
+  SandboxNotAvailableError: {
+    statusCode: 410,
+    fields: ['sandboxId'],
+    message: (id) => new SandboxNotAvailableError(id).message,
+  },
+  SandboxFileNotFoundError: {
+    statusCode: 404,
+    fields: ['path'],
+    message: (p) => new SandboxFileNotFoundError(p).message,
+  },
+  SandboxPathIsDirectoryError: {
+    statusCode: 400,
+    fields: ['path'],
+    message: (p) => new SandboxPathIsDirectoryError(p).message,
+  },
   SandboxFileTooLargeError: {
     statusCode: 413,
     fields: ['path', 'fileSize', 'maxSize'],
     message: (p, size, max) => new SandboxFileTooLargeError(p, size, max).message,
   },
-  SandboxPathTraversalError: { statusCode: 400, fields: ['path'], message: (p) => new SandboxPathTraversalError(p).message },
+  SandboxPathTraversalError: {
+    statusCode: 400,
+    fields: ['path'],
+    message: (p) => new SandboxPathTraversalError(p).message,
+  },
   SandboxInvalidPathError: { statusCode: 400, fields: ['message', 'path'], message: (m) => m },
   SandboxNotRegularFileError: { statusCode: 400, fields: ['message', 'path'], message: (m) => m },
 }
@@ -122,7 +140,12 @@ function onHostBase(HostBase) {
     const Derived = class extends HostBase {
       constructor(...args) {
         super(spec.message(...args))
-        Object.defineProperty(this, 'statusCode', { value: spec.statusCode, enumerable: true, writable: true, configurable: true })
+        Object.defineProperty(this, 'statusCode', {
+          value: spec.statusCode,
+          enumerable: true,
+          writable: true,
+          configurable: true,
+        })
         this.name = name
         spec.fields.forEach((field, i) => {
           if (field !== 'message') this[field] = args[i]
@@ -144,6 +167,100 @@ const CONTRACT_ERROR_NAMES = [
   'SandboxPathTraversalError',
 ]
 
+// Bad options and arguments are the caller's bug, not a sandbox failure: plain TypeErrors, as
+// Node's own APIs throw, told apart by `code`.
+/**
+ * @param {string} option
+ * @param {string} reason
+ */
+function optionError(option, reason) {
+  return Object.assign(new TypeError(`invalid option \`${option}\`: ${reason}`), { code: 'INVALID_OPTION', option })
+}
+
+/** @param {string} message */
+function argumentError(message) {
+  return Object.assign(new TypeError(message), { code: 'INVALID_ARGUMENT' })
+}
+
+/** @typedef {new (...args: any[]) => Error} ErrorClass */
+
+// How each code the binding sets turns into the error to throw. `make(name, Fallback)` picks
+// the host's constructor of that name when it gave one. Codes not listed here (INTERNAL,
+// IMAGE_NOT_AVAILABLE, CREATE_FAILED, CODE_MODE_UNAVAILABLE, and any added later) are a plain
+// `SandboxError` with status 500, as the README's error table says: the provider failed, and
+// neither the request nor the engine's availability is to blame.
+const FROM_CODE = {
+  SANDBOX_NOT_AVAILABLE: (e, make) => make('SandboxNotAvailableError', SandboxNotAvailableError, e.sandboxId),
+  FILE_NOT_FOUND: (e, make) => make('SandboxFileNotFoundError', SandboxFileNotFoundError, e.path),
+  PATH_IS_DIRECTORY: (e, make) => make('SandboxPathIsDirectoryError', SandboxPathIsDirectoryError, e.path),
+  FILE_TOO_LARGE: (e, make) =>
+    make('SandboxFileTooLargeError', SandboxFileTooLargeError, e.path, e.fileSize, e.maxSize),
+  PATH_TRAVERSAL: (e, make) => make('SandboxPathTraversalError', SandboxPathTraversalError, e.path),
+  INVALID_PATH: (e, make) => make('SandboxInvalidPathError', SandboxInvalidPathError, e.message, e.path),
+  NOT_REGULAR_FILE: (e, make) => make('SandboxNotRegularFileError', SandboxNotRegularFileError, e.message, e.path),
+  INVALID_OPTION: (e) => optionError(e.option, e.reason),
+  INVALID_ARGUMENT: (e) => argumentError(e.message),
+  ENGINE_UNREACHABLE: (e) => new SandboxEngineError(e.message),
+  ENGINE_TIMEOUT: (e) => new SandboxEngineError(e.message),
+  ENGINE_ERROR: (e) => new SandboxEngineError(e.message),
+  ENGINE_TLS: (e) => new SandboxEngineError(e.message),
+  ENGINE_SSH: (e) => new SandboxEngineError(e.message),
+  GPUS_UNAVAILABLE: (e) => new SandboxGpuError(e.message, 'GPUS_UNAVAILABLE', e.holders),
+  GPU_UNSUPPORTED: (e) => new SandboxGpuError(e.message, 'GPU_UNSUPPORTED', e.holders),
+}
+
+// Codes napi itself sets (`InvalidArg`, `Closing`) and Node's (`ERR_…`) are not ours: only an
+// error whose code is all capitals and underscores otherwise came from `SandboxError`.
+const OUR_CODE = /^(?!ERR_)[A-Z][A-Z_]*$/
+
+/**
+ * The error to throw for one the binding threw or rejected with: the contract's class (the
+ * host's own when `injected` has it, see `pickErrors`) with the binding's `code`. Anything else
+ * is returned as it is.
+ *
+ * @param {unknown} e
+ * @param {Record<string, ErrorClass>} [injected]
+ * @returns {unknown}
+ */
+function fromNative(e, injected = {}) {
+  // Not `instanceof Error`: the binding builds its errors in the main realm, which is not the
+  // caller's under a vm context (jest runs every test file in one).
+  if (e === null || typeof e !== 'object' || e instanceof SandboxError) return e
+  const { code, message } = /** @type {{ code?: unknown, message?: unknown }} */ (e)
+  if (typeof code !== 'string' || !OUR_CODE.test(code) || typeof message !== 'string') return e
+  /** @type {(name: string, Fallback: ErrorClass, ...args: unknown[]) => Error} */
+  const make = (name, Fallback, ...args) => new (injected[name] ?? Fallback)(...args)
+  const build = FROM_CODE[code]
+  const out = build ? build(e, make) : new SandboxError(message, 500)
+  if (out.code === undefined) out.code = code
+  return out
+}
+
+/**
+ * `fn`'s result, with what it throws or rejects with passed through `fromNative`.
+ *
+ * @template T
+ * @param {() => T} fn
+ * @param {Record<string, ErrorClass>} [injected]
+ * @returns {T}
+ */
+function translated(fn, injected) {
+  let out
+  try {
+    out = fn()
+  } catch (e) {
+    throw fromNative(e, injected)
+  }
+  // A thenable, not `instanceof Promise`: the binding's promises are of the main realm too.
+  const then = out !== null && typeof out === 'object' ? /** @type {any} */ (out).then : undefined
+  if (typeof then !== 'function') return out
+  return /** @type {T} */ (
+    then.call(out, undefined, (/** @type {unknown} */ e) => {
+      throw fromNative(e, injected)
+    })
+  )
+}
+
 module.exports = {
   SandboxError,
   SandboxNotAvailableError,
@@ -158,4 +275,8 @@ module.exports = {
   CONTRACT_ERROR_NAMES,
   REQUEST_ERRORS,
   onHostBase,
+  optionError,
+  argumentError,
+  fromNative,
+  translated,
 }

@@ -14,5 +14,10 @@ module.exports = {
     '^.+\\.(t|j)sx?$': ['@swc/jest'],
   },
   testMatch: ['<rootDir>/__test__/**/*.test.ts'],
-  testPathIgnorePatterns: ['/node_modules/', '<rootDir>/__test__/gpu\\.test\\.ts$', '<rootDir>/__test__/faults/', '<rootDir>/__test__/trueforge/'],
+  testPathIgnorePatterns: [
+    '/node_modules/',
+    '<rootDir>/__test__/gpu\\.test\\.ts$',
+    '<rootDir>/__test__/faults/',
+    '<rootDir>/__test__/trueforge/',
+  ],
 }

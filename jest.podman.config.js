@@ -17,5 +17,8 @@ module.exports = {
   transform: {
     '^.+\\.(t|j)sx?$': ['@swc/jest'],
   },
-  testMatch: ['<rootDir>/__test__/{contract,exec,transfer,lifecycle}.test.ts', '<rootDir>/__test__/engines/podman.test.ts'],
+  testMatch: [
+    '<rootDir>/__test__/{contract,exec,transfer,lifecycle}.test.ts',
+    '<rootDir>/__test__/engines/podman.test.ts',
+  ],
 }

@@ -9,7 +9,7 @@ const pkg = require('./package.json')
 function platformName(platform = process.platform, arch = process.arch) {
   if (platform !== 'linux') return `${platform}-${arch}`
   const report = typeof process.report?.getReport === 'function' ? process.report.getReport() : null
-  const glibc = report?.header?.glibcVersionRuntime
+  const glibc = /** @type {any} */ (report)?.header?.glibcVersionRuntime
   return `linux-${arch}-${glibc ? 'gnu' : 'musl'}`
 }
 
@@ -33,15 +33,14 @@ function load() {
     const what = supported.includes(here)
       ? `its package ${pkg.name}-${here} is missing or failed to load (was it installed with --omit=optional or --no-optional, or copied from another platform? reinstall on this machine)`
       : 'there is no prebuilt binary for it'
-    const error = new Error(
+    const message =
       `${pkg.name}: cannot load the native addon on ${here} (Node.js ${process.version}): ${what}. ` +
-        `Supported platforms: ${supported.join(', ')}.`,
-    )
-    error.code = 'ERR_NATIVE_ADDON_UNAVAILABLE'
-    error.platform = here
-    error.supportedPlatforms = supported
-    error.cause = cause
-    throw error
+      `Supported platforms: ${supported.join(', ')}.`
+    throw Object.assign(new Error(message, { cause }), {
+      code: 'ERR_NATIVE_ADDON_UNAVAILABLE',
+      platform: here,
+      supportedPlatforms: supported,
+    })
   }
 }
 

@@ -8,6 +8,8 @@
 //
 //   const provider = new DockerSandboxProvider(fromTrueForgeManifest(record.manifest, context))
 
+const { optionError } = require('./errors.js')
+
 // Manifest field -> constructor option.
 const MANIFEST_FIELDS = {
   type: null,
@@ -33,13 +35,6 @@ const CONTEXT_KEYS = {
 const MAX_EXEC_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 const MAX_MINUTES = 5_256_000
 const MAX_FILE_BYTES = 1024 * 1024 * 1024
-
-function optionError(option, reason) {
-  const e = new TypeError(`invalid option \`${option}\`: ${reason}`)
-  e.code = 'INVALID_OPTION'
-  e.option = option
-  return e
-}
 
 function isPlainObject(v) {
   return v !== null && typeof v === 'object' && !Array.isArray(v)
@@ -76,7 +71,10 @@ function fromTrueForgeManifest(manifest, context) {
   }
   for (const key of Object.keys(manifest)) {
     if (!Object.hasOwn(MANIFEST_FIELDS, key)) {
-      throw optionError(key, `unknown field of a docker manifest; known ones are ${Object.keys(MANIFEST_FIELDS).join(', ')}`)
+      throw optionError(
+        key,
+        `unknown field of a docker manifest; known ones are ${Object.keys(MANIFEST_FIELDS).join(', ')}`,
+      )
     }
   }
   if (manifest.type !== 'docker') {
@@ -106,7 +104,10 @@ function fromTrueForgeManifest(manifest, context) {
   }
   if (present('namespace')) {
     if (typeof manifest.namespace !== 'string') {
-      throw optionError('namespace', `expected a string of [a-z0-9-], 1 to 32 long, got ${describe(manifest.namespace)}`)
+      throw optionError(
+        'namespace',
+        `expected a string of [a-z0-9-], 1 to 32 long, got ${describe(manifest.namespace)}`,
+      )
     }
     options.namespace = manifest.namespace
   }

@@ -8,7 +8,7 @@ import { createConnection, createServer, type Server } from 'node:net'
 import { dirname } from 'node:path'
 import * as http from 'node:http'
 
-import { DockerSandboxProvider } from '..'
+import { DockerSandboxProvider, type CodeModeReply as Reply, type CodeModeRequest as Request } from '..'
 import {
   BUSYBOX,
   DEBIAN,
@@ -19,6 +19,7 @@ import {
   rejection,
   run,
   sleep,
+  waitFor,
   uniqueNamespace,
   type Provider,
 } from './helpers'
@@ -27,11 +28,6 @@ jest.setTimeout(90_000)
 
 const namespace = uniqueNamespace('codemode')
 const RELAY_CMDLINE = 'python3 -I -S /trueforge/codemode/relay.py'
-
-type Request =
-  | { op: 'list_tools'; server: string }
-  | { op: 'call_tool'; server: string; tool: string; arguments?: Record<string, unknown> }
-type Reply = { ok: true; result: unknown } | { ok: false; error: string; source: 'internal' | 'caller' | 'transport' }
 
 const TOOLS = [
   { name: 'echo', annotations: { readOnlyHint: true } },
@@ -184,14 +180,6 @@ async function runningRelayExecs(container: string): Promise<number> {
     }
   }
   return n
-}
-
-async function waitFor(cond: () => Promise<boolean>, ms: number, what: string): Promise<void> {
-  const deadline = Date.now() + ms
-  while (!(await cond())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await sleep(150)
-  }
 }
 
 const providers: Provider[] = []

@@ -11,6 +11,7 @@ import {
   SandboxNotRegularFileError,
   SandboxPathIsDirectoryError,
   SandboxPathTraversalError,
+  reapSandboxes,
 } from '..'
 import { BUSYBOX, ExecResult, ok, rejection, SandboxTracker, uniqueNamespace } from './helpers'
 
@@ -177,6 +178,42 @@ describe('errors thrown by the provider', () => {
     const r = (await p.exec({ sandboxId: '/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV', command: 'true' })) as ExecResult
     expect(r.success).toBe(false)
     if (!r.success) expect(r.error).toContain('unreachable')
+  })
+})
+
+describe('one translation for every call path', () => {
+  // errors.js is internal; its translator is what every entry point goes through.
+  const { fromNative } = require('../errors.js') as { fromNative: (e: unknown, injected?: object) => any }
+  const coded = (code: string, message: string, fields: object = {}) => Object.assign(new Error(message), { code }, fields)
+
+  test('reapSandboxes: a bad option is the TypeError naming it, an unreachable engine a SandboxEngineError', async () => {
+    const bad = await rejection(reapSandboxes({ namespace: 'NOT OK' }))
+    expect(bad).toBeInstanceOf(TypeError)
+    expect(bad.code).toBe('INVALID_OPTION')
+    expect(bad.option).toBe('namespace')
+    expect(bad.message).toMatch(/^invalid option `namespace`: /)
+    const down = await rejection(reapSandboxes({ dockerHost: 'unix:///nonexistent/trueforge-test.sock' }))
+    expect(down).toBeInstanceOf(SandboxEngineError)
+    expect(down.statusCode).toBe(503)
+    expect(down.code).toBe('ENGINE_UNREACHABLE')
+  })
+
+  test('INTERNAL and codes without a class of their own are a SandboxError with status 500', () => {
+    for (const code of ['INTERNAL', 'IMAGE_NOT_AVAILABLE', 'CREATE_FAILED', 'CODE_MODE_UNAVAILABLE', 'SOME_NEW_CODE']) {
+      const e = fromNative(coded(code, 'it broke'))
+      expect(e).toBeInstanceOf(SandboxError)
+      expect(e).not.toBeInstanceOf(SandboxEngineError)
+      expect(e.name).toBe('SandboxError')
+      expect(e.statusCode).toBe(500)
+      expect(e.code).toBe(code)
+      expect(e.message).toBe('it broke')
+    }
+  })
+
+  test("napi's and Node's own codes, and errors already translated, pass through unchanged", () => {
+    for (const e of [coded('InvalidArg', 'x'), coded('ERR_INVALID_ARG_TYPE', 'x'), new SandboxFileNotFoundError('/a'), 'text']) {
+      expect(fromNative(e)).toBe(e)
+    }
   })
 })
 

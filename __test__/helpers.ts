@@ -5,7 +5,9 @@
 import { execFileSync, spawnSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 
-import { DockerSandboxProvider } from '..'
+import type { DockerSandboxProvider, ExecResult, SandboxExecParams } from '..'
+
+export type { ExecResult }
 
 export const BUSYBOX = 'trueforge-sandbox-busybox:1'
 export const DEBIAN = 'trueforge-sandbox-debian:12'
@@ -22,20 +24,8 @@ export const LABEL_TEST_NAMESPACE = 'trueforge-test.namespace'
 
 const CROCKFORD = '0123456789ABCDEFGHJKMNPQRSTVWXYZ'
 
-/** The contract's exec result. */
-export type ExecResult =
-  | { success: true; response: { exitCode: number; result: string } }
-  | { success: false; error: string }
-
-export interface ExecParams {
-  sandboxId: string
-  command: string
-  cwd?: string
-  env?: Record<string, string>
-  timeoutSeconds?: number
-}
-
-export type Provider = InstanceType<typeof DockerSandboxProvider>
+export type ExecParams = SandboxExecParams
+export type Provider = DockerSandboxProvider
 
 /** Runs the docker CLI; throws (with stderr in the message) on a non-zero exit. */
 export function docker(args: string[], input?: string | Buffer): string {
@@ -207,4 +197,31 @@ export async function timed<T>(p: () => Promise<T>): Promise<{ value: T; ms: num
 
 export function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms))
+}
+
+/**
+ * Checks `cond` every `everyMs` until it holds: the milliseconds that took, or null once
+ * `timeoutMs` has passed (for tests that assert on the wait itself).
+ */
+export async function poll(
+  cond: () => boolean | Promise<boolean>,
+  timeoutMs: number,
+  everyMs = 100,
+): Promise<number | null> {
+  const start = Date.now()
+  for (;;) {
+    if (await cond()) return Date.now() - start
+    if (Date.now() - start > timeoutMs) return null
+    await sleep(everyMs)
+  }
+}
+
+/** Waits until `cond` holds; after `timeoutMs`, throws naming `what` it waited for. */
+export async function waitFor(
+  cond: () => boolean | Promise<boolean>,
+  timeoutMs: number,
+  what: string,
+  everyMs = 100,
+): Promise<void> {
+  if ((await poll(cond, timeoutMs, everyMs)) === null) throw new Error(`timed out waiting for ${what}`)
 }

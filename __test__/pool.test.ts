@@ -17,6 +17,7 @@ import {
   rejection,
   sleep,
   uniqueNamespace,
+  waitFor,
 } from './helpers'
 
 const LABEL_POOL = 'trueforge.sandbox.pool'
@@ -41,14 +42,6 @@ function members(namespace: string): { running: string[]; other: string[] } {
     ;(state === 'running' ? running : other).push(name)
   }
   return { running, other }
-}
-
-async function waitFor(cond: () => boolean, ms: number, what: string): Promise<void> {
-  const deadline = Date.now() + ms
-  while (!cond()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await sleep(200)
-  }
 }
 
 /**

@@ -3,6 +3,7 @@
 // The runtime test checks the same surface on a constructed object.
 
 import { DockerSandboxProvider } from '..'
+import type * as pkg from '..'
 
 type ExecResult =
   | { success: true; response: { exitCode: number; result: string } }
@@ -59,9 +60,20 @@ interface SandboxProvider {
   createCodeModeTransport(): CodeModeTransport
 }
 
+// The package's own declarations of the shared shapes are the consumer's, both ways.
+type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false
+const sameShapes: [
+  Same<pkg.ExecResult, ExecResult>,
+  Same<pkg.SandboxExecParams, SandboxExecParams>,
+  Same<pkg.SandboxBuild, SandboxBuild>,
+  Same<pkg.CodeModeRequest, CodeModeRequest>,
+  Same<pkg.CodeModeReply, CodeModeReply>,
+] = [true, true, true, true, true]
+
 test('a DockerSandboxProvider is a SandboxProvider', () => {
   const provider: SandboxProvider = new DockerSandboxProvider({ image: 'trueforge-sandbox-busybox:1' })
   expect(provider.type).toBe('docker')
+  expect(sameShapes.every(Boolean)).toBe(true)
   const methods: (keyof SandboxProvider)[] = [
     'buildImage',
     'getImageBuildStatus',

@@ -24,7 +24,8 @@ const ROUNDS = Number(process.argv[4] || 3)
 const dispatcher = {
   close() {},
   async dispatch({ request }) {
-    if (request.op === 'list_tools') return { ok: true, result: { tools: [{ name: 'echo', annotations: { readOnlyHint: true } }] } }
+    if (request.op === 'list_tools')
+      return { ok: true, result: { tools: [{ name: 'echo', annotations: { readOnlyHint: true } }] } }
     return { ok: true, result: { content: [], structuredContent: { echoed: request.arguments ?? {} } } }
   },
 }
@@ -93,13 +94,22 @@ async function main() {
     await provider.uploadFile({ sandboxId, remotePath: install.remotePath, content: Buffer.from(install.content) })
     await ex(`chmod 0555 ${install.remotePath} && ln -sf ../mcp_client.py /trueforge/codemode/bin/mcp-client`)
     const { env } = await transport.start({ codeModeDispatcher: dispatcher, sandboxId, requestTimeoutSeconds: 60 })
-    const relayEnv = { ...env, PYTHONPATH: '/trueforge/codemode', TFY_MCP_SERVERS: SERVERS, TFY_ENABLE_AGENT_APPROVALS: 'true', M: MEASURE }
+    const relayEnv = {
+      ...env,
+      PYTHONPATH: '/trueforge/codemode',
+      TFY_MCP_SERVERS: SERVERS,
+      TFY_ENABLE_AGENT_APPROVALS: 'true',
+      M: MEASURE,
+    }
     // Floor side: the same client and dispatcher over a bind-mounted socket.
     server = createServer({ allowHalfOpen: true }, (sock) => {
       const chunks = []
       sock.on('data', (c) => chunks.push(c))
       sock.on('end', async () => {
-        const reply = await dispatcher.dispatch({ request: JSON.parse(Buffer.concat(chunks).toString('utf8')), traceCarrier: {} })
+        const reply = await dispatcher.dispatch({
+          request: JSON.parse(Buffer.concat(chunks).toString('utf8')),
+          traceCarrier: {},
+        })
         sock.end(JSON.stringify(reply))
       })
       sock.on('error', () => {})
@@ -107,15 +117,46 @@ async function main() {
     await new Promise((r) => server.listen(join(dir, 's.sock'), r))
     chmodSync(join(dir, 's.sock'), 0o666)
     docker(['run', '-d', '--name', floorName, '-v', `${dir}:/floor`, IMAGE, 'sleep', 'infinity'])
-    const floorEnv = ['-e', 'TFY_CM_SOCK=/floor/s.sock', '-e', 'PYTHONPATH=/cm', '-e', `TFY_MCP_SERVERS=${SERVERS}`, '-e', 'PATH=/cm/bin:/usr/local/bin:/usr/bin:/bin']
+    const floorEnv = [
+      '-e',
+      'TFY_CM_SOCK=/floor/s.sock',
+      '-e',
+      'PYTHONPATH=/cm',
+      '-e',
+      `TFY_MCP_SERVERS=${SERVERS}`,
+      '-e',
+      'PATH=/cm/bin:/usr/local/bin:/usr/bin:/bin',
+    ]
     docker(['exec', floorName, 'mkdir', '-p', '/cm/bin'])
-    execFileSync('docker', ['exec', '-i', floorName, 'sh', '-c', 'cat > /cm/mcp_client.py && chmod 0555 /cm/mcp_client.py && ln -sf ../mcp_client.py /cm/bin/mcp-client'], { input: install.content })
+    execFileSync(
+      'docker',
+      [
+        'exec',
+        '-i',
+        floorName,
+        'sh',
+        '-c',
+        'cat > /cm/mcp_client.py && chmod 0555 /cm/mcp_client.py && ln -sf ../mcp_client.py /cm/bin/mcp-client',
+      ],
+      { input: install.content },
+    )
     // Rounds alternate between the two sides, and each figure is the best round's, so that
     // other work on the machine weighs on both alike.
     const rounds = []
     for (let round = 0; round < ROUNDS; round++) {
       const relay = JSON.parse(await ex(`python3 -c "$M" ${API_CALLS} ${CLI_CALLS}`, relayEnv))
-      const floor = JSON.parse(await dockerAsync(['exec', ...floorEnv, floorName, 'python3', '-c', MEASURE, String(API_CALLS), String(CLI_CALLS)]))
+      const floor = JSON.parse(
+        await dockerAsync([
+          'exec',
+          ...floorEnv,
+          floorName,
+          'python3',
+          '-c',
+          MEASURE,
+          String(API_CALLS),
+          String(CLI_CALLS),
+        ]),
+      )
       rounds.push({ relay, floor })
     }
     const best = (side) => {

@@ -70,7 +70,12 @@ function parseReps(spec) {
 
 function listEnv(name) {
   const v = process.env[name]
-  return v ? v.split(',').map((x) => x.trim()).filter(Boolean) : null
+  return v
+    ? v
+        .split(',')
+        .map((x) => x.trim())
+        .filter(Boolean)
+    : null
 }
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
@@ -122,7 +127,8 @@ function transferOps(size, label, repsKey) {
       // Untimed check that the whole file landed.
       teardown: async (im, ctx) => {
         const r = await im.exec(ctx.work, `wc -c < ${up}; rm -f ${up}`)
-        if (Number(r.output.trim()) !== size) throw new Error(`uploaded file has ${r.output.trim()} bytes, expected ${size}`)
+        if (Number(r.output.trim()) !== size)
+          throw new Error(`uploaded file has ${r.output.trim()} bytes, expected ${size}`)
       },
     },
     {
@@ -137,7 +143,8 @@ function transferOps(size, label, repsKey) {
       },
       run: (im, ctx) => im.download(ctx.work, down),
       check: (buf, ctx) => {
-        if (!buf.equals(ctx.payload)) throw new Error(`downloaded ${buf.length} bytes that differ from the ${size} uploaded`)
+        if (!buf.equals(ctx.payload))
+          throw new Error(`downloaded ${buf.length} bytes that differ from the ${size} uploaded`)
       },
       teardown: (im, ctx) => im.exec(ctx.work, `rm -f ${down}`),
     },
@@ -267,7 +274,11 @@ async function iterate(op, im, ctx, row) {
   let res
   let err = null
   try {
-    res = await withTimeout(Promise.resolve().then(() => op.run(im, ctx, scratch)), OP_TIMEOUT_MS, op.title)
+    res = await withTimeout(
+      Promise.resolve().then(() => op.run(im, ctx, scratch)),
+      OP_TIMEOUT_MS,
+      op.title,
+    )
   } catch (e) {
     err = e
   }
@@ -459,7 +470,13 @@ async function requestCounts(implNames, log) {
   } finally {
     await proxy.close()
   }
-  log(`  request counts: ${Object.entries(out).map(([n, r]) => `${n} ${['create', 'exec', 'upload', 'download'].map((k) => (r[k] ? r[k].length : '?')).join('/')}`).join(', ')}`)
+  log(
+    `  request counts: ${Object.entries(out)
+      .map(
+        ([n, r]) => `${n} ${['create', 'exec', 'upload', 'download'].map((k) => (r[k] ? r[k].length : '?')).join('/')}`,
+      )
+      .join(', ')}`,
+  )
   return out
 }
 
@@ -499,7 +516,9 @@ function makeWarmPoolImpl() {
     if (typeof im.provider.warmUp === 'function') im.provider.warmUp().catch(() => {})
     return { im, size }
   } catch (e) {
-    return { note: `"${WARM}" rows skipped: constructing the provider with warmPool: { size: ${size} } threw: ${shortError(e)}` }
+    return {
+      note: `"${WARM}" rows skipped: constructing the provider with warmPool: { size: ${size} } threw: ${shortError(e)}`,
+    }
   }
 }
 
@@ -530,7 +549,9 @@ async function preflight() {
     const r = await im.exec(id, 'true')
     if (r.exitCode !== 0) throw new Error(`\`true\` exited ${r.exitCode}`)
   } catch (e) {
-    const hint = common.NETWORK ? '' : ' (if the default bridge is what fails, BENCH_NETWORK=trueforge-bench runs every implementation on a network of its own)'
+    const hint = common.NETWORK
+      ? ''
+      : ' (if the default bridge is what fails, BENCH_NETWORK=trueforge-bench runs every implementation on a network of its own)'
     throw new Error(`the engine cannot run a container of ${common.IMAGE}: ${shortError(e)}${hint}`)
   } finally {
     await im.cleanup()
@@ -616,7 +637,8 @@ function evaluateTargets(rows, mem) {
   const get = (key, impl) => rows.find((r) => r.op.key === key && r.impl === impl)
   const ok = (r) => r && r.n > 0 && Number.isFinite(r.p50)
   const targets = []
-  const add = (name, met, detail) => targets.push({ name, status: met === null ? 'N/A' : met ? 'MET' : 'MISSED', detail })
+  const add = (name, met, detail) =>
+    targets.push({ name, status: met === null ? 'N/A' : met ? 'MET' : 'MISSED', detail })
 
   for (const key of ['create', 'create_exec', 'exec_true', 'exec_1m']) {
     const ours = get(key, OURS)
@@ -627,9 +649,14 @@ function evaluateTargets(rows, mem) {
       add(`${key}: p50 within 1.1× of the floor, no slower than dockerode or the CLI`, null, 'not measured')
       continue
     }
-    const parts = [`ours ${fmtMs(ours.p50)} ms, floor ${fmtMs(floor.p50)} ms (${(ours.p50 / floor.p50).toFixed(2)}×, limit 1.10×)`]
+    const parts = [
+      `ours ${fmtMs(ours.p50)} ms, floor ${fmtMs(floor.p50)} ms (${(ours.p50 / floor.p50).toFixed(2)}×, limit 1.10×)`,
+    ]
     let met = ours.p50 <= 1.1 * floor.p50
-    for (const [label, r] of [['dockerode', dko], ['CLI', cli]]) {
+    for (const [label, r] of [
+      ['dockerode', dko],
+      ['CLI', cli],
+    ]) {
       if (!ok(r)) continue
       parts.push(`${label} ${fmtMs(r.p50)} ms`)
       met = met && ours.p50 <= r.p50
@@ -648,7 +675,9 @@ function evaluateTargets(rows, mem) {
         continue
       }
       let met = ours.mbps >= 0.9 * floor.mbps
-      const parts = [`ours ${fmtMbps(ours.mbps)} MB/s, floor ${fmtMbps(floor.mbps)} MB/s (${(ours.mbps / floor.mbps).toFixed(2)}×, need ≥ 0.90×)`]
+      const parts = [
+        `ours ${fmtMbps(ours.mbps)} MB/s, floor ${fmtMbps(floor.mbps)} MB/s (${(ours.mbps / floor.mbps).toFixed(2)}×, need ≥ 0.90×)`,
+      ]
       if (ok(cli)) {
         met = met && ours.mbps > cli.mbps
         parts.push(`docker cp ${fmtMbps(cli.mbps)} MB/s`)
@@ -665,7 +694,11 @@ function evaluateTargets(rows, mem) {
     }
     const d = mem.dockerode && mem.dockerode[dir]
     const extra = d && Number.isFinite(d.growth) ? `; dockerode ${fmtBytes(d.growth)}` : ''
-    add(`peak RSS growth during the 100 MiB ${dir} ≤ 2× payload`, m.growth <= 2 * 100 * MiB, `ours ${fmtBytes(m.growth)} (${(m.growth / (100 * MiB)).toFixed(2)}× payload)${extra}`)
+    add(
+      `peak RSS growth during the 100 MiB ${dir} ≤ 2× payload`,
+      m.growth <= 2 * 100 * MiB,
+      `ours ${fmtBytes(m.growth)} (${(m.growth / (100 * MiB)).toFixed(2)}× payload)${extra}`,
+    )
   }
 
   const ours = get('exec_x50', OURS)
@@ -692,7 +725,7 @@ function renderMarkdown({ env, presetName, reps, rows, mem, reqs, targets, notes
   L.push('# Benchmark results')
   L.push('')
   L.push('Generated by `node bench/run.js`; do not edit by hand. Times are milliseconds; `alt/ours` is the')
-  L.push('alternative\'s time over the addon\'s (above 1× means the addon is faster). MB/s is 10^6 bytes/s at')
+  L.push("alternative's time over the addon's (above 1× means the addon is faster). MB/s is 10^6 bytes/s at")
   L.push('the p50 time. Percentiles interpolate between ranks, so with few repetitions p95 is near the maximum.')
   L.push('')
   L.push('## Environment')
@@ -708,9 +741,22 @@ function renderMarkdown({ env, presetName, reps, rows, mem, reqs, targets, notes
         ['memory', `${(os.totalmem() / 1024 ** 3).toFixed(1)} GiB`],
         ['node', env.node],
         ['image', common.IMAGE],
-        ['network', common.NETWORK ? `${common.NETWORK} (BENCH_NETWORK; a user-defined bridge for every implementation)` : 'the engine\'s default bridge'],
-        ['repetitions', `${presetName}: ${Object.entries(reps).map(([k, v]) => `${k}=${v}`).join(', ')} (plus one warm-up each)`],
-        ['load average (1/5/15 min)', `${fmtLoad(env.loadStart)} at start, ${fmtLoad(os.loadavg())} at the end (other work on the machine widens p95 and can flip close comparisons)`],
+        [
+          'network',
+          common.NETWORK
+            ? `${common.NETWORK} (BENCH_NETWORK; a user-defined bridge for every implementation)`
+            : "the engine's default bridge",
+        ],
+        [
+          'repetitions',
+          `${presetName}: ${Object.entries(reps)
+            .map(([k, v]) => `${k}=${v}`)
+            .join(', ')} (plus one warm-up each)`,
+        ],
+        [
+          'load average (1/5/15 min)',
+          `${fmtLoad(env.loadStart)} at start, ${fmtLoad(os.loadavg())} at the end (other work on the machine widens p95 and can flip close comparisons)`,
+        ],
         ['total run time', `${(wallMs / 1000).toFixed(0)} s`],
       ],
     ),
@@ -733,7 +779,8 @@ function renderMarkdown({ env, presetName, reps, rows, mem, reqs, targets, notes
         mrows.push([name, 'error', 'error', m.error])
         continue
       }
-      const cell = (d) => (d && Number.isFinite(d.growth) ? `${fmtBytes(d.growth)} (${(d.growth / (100 * MiB)).toFixed(2)}×)` : 'error')
+      const cell = (d) =>
+        d && Number.isFinite(d.growth) ? `${fmtBytes(d.growth)} (${(d.growth / (100 * MiB)).toFixed(2)}×)` : 'error'
       const errs = [...(m.upload?.errors || []), ...(m.download?.errors || [])]
       mrows.push([name, cell(m.upload), cell(m.download), errs.join('; ')])
     }
@@ -798,7 +845,8 @@ async function bench() {
   } catch (e) {
     throw new Error(`the Docker engine at ${common.SOCKET} is not reachable: ${shortError(e)}`)
   }
-  if (!(await floorImpl.imageExists(common.IMAGE))) throw new Error(`image ${common.IMAGE} is not present on the engine`)
+  if (!(await floorImpl.imageExists(common.IMAGE)))
+    throw new Error(`image ${common.IMAGE} is not present on the engine`)
   if (wantImpls.includes('addon')) await addonImpl.load()
 
   const env = {
@@ -810,7 +858,9 @@ async function bench() {
     node: process.version,
     loadStart: os.loadavg(),
   }
-  log(`engine ${engine.Version} (API ${engine.ApiVersion}), kernel ${os.release()}, ${env.cpus} CPUs, node ${process.version}, load ${fmtLoad(env.loadStart)}`)
+  log(
+    `engine ${engine.Version} (API ${engine.ApiVersion}), kernel ${os.release()}, ${env.cpus} CPUs, node ${process.version}, load ${fmtLoad(env.loadStart)}`,
+  )
   log(`repetitions: ${presetName}: ${JSON.stringify(reps)}`)
   const leftover = await sweepAll()
   if (leftover) log(`removed ${leftover} container(s) left by an earlier run`)
@@ -888,7 +938,9 @@ async function bench() {
     }
 
     // Free the work sandboxes before the memory probes so they do not share the engine.
-    await Promise.allSettled(impls.map((im) => (works.has(im.name) ? im.remove(works.get(im.name)).catch(() => {}) : null)))
+    await Promise.allSettled(
+      impls.map((im) => (works.has(im.name) ? im.remove(works.get(im.name)).catch(() => {}) : null)),
+    )
     works.clear()
 
     if (process.env.BENCH_SKIP_MEM !== '1' && (!wantOps || wantOps.some((k) => k.includes('100MiB') || k === 'mem'))) {
@@ -898,7 +950,10 @@ async function bench() {
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
     if (process.env.BENCH_SKIP_REQS !== '1') {
-      reqs = await requestCounts(impls.map((im) => im.name), log)
+      reqs = await requestCounts(
+        impls.map((im) => im.name),
+        log,
+      )
     }
   } finally {
     await Promise.allSettled(allImpls.map((im) => im.cleanup()))
@@ -910,7 +965,9 @@ async function bench() {
   for (const r of rows) {
     if (r.messages.length) {
       const uniq = [...new Set(r.messages)]
-      notes.push(`${r.op.title} / ${r.impl}: ${r.errors} error(s): ${uniq.slice(0, 3).join(' | ')}${uniq.length > 3 ? ' …' : ''}`)
+      notes.push(
+        `${r.op.title} / ${r.impl}: ${r.errors} error(s): ${uniq.slice(0, 3).join(' | ')}${uniq.length > 3 ? ' …' : ''}`,
+      )
     }
   }
   const targets = evaluateTargets(rows, mem)
@@ -923,7 +980,10 @@ async function bench() {
     log('peak RSS growth during 100 MiB transfers (fresh child process each):')
     for (const [name, m] of Object.entries(mem)) {
       if (m.error) log(`  ${name.padEnd(10)} error: ${m.error}`)
-      else log(`  ${name.padEnd(10)} upload ${fmtBytes(m.upload?.growth).padStart(10)}   download ${fmtBytes(m.download?.growth).padStart(10)}`)
+      else
+        log(
+          `  ${name.padEnd(10)} upload ${fmtBytes(m.upload?.growth).padStart(10)}   download ${fmtBytes(m.download?.growth).padStart(10)}`,
+        )
     }
   }
   log('')

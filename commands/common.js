@@ -1,9 +1,22 @@
 'use strict'
 
-// Shared by the commands: argument parsing, the binding's coded errors, and output that is
-// coloured only on a terminal (plain lines otherwise, and never with NO_COLOR).
+// Shared by the commands: argument parsing, the binding with its coded errors turned into the
+// package's error classes (as the provider throws them), and output that is coloured only on a
+// terminal (plain lines otherwise, and never with NO_COLOR).
 
-const native = require('../binding.js')
+const binding = require('../loader.js')
+const { translated } = require('../errors.js')
+
+const ADMIN_FUNCTIONS = [
+  'listSandboxes',
+  'removeSandboxes',
+  'removeStoppedSandboxes',
+  'describeEndpoint',
+  'engineReport',
+]
+const native = Object.fromEntries(
+  ADMIN_FUNCTIONS.map((name) => [name, (...args) => translated(() => binding[name](...args))]),
+)
 
 /** Parses `argv` by `spec` ({ '--flag': 'string' | 'number' | 'boolean' }); rest → `_`. */
 function parseArgs(argv, spec) {
@@ -37,17 +50,6 @@ function parseArgs(argv, spec) {
   return opts
 }
 
-/** `{ code, message }` from an error the binding threw (a JSON payload in the message). */
-function payloadOf(e) {
-  const msg = (e && e.message) || String(e)
-  if (msg.startsWith('{"code"')) {
-    try {
-      return JSON.parse(msg)
-    } catch {}
-  }
-  return { code: (e && e.code) || 'ERROR', message: msg }
-}
-
 function adminOptions(opts) {
   return {
     dockerHost: opts.dockerHost,
@@ -65,7 +67,9 @@ const colour = { green: paint('32'), yellow: paint('33'), red: paint('31'), dim:
 function table(rows) {
   if (rows.length === 0) return ''
   const widths = rows[0].map((_, i) => Math.max(...rows.map((r) => String(r[i]).length)))
-  return rows.map((r) => r.map((c, i) => (i === r.length - 1 ? String(c) : String(c).padEnd(widths[i]))).join('  ')).join('\n')
+  return rows
+    .map((r) => r.map((c, i) => (i === r.length - 1 ? String(c) : String(c).padEnd(widths[i]))).join('  '))
+    .join('\n')
 }
 
 function iso(epochSeconds) {
@@ -84,4 +88,4 @@ function bytes(n) {
   return i === 0 ? `${v} B` : `${v.toFixed(1)} ${units[i]}`
 }
 
-module.exports = { native, parseArgs, payloadOf, adminOptions, colour, table, iso, bytes, tty }
+module.exports = { native, parseArgs, adminOptions, colour, table, iso, bytes, tty }

@@ -7,7 +7,7 @@
 const fs = require('node:fs')
 const path = require('node:path')
 
-const { native, parseArgs, payloadOf, adminOptions, colour, bytes, tty } = require('./common')
+const { native, parseArgs, adminOptions, colour, bytes, tty } = require('./common')
 
 const USAGE = `usage: trueforge-docker-sandbox doctor [--docker-host H] [--image I] [--network N] [--namespace N] [--json]
 
@@ -30,7 +30,9 @@ const SPEC = {
 const MIN_FREE = 10 * 1024 ** 3
 // Where CDI specs live (as Podman and the NVIDIA toolkit look); TRUEFORGE_CDI_DIRS (colon-separated)
 // replaces the list.
-const CDI_DIRS = process.env.TRUEFORGE_CDI_DIRS ? process.env.TRUEFORGE_CDI_DIRS.split(':').filter(Boolean) : ['/etc/cdi', '/var/run/cdi']
+const CDI_DIRS = process.env.TRUEFORGE_CDI_DIRS
+  ? process.env.TRUEFORGE_CDI_DIRS.split(':').filter(Boolean)
+  : ['/etc/cdi', '/var/run/cdi']
 
 function cdiDevices() {
   const found = []
@@ -62,7 +64,7 @@ function cdiDevices() {
 
 async function run(argv, out) {
   const opts = parseArgs(argv, SPEC)
-  if (opts.help) return out.log(USAGE), 0
+  if (opts.help) return (out.log(USAGE), 0)
   const checks = []
   const add = (name, status, detail, fix) => {
     const c = { name, status, detail }
@@ -78,10 +80,23 @@ async function run(argv, out) {
   let endpoint
   try {
     endpoint = native.describeEndpoint(opts.dockerHost)
-    const how = endpoint.host.startsWith('ssh://') ? 'SSH' : endpoint.tls ? 'TLS' : endpoint.host.startsWith('unix://') ? 'socket' : 'plain TCP'
-    add('endpoint', !endpoint.tls && endpoint.host.startsWith('tcp://') ? 'warn' : 'ok', `${how}: ${endpoint.describe}`, !endpoint.tls && endpoint.host.startsWith('tcp://') ? 'plain TCP is unauthenticated: use TLS (DOCKER_TLS_VERIFY, a context with TLS, or the tls option) or SSH' : undefined)
+    const how = endpoint.host.startsWith('ssh://')
+      ? 'SSH'
+      : endpoint.tls
+        ? 'TLS'
+        : endpoint.host.startsWith('unix://')
+          ? 'socket'
+          : 'plain TCP'
+    add(
+      'endpoint',
+      !endpoint.tls && endpoint.host.startsWith('tcp://') ? 'warn' : 'ok',
+      `${how}: ${endpoint.describe}`,
+      !endpoint.tls && endpoint.host.startsWith('tcp://')
+        ? 'plain TCP is unauthenticated: use TLS (DOCKER_TLS_VERIFY, a context with TLS, or the tls option) or SSH'
+        : undefined,
+    )
   } catch (e) {
-    add('endpoint', 'fail', payloadOf(e).message, 'fix DOCKER_HOST / DOCKER_CONTEXT / the Docker config, or pass --docker-host')
+    add('endpoint', 'fail', e.message, 'fix DOCKER_HOST / DOCKER_CONTEXT / the Docker config, or pass --docker-host')
     return finish(opts, out, checks)
   }
 
@@ -91,14 +106,24 @@ async function run(argv, out) {
     report = await native.engineReport(adminOptions({ ...opts, timeoutMs: opts.timeoutMs ?? 10_000 }))
     add('engine reachable', 'ok', `${endpoint.host} answered in ${Date.now() - t0} ms`)
   } catch (e) {
-    const p = payloadOf(e)
-    add('engine reachable', 'fail', `${p.code}: ${p.message}`, p.code === 'ENGINE_TLS' ? 'see the message: it names the TLS fix' : `start the engine or point --docker-host / DOCKER_HOST / the context at it (${endpoint.host})`)
+    add(
+      'engine reachable',
+      'fail',
+      `${e.code}: ${e.message}`,
+      e.code === 'ENGINE_TLS'
+        ? 'see the message: it names the TLS fix'
+        : `start the engine or point --docker-host / DOCKER_HOST / the context at it (${endpoint.host})`,
+    )
     return finish(opts, out, checks)
   }
   const v = report.version || {}
   const info = report.info || {}
   const podman = (v.Components || []).some((c) => /podman/i.test(c.Name || ''))
-  add('version', 'ok', `${podman ? 'Podman' : 'Docker Engine'} ${v.Version ?? '?'}, API ${v.ApiVersion ?? '?'} (negotiated ${report.apiVersion}), ${v.Os ?? '?'}/${v.Arch ?? '?'}`)
+  add(
+    'version',
+    'ok',
+    `${podman ? 'Podman' : 'Docker Engine'} ${v.Version ?? '?'}, API ${v.ApiVersion ?? '?'} (negotiated ${report.apiVersion}), ${v.Os ?? '?'}/${v.Arch ?? '?'}`,
+  )
 
   const sec = info.SecurityOptions || []
   const rootless = sec.some((s) => s.includes('name=rootless'))
@@ -115,23 +140,53 @@ async function run(argv, out) {
   }
   const storage = `driver ${info.Driver ?? '?'}, data root ${info.DockerRootDir ?? '?'}`
   if (free === null) add('storage', 'ok', `${storage}, free space not visible from here (remote or rootless data root)`)
-  else if (free < MIN_FREE) add('storage', 'warn', `${storage}, ${bytes(free)} free`, `free space on ${info.DockerRootDir}: images and sandboxes need several GiB`)
+  else if (free < MIN_FREE)
+    add(
+      'storage',
+      'warn',
+      `${storage}, ${bytes(free)} free`,
+      `free space on ${info.DockerRootDir}: images and sandboxes need several GiB`,
+    )
   else add('storage', 'ok', `${storage}, ${bytes(free)} free`)
 
   const seccomp = sec.find((s) => s.includes('name=seccomp'))
   if (seccomp) add('seccomp', 'ok', `on (${seccomp.replace(/^name=seccomp,?/, '') || 'default profile'})`)
-  else add('seccomp', 'warn', 'the engine runs containers without seccomp', 'run the engine with its default seccomp profile (no --seccomp-profile=unconfined)')
+  else
+    add(
+      'seccomp',
+      'warn',
+      'the engine runs containers without seccomp',
+      'run the engine with its default seccomp profile (no --seccomp-profile=unconfined)',
+    )
 
   const runtimes = Object.keys(info.Runtimes || {})
-  add('runtimes', 'ok', `${runtimes.join(', ') || 'none listed'} (default ${info.DefaultRuntime ?? '?'})${runtimes.includes('runsc') ? '' : '; gVisor (runsc) not installed — optional, for runtime: "runsc"'}`)
+  add(
+    'runtimes',
+    'ok',
+    `${runtimes.join(', ') || 'none listed'} (default ${info.DefaultRuntime ?? '?'})${runtimes.includes('runsc') ? '' : '; gVisor (runsc) not installed — optional, for runtime: "runsc"'}`,
+  )
 
   const nvidia = runtimes.includes('nvidia')
   const cdi = endpoint.host.startsWith('unix://') ? cdiDevices() : []
   const cdiDevs = cdi.flatMap((c) => c.devices)
   if (nvidia || cdiDevs.length) {
-    add('gpu', 'ok', [nvidia ? 'nvidia runtime registered' : null, cdi.length ? `CDI specs ${cdi.map((c) => c.file).join(', ')}: ${cdiDevs.join(', ') || 'no devices'}` : null].filter(Boolean).join('; '))
+    add(
+      'gpu',
+      'ok',
+      [
+        nvidia ? 'nvidia runtime registered' : null,
+        cdi.length ? `CDI specs ${cdi.map((c) => c.file).join(', ')}: ${cdiDevs.join(', ') || 'no devices'}` : null,
+      ]
+        .filter(Boolean)
+        .join('; '),
+    )
   } else {
-    add('gpu', 'warn', `no nvidia runtime and no CDI specs (in ${CDI_DIRS.join(', ')})`, 'for `gpus`, install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure` (or generate CDI specs); ignore without GPUs')
+    add(
+      'gpu',
+      'warn',
+      `no nvidia runtime and no CDI specs (in ${CDI_DIRS.join(', ')})`,
+      'for `gpus`, install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure` (or generate CDI specs); ignore without GPUs',
+    )
   }
 
   // The image and a real sandbox, through the provider itself.
@@ -147,11 +202,20 @@ async function run(argv, out) {
   try {
     const st = await provider.getImageBuildStatus()
     if (st.status !== 'ready') {
-      add('image', 'fail', `${image}: ${st.status}${st.reason ? ` — ${st.reason}` : ''}`, `pull or build it (docker pull ${image}, or the provider's buildImage()), or pass --image`)
+      add(
+        'image',
+        'fail',
+        `${image}: ${st.status}${st.reason ? ` — ${st.reason}` : ''}`,
+        `pull or build it (docker pull ${image}, or the provider's buildImage()), or pass --image`,
+      )
       return finish(opts, out, checks)
     }
     const md = st.metadata || {}
-    const found = Object.entries(md).filter(([k]) => !['image', 'imageId', 'warning'].includes(k)).sort(([a], [b]) => a.localeCompare(b)).map(([k, val]) => `${k} ${val}`).join(', ')
+    const found = Object.entries(md)
+      .filter(([k]) => !['image', 'imageId', 'warning'].includes(k))
+      .sort(([a], [b]) => a.localeCompare(b))
+      .map(([k, val]) => `${k} ${val}`)
+      .join(', ')
     // What the image lacks for TrueForge is the probe's warning (older probes: the reason).
     const lacks = md.warning || st.reason
     add('image', lacks ? 'warn' : 'ok', `${image} present; probe: ${found || 'nothing recorded'}`, lacks || undefined)
@@ -167,21 +231,30 @@ async function run(argv, out) {
     try {
       ;({ sandboxId } = await step('create', () => provider.createSandbox()))
       const r = await step('exec', () => provider.exec({ sandboxId, command: 'echo doctor' }))
-      if (!r.success || r.response.exitCode !== 0 || r.response.result !== 'doctor\n') throw new Error(`exec answered ${JSON.stringify(r)}`)
+      if (!r.success || r.response.exitCode !== 0 || r.response.result !== 'doctor\n')
+        throw new Error(`exec answered ${JSON.stringify(r)}`)
       const payload = Buffer.from('doctor transfer check\n'.repeat(64))
-      await step('upload', () => provider.uploadFile({ sandboxId, remotePath: `${sandboxId}/doctor.txt`, content: payload }))
+      await step('upload', () =>
+        provider.uploadFile({ sandboxId, remotePath: `${sandboxId}/doctor.txt`, content: payload }),
+      )
       const back = await step('download', () => provider.downloadFile({ sandboxId, path: `${sandboxId}/doctor.txt` }))
       if (!Buffer.from(back).equals(payload)) throw new Error('the downloaded file differs from the uploaded one')
       await step('remove', () => provider.removeSandbox(sandboxId))
       sandboxId = undefined
-      add('test sandbox', 'ok', Object.entries(times).map(([k, ms]) => `${k} ${ms} ms`).join(', '))
+      add(
+        'test sandbox',
+        'ok',
+        Object.entries(times)
+          .map(([k, ms]) => `${k} ${ms} ms`)
+          .join(', '),
+      )
     } catch (e) {
-      add('test sandbox', 'fail', `${payloadOf(e).message}`, 'see the message; `--network none` helps on engines without a bridge')
+      add('test sandbox', 'fail', e.message, 'see the message; `--network none` helps on engines without a bridge')
     } finally {
       if (sandboxId) await provider.removeSandbox(sandboxId).catch(() => {})
     }
   } catch (e) {
-    add('image', 'fail', payloadOf(e).message, 'check --image and the engine')
+    add('image', 'fail', e.message, 'check --image and the engine')
   } finally {
     provider.dispose()
   }

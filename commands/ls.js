@@ -10,11 +10,17 @@ Lists the sandboxes of namespace N (default 'default') or of every namespace: id
 last activity, image, tenant, whether it is an unclaimed warm-pool member, and the size of its
 writable layer when the engine says. Only containers this package made are listed.`
 
-const SPEC = { '--namespace': 'string', '--all-namespaces': 'boolean', '--docker-host': 'string', '--json': 'boolean', '--timeout-ms': 'number' }
+const SPEC = {
+  '--namespace': 'string',
+  '--all-namespaces': 'boolean',
+  '--docker-host': 'string',
+  '--json': 'boolean',
+  '--timeout-ms': 'number',
+}
 
 async function run(argv, out) {
   const opts = parseArgs(argv, SPEC)
-  if (opts.help) return out.log(USAGE), 0
+  if (opts.help) return (out.log(USAGE), 0)
   if (opts._.length) throw new Error(`unexpected argument ${opts._[0]}`)
   const list = await native.listSandboxes(adminOptions(opts))
   if (opts.json) {
@@ -23,7 +29,17 @@ async function run(argv, out) {
   }
   const rows = [['SANDBOX ID', 'NAMESPACE', 'STATE', 'CREATED', 'LAST ACTIVITY', 'IMAGE', 'TENANT', 'POOL', 'SIZE']]
   for (const s of list) {
-    rows.push([s.sandboxId, s.namespace, s.state, iso(s.created), iso(s.lastActivity), s.image, s.tenant ?? '-', s.poolMember ? 'yes' : 'no', bytes(s.sizeBytes)])
+    rows.push([
+      s.sandboxId,
+      s.namespace,
+      s.state,
+      iso(s.created),
+      iso(s.lastActivity),
+      s.image,
+      s.tenant ?? '-',
+      s.poolMember ? 'yes' : 'no',
+      bytes(s.sizeBytes),
+    ])
   }
   out.log(list.length ? table(rows) : 'no sandboxes')
   return 0

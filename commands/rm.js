@@ -23,11 +23,18 @@ const SPEC = {
 
 async function run(argv, out) {
   const opts = parseArgs(argv, SPEC)
-  if (opts.help) return out.log(USAGE), 0
+  if (opts.help) return (out.log(USAGE), 0)
   if (opts.stopped) {
     if (opts._.length) throw new Error('give ids or --stopped, not both')
     const removed = await native.removeStoppedSandboxes(adminOptions(opts), opts.olderThanMinutes ?? 0)
-    if (opts.json) out.log(JSON.stringify(removed.map((sandboxId) => ({ sandboxId, outcome: 'removed' })), null, 2))
+    if (opts.json)
+      out.log(
+        JSON.stringify(
+          removed.map((sandboxId) => ({ sandboxId, outcome: 'removed' })),
+          null,
+          2,
+        ),
+      )
     else {
       for (const id of removed) out.log(`removed ${id}`)
       out.log(`removed ${removed.length} stopped sandbox(es)`)
@@ -38,7 +45,13 @@ async function run(argv, out) {
   if (!opts._.length) throw new Error('give at least one sandbox id, or --stopped')
   const results = await native.removeSandboxes(adminOptions(opts), opts._)
   if (opts.json) out.log(JSON.stringify(results, null, 2))
-  else for (const r of results) out.log(r.outcome === 'removed' ? `removed ${r.sandboxId}` : `not found ${r.sandboxId} (no sandbox of ours with that id)`)
+  else
+    for (const r of results)
+      out.log(
+        r.outcome === 'removed'
+          ? `removed ${r.sandboxId}`
+          : `not found ${r.sandboxId} (no sandbox of ours with that id)`,
+      )
   return results.every((r) => r.outcome === 'removed') ? 0 : 1
 }
 

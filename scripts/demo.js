@@ -34,7 +34,9 @@ async function main() {
       return r.response
     }
     await run('pwd')
-    await run('python3 -c "import sys, pydantic; from pydantic import field_validator, ConfigDict; print(sys.version.split()[0], pydantic.VERSION)"')
+    await run(
+      'python3 -c "import sys, pydantic; from pydantic import field_validator, ConfigDict; print(sys.version.split()[0], pydantic.VERSION)"',
+    )
     await run('git --version')
     await run('echo "$GREETING from $(hostname)"', { env: { GREETING: 'hello' } })
     await run('mkdir -p skills && echo data > skills/note.txt && ls skills')
@@ -44,7 +46,9 @@ async function main() {
     const payload = Buffer.alloc(1024 * 1024, 0)
     for (let i = 0; i < payload.length; i++) payload[i] = (i * 31) & 0xff
     const remote = `${provider.getFileUploadsDir(sandboxId)}/demo.bin`
-    await timed(`uploadFile(${remote}, 1 MiB)`, () => provider.uploadFile({ sandboxId, remotePath: remote, content: payload }))
+    await timed(`uploadFile(${remote}, 1 MiB)`, () =>
+      provider.uploadFile({ sandboxId, remotePath: remote, content: payload }),
+    )
     await run(`sha256sum ${remote} | cut -c1-16`)
     const back = await timed('downloadFile(1 MiB)', () => provider.downloadFile({ sandboxId, path: remote }))
     if (!back.equals(payload)) throw new Error('downloaded bytes differ from the uploaded ones')

@@ -54,7 +54,10 @@ async function roundTrip() {
   const p = new DockerSandboxProvider(base)
   const id = await create(p)
   const r = await sh(p, id, 'echo hello from $(uname -s); ls /workspace')
-  check(r.exitCode === 0 && r.result.startsWith('hello from Linux'), `exec in a sandbox: ${JSON.stringify(r.result.trim())}`)
+  check(
+    r.exitCode === 0 && r.result.startsWith('hello from Linux'),
+    `exec in a sandbox: ${JSON.stringify(r.result.trim())}`,
+  )
   await p.uploadFile({ sandboxId: id, remotePath: 'probe.txt', content: Buffer.from('round trip\n') })
   const back = (await p.downloadFile({ sandboxId: id, path: 'probe.txt' })).toString()
   check(back === 'round trip\n', 'upload then download returns the same bytes')
@@ -72,7 +75,8 @@ async function gpu() {
   check(every.length >= 1, `nvidia-smi -L lists ${every.length} GPU(s)`)
   const hostList = spawnSync('nvidia-smi', ['-L'], { encoding: 'utf8' }).stdout || ''
   const onHost = uuids(hostList)
-  if (onHost.length > 0) check(JSON.stringify([...onHost].sort()) === JSON.stringify([...every].sort()), 'the sandbox sees the host GPUs')
+  if (onHost.length > 0)
+    check(JSON.stringify([...onHost].sort()) === JSON.stringify([...every].sort()), 'the sandbox sees the host GPUs')
   await all.removeSandbox(a0)
 
   const ex = new DockerSandboxProvider({ ...base, gpus: { count: 1, exclusive: true } })
@@ -85,19 +89,28 @@ async function gpu() {
   if (every.length >= 2) {
     const b = await create(ex)
     const other = uuids((await sh(ex, b, 'nvidia-smi -L')).result)
-    check(other.length === 1 && other[0] !== seen[0], `a second exclusive sandbox sees another GPU (${other[0]} vs ${seen[0]})`)
+    check(
+      other.length === 1 && other[0] !== seen[0],
+      `a second exclusive sandbox sees another GPU (${other[0]} vs ${seen[0]})`,
+    )
   } else {
     const e = await ex.createSandbox().then(
       () => null,
       (err) => err,
     )
-    check(e !== null && e.code === 'GPUS_UNAVAILABLE' && (e.holders || []).includes(a), `one GPU: a second exclusive sandbox is refused naming the first (${e && e.message})`)
+    check(
+      e !== null && e.code === 'GPUS_UNAVAILABLE' && (e.holders || []).includes(a),
+      `one GPU: a second exclusive sandbox is refused naming the first (${e && e.message})`,
+    )
   }
 
   const bin = process.env.SMOKE_BANDWIDTH || path.join(__dirname, 'bench', 'bandwidth')
   const ordinal = Math.max(0, onHost.indexOf(seen[0]))
   const host = () => {
-    const r = spawnSync(bin, ['--device', String(ordinal)], { encoding: 'utf8', env: { ...process.env, CUDA_DEVICE_ORDER: 'PCI_BUS_ID' } })
+    const r = spawnSync(bin, ['--device', String(ordinal)], {
+      encoding: 'utf8',
+      env: { ...process.env, CUDA_DEVICE_ORDER: 'PCI_BUS_ID' },
+    })
     if (r.status !== 0) throw new Error(`bandwidth on the host exited ${r.status}: ${r.stdout}${r.stderr}`)
     return JSON.parse(r.stdout.trim())
   }
@@ -114,8 +127,16 @@ async function gpu() {
   const hostGbps = Math.max(h1.gbps, h2.gbps)
   const sandboxGbps = Math.max(s1.gbps, s2.gbps)
   const ratio = sandboxGbps / hostGbps
-  Object.assign(figures, { device: h1.device, sandboxGbps, hostGbps, ratio: Number(ratio.toFixed(4)), runs: { host: [h1, h2], sandbox: [s1, s2] } })
-  console.log(`bandwidth on ${h1.device}: sandbox ${sandboxGbps.toFixed(1)} GB/s, host ${hostGbps.toFixed(1)} GB/s, ratio ${ratio.toFixed(4)}`)
+  Object.assign(figures, {
+    device: h1.device,
+    sandboxGbps,
+    hostGbps,
+    ratio: Number(ratio.toFixed(4)),
+    runs: { host: [h1, h2], sandbox: [s1, s2] },
+  })
+  console.log(
+    `bandwidth on ${h1.device}: sandbox ${sandboxGbps.toFixed(1)} GB/s, host ${hostGbps.toFixed(1)} GB/s, ratio ${ratio.toFixed(4)}`,
+  )
   check(ratio >= 0.97, `bandwidth ratio ${ratio.toFixed(4)} >= 0.97`)
 }
 
@@ -152,7 +173,11 @@ async function cdiFake() {
         (err) => err,
       )
       check(
-        e !== null && e.name === 'SandboxGpuError' && e.code === 'GPU_UNSUPPORTED' && /Podman 5 or later/.test(e.message) && /trueforge\.test\/gpu=/.test(e.message),
+        e !== null &&
+          e.name === 'SandboxGpuError' &&
+          e.code === 'GPU_UNSUPPORTED' &&
+          /Podman 5 or later/.test(e.message) &&
+          /trueforge\.test\/gpu=/.test(e.message),
         `Podman ${podman.join('.')}: gpus ${JSON.stringify(gpus)} is refused with GPU_UNSUPPORTED (${e && e.message})`,
       )
     }
@@ -161,7 +186,10 @@ async function cdiFake() {
   const all = new DockerSandboxProvider({ ...base, gpus: 'trueforge.test/gpu=all' })
   const a0 = await create(all)
   const both = (await sh(all, a0, 'cat /run/trueforge-fake-gpu/*; echo "gpus=$TRUEFORGE_GPUS"')).result
-  check(/fake gpu 0/.test(both) && /fake gpu 1/.test(both) && /gpus=trueforge.test\/gpu=all/.test(both), `a CDI name gives the sandbox its devices: ${JSON.stringify(both)}`)
+  check(
+    /fake gpu 0/.test(both) && /fake gpu 1/.test(both) && /gpus=trueforge.test\/gpu=all/.test(both),
+    `a CDI name gives the sandbox its devices: ${JSON.stringify(both)}`,
+  )
   await all.removeSandbox(a0)
 
   // No gpuDevices: the two are found in the local CDI spec.
@@ -173,12 +201,18 @@ async function cdiFake() {
   figures.exclusive = { a: seenA.trim(), b: seenB.trim() }
   const one = (t) => (t.match(/fake gpu \d/g) || []).length === 1
   check(one(seenA) && one(seenB), 'each exclusive sandbox sees exactly one device')
-  check(seenA.match(/fake gpu \d/)[0] !== seenB.match(/fake gpu \d/)[0], `they see different devices (${seenA.trim()} / ${seenB.trim()})`)
+  check(
+    seenA.match(/fake gpu \d/)[0] !== seenB.match(/fake gpu \d/)[0],
+    `they see different devices (${seenA.trim()} / ${seenB.trim()})`,
+  )
   const e = await ex.createSandbox().then(
     () => null,
     (err) => err,
   )
-  check(e !== null && e.code === 'GPUS_UNAVAILABLE' && [a, b].every((id) => (e.holders || []).includes(id)), `a third is refused naming both holders (${e && e.message})`)
+  check(
+    e !== null && e.code === 'GPUS_UNAVAILABLE' && [a, b].every((id) => (e.holders || []).includes(id)),
+    `a third is refused naming both holders (${e && e.message})`,
+  )
 }
 
 async function main() {

@@ -12,7 +12,9 @@ async function main() {
     if (!r.success || r.response.exitCode !== 0 || r.response.result.trim() !== 'installed-ok') {
       throw new Error(`unexpected exec result: ${JSON.stringify(r)}`)
     }
-    console.log(`installed package ran an exec in ${sandboxId} (${path.basename(require.resolve('trueforge-docker-sandbox', { paths: [process.cwd()] }))})`)
+    console.log(
+      `installed package ran an exec in ${sandboxId} (${path.basename(require.resolve('trueforge-docker-sandbox', { paths: [process.cwd()] }))})`,
+    )
   } finally {
     await provider.removeSandbox(sandboxId)
   }

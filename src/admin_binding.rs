@@ -6,7 +6,10 @@ use std::time::Duration;
 use napi_derive::napi;
 use serde_json::{json, Value};
 
-use crate::binding::to_js;
+use napi::bindgen_prelude::PromiseRaw;
+use napi::Env;
+
+use crate::binding::{promise, to_js};
 use crate::client::{self, Engine};
 use crate::config;
 use crate::errors::SandboxError;
@@ -41,67 +44,74 @@ fn namespace(o: &NativeAdminOptions) -> Result<Option<String>, SandboxError> {
 
 /// This package's sandboxes (`admin::SandboxInfo` objects).
 #[napi]
-pub async fn list_sandboxes(options: NativeAdminOptions) -> napi::Result<Value> {
-  let ns = namespace(&options).map_err(to_js)?;
-  let e = engine(&options).await.map_err(to_js)?;
-  let list = crate::admin::list(&e, ns.as_deref()).await.map_err(to_js)?;
-  Ok(json!(list))
+pub fn list_sandboxes(
+  env: &Env,
+  options: NativeAdminOptions,
+) -> napi::Result<PromiseRaw<'_, Value>> {
+  promise(env, async move {
+    let ns = namespace(&options)?;
+    let e = engine(&options).await?;
+    Ok(json!(crate::admin::list(&e, ns.as_deref()).await?))
+  })
 }
 
 /// Removes the sandboxes with these ids; `[{ sandboxId, outcome: 'removed' | 'not-found' }]`.
 #[napi]
-pub async fn remove_sandboxes(
+pub fn remove_sandboxes(
+  env: &Env,
   options: NativeAdminOptions,
   ids: Vec<String>,
-) -> napi::Result<Value> {
-  let ns = namespace(&options).map_err(to_js)?;
-  let e = engine(&options).await.map_err(to_js)?;
-  let out = crate::admin::remove(&e, ns.as_deref(), &ids)
-    .await
-    .map_err(to_js)?;
-  Ok(json!(out))
+) -> napi::Result<PromiseRaw<'_, Value>> {
+  promise(env, async move {
+    let ns = namespace(&options)?;
+    let e = engine(&options).await?;
+    Ok(json!(crate::admin::remove(&e, ns.as_deref(), &ids).await?))
+  })
 }
 
 /// Removes the sandboxes stopped for at least `olderThanMinutes` (default 0); their ids.
 #[napi]
-pub async fn remove_stopped_sandboxes(
+pub fn remove_stopped_sandboxes(
+  env: &Env,
   options: NativeAdminOptions,
   older_than_minutes: Option<f64>,
-) -> napi::Result<Vec<String>> {
-  let ns = namespace(&options).map_err(to_js)?;
-  let secs = config::minutes("olderThanMinutes", older_than_minutes.map(Value::from), 0.0)
-    .map_err(to_js)?
-    .unwrap_or(0);
-  let e = engine(&options).await.map_err(to_js)?;
-  let namespaces = match ns {
-    Some(n) => vec![n],
-    None => {
-      let mut all: Vec<String> = crate::admin::list(&e, None)
-        .await
-        .map_err(to_js)?
-        .into_iter()
-        .map(|s| s.namespace)
-        .collect();
-      all.sort();
-      all.dedup();
-      all
+) -> napi::Result<PromiseRaw<'_, Vec<String>>> {
+  promise(env, async move {
+    let ns = namespace(&options)?;
+    let secs =
+      config::minutes("olderThanMinutes", older_than_minutes.map(Value::from), 0.0)?.unwrap_or(0);
+    let e = engine(&options).await?;
+    let namespaces = match ns {
+      Some(n) => vec![n],
+      None => {
+        let mut all: Vec<String> = crate::admin::list(&e, None)
+          .await?
+          .into_iter()
+          .map(|s| s.namespace)
+          .collect();
+        all.sort();
+        all.dedup();
+        all
+      }
+    };
+    let mut removed = Vec::new();
+    for n in namespaces {
+      removed.extend(
+        crate::reaper::reap(&e, &n, Duration::from_secs(secs), false, &Logger::default()).await?,
+      );
     }
-  };
-  let mut removed = Vec::new();
-  for n in namespaces {
-    removed.extend(
-      crate::reaper::reap(&e, &n, Duration::from_secs(secs), false, &Logger::default())
-        .await
-        .map_err(to_js)?,
-    );
-  }
-  Ok(removed)
+    Ok(removed)
+  })
 }
 
 /// How the engine would be reached, without reaching it (DOCKER_HOST, contexts, TLS material).
 #[napi]
-pub fn describe_endpoint(docker_host: Option<String>) -> napi::Result<Value> {
-  let endpoint = client::effective_endpoint(docker_host.as_deref(), None).map_err(to_js)?;
+pub fn describe_endpoint(env: &Env, docker_host: Option<String>) -> napi::Result<Value> {
+  endpoint_json(docker_host.as_deref()).map_err(|e| to_js(env, e))
+}
+
+fn endpoint_json(docker_host: Option<&str>) -> Result<Value, SandboxError> {
+  let endpoint = client::effective_endpoint(docker_host, None)?;
   Ok(json!({
     "host": endpoint.host,
     "source": endpoint.source,
@@ -115,21 +125,24 @@ pub fn describe_endpoint(docker_host: Option<String>) -> napi::Result<Value> {
 /// How the engine is reached and what it says about itself (`/version` and `/info`), for
 /// `doctor`: `{ endpoint: { host, source, tls, verify, clientCert, describe }, version, info }`.
 #[napi]
-pub async fn engine_report(options: NativeAdminOptions) -> napi::Result<Value> {
-  let ep = describe_endpoint(options.docker_host.clone())?;
-  let e = engine(&options).await.map_err(to_js)?;
-  let version = e
-    .control("read the engine version", || e.docker.version())
-    .await
-    .map_err(to_js)?;
-  let info = e
-    .control("read the engine info", || e.docker.info())
-    .await
-    .map_err(to_js)?;
-  Ok(json!({
-    "endpoint": ep,
-    "apiVersion": e.docker.client_version().to_string(),
-    "version": version,
-    "info": info,
-  }))
+pub fn engine_report(
+  env: &Env,
+  options: NativeAdminOptions,
+) -> napi::Result<PromiseRaw<'_, Value>> {
+  promise(env, async move {
+    let ep = endpoint_json(options.docker_host.as_deref())?;
+    let e = engine(&options).await?;
+    let version = e
+      .control("read the engine version", || e.docker.version())
+      .await?;
+    let info = e
+      .control("read the engine info", || e.docker.info())
+      .await?;
+    Ok(json!({
+      "endpoint": ep,
+      "apiVersion": e.docker.client_version().to_string(),
+      "version": version,
+      "info": info,
+    }))
+  })
 }

@@ -2,10 +2,12 @@
 //! JavaScript errors carrying a stable code. No behaviour lives here.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::Arc;
 
-use napi::bindgen_prelude::{Buffer, FnArgs, Function};
+use napi::bindgen_prelude::{Buffer, FnArgs, Function, JsObjectValue, PromiseRaw, ToNapiValue};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi::{Env, JsValue};
 use napi_derive::napi;
 use serde_json::Value;
 
@@ -17,10 +19,32 @@ use crate::layout;
 use crate::logging::{Logger, Sink};
 use crate::provider::{ExecOutcome, ExecParams, Provider};
 
-/// Errors cross as a JSON document (`{ code, message, …fields }`) in the message; the
-/// JavaScript layer turns it into the contract's error classes.
-pub(crate) fn to_js(e: SandboxError) -> napi::Error {
-  napi::Error::from_reason(e.to_payload().to_string())
+/// The one error boundary. napi's own async bridge rejects with an `Error<Status>`, whose `code`
+/// can only be one of napi's statuses; so every fallible call settles its promise here, on the
+/// JavaScript thread, where the rejection is built as an object with our stable `code` and the
+/// contract's fields (`SandboxError::fields`) beside the message.
+pub(crate) fn to_js(env: &Env, e: SandboxError) -> napi::Error {
+  let build = || -> napi::Result<napi::Error> {
+    let mut obj = env.create_error(napi::Error::from_reason(e.to_string()))?;
+    obj.set_named_property("code", e.code())?;
+    for (name, value) in e.fields() {
+      obj.set_named_property(&name, value)?;
+    }
+    Ok(napi::Error::from(obj.to_unknown()))
+  };
+  // Only a dying environment fails to build the object; the message still says what happened.
+  build().unwrap_or_else(|_| napi::Error::from_reason(e.to_string()))
+}
+
+/// Runs `fut` on napi's runtime; its `SandboxError` becomes the coded JavaScript error.
+pub(crate) fn promise<'env, T, F>(env: &'env Env, fut: F) -> napi::Result<PromiseRaw<'env, T>>
+where
+  T: ToNapiValue + Send + 'static,
+  F: Future<Output = Result<T, SandboxError>> + Send + 'static,
+{
+  env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, out| {
+    out.map_err(|e| to_js(env, e))
+  })
 }
 
 /// Parameters of one exec.
@@ -91,8 +115,12 @@ impl NativeProvider {
   /// `options` is the constructor's options object without `errors` and `logger`; `log`, when
   /// given, receives one JSON string `{ level, message, meta }` per event.
   #[napi(constructor)]
-  pub fn new(options: Value, log: Option<Function<'_, String, ()>>) -> napi::Result<Self> {
-    let cfg = ProviderConfig::from_json(options).map_err(to_js)?;
+  pub fn new(
+    env: &Env,
+    options: Value,
+    log: Option<Function<'_, String, ()>>,
+  ) -> napi::Result<Self> {
+    let cfg = ProviderConfig::from_json(options).map_err(|e| to_js(env, e))?;
     let sink: Option<Sink> = match log {
       Some(f) => {
         let tsfn: LogFn = f
@@ -110,7 +138,7 @@ impl NativeProvider {
       }
       None => None,
     };
-    let inner = Provider::new(cfg, Logger::new(sink)).map_err(to_js)?;
+    let inner = Provider::new(cfg, Logger::new(sink)).map_err(|e| to_js(env, e))?;
     Ok(Self {
       inner: Arc::new(inner),
     })
@@ -145,12 +173,18 @@ impl NativeProvider {
   }
 
   #[napi]
-  pub async fn create_sandbox(&self) -> napi::Result<String> {
-    self.inner.create_sandbox().await.map_err(to_js)
+  pub fn create_sandbox<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, String>> {
+    let inner = self.inner.clone();
+    promise(env, async move { inner.create_sandbox().await })
   }
 
   #[napi]
-  pub async fn exec(&self, params: NativeExecParams) -> napi::Result<NativeExecResult> {
+  pub fn exec<'env>(
+    &self,
+    env: &'env Env,
+    params: NativeExecParams,
+  ) -> napi::Result<PromiseRaw<'env, NativeExecResult>> {
+    let inner = self.inner.clone();
     let p = ExecParams {
       sandbox_id: params.sandbox_id,
       command: params.command,
@@ -161,51 +195,61 @@ impl NativeProvider {
         .unwrap_or_default(),
       timeout_seconds: params.timeout_seconds,
     };
-    Ok(match self.inner.exec(p).await.map_err(to_js)? {
-      ExecOutcome::Ran { exit_code, result } => NativeExecResult {
-        success: true,
-        exit_code: Some(exit_code),
-        result: Some(result),
-        error: None,
-      },
-      ExecOutcome::Failed { error } => NativeExecResult {
-        success: false,
-        exit_code: None,
-        result: None,
-        error: Some(error),
-      },
+    promise(env, async move {
+      Ok(match inner.exec(p).await? {
+        ExecOutcome::Ran { exit_code, result } => NativeExecResult {
+          success: true,
+          exit_code: Some(exit_code),
+          result: Some(result),
+          error: None,
+        },
+        ExecOutcome::Failed { error } => NativeExecResult {
+          success: false,
+          exit_code: None,
+          result: None,
+          error: Some(error),
+        },
+      })
+    })
+  }
+
+  #[napi(ts_return_type = "Promise<void>")]
+  pub fn upload_file<'env>(
+    &self,
+    env: &'env Env,
+    sandbox_id: String,
+    remote_path: String,
+    content: Buffer,
+  ) -> napi::Result<PromiseRaw<'env, ()>> {
+    let inner = self.inner.clone();
+    // The caller's buffer itself, not a copy: it stays alive until the upload is done.
+    let bytes = bytes::Bytes::from_owner(content);
+    promise(env, async move {
+      inner.upload_file(&sandbox_id, &remote_path, bytes).await
     })
   }
 
   #[napi]
-  pub async fn upload_file(
+  pub fn download_file<'env>(
     &self,
+    env: &'env Env,
     sandbox_id: String,
-    remote_path: String,
-    content: Buffer,
-  ) -> napi::Result<()> {
-    // The caller's buffer itself, not a copy: it stays alive until the upload is done.
-    let bytes = bytes::Bytes::from_owner(content);
-    self
-      .inner
-      .upload_file(&sandbox_id, &remote_path, bytes)
-      .await
-      .map_err(to_js)
+    path: String,
+  ) -> napi::Result<PromiseRaw<'env, Buffer>> {
+    let inner = self.inner.clone();
+    promise(env, async move {
+      Ok(Buffer::from(inner.download_file(&sandbox_id, &path).await?))
+    })
   }
 
   #[napi]
-  pub async fn download_file(&self, sandbox_id: String, path: String) -> napi::Result<Buffer> {
-    let data = self
-      .inner
-      .download_file(&sandbox_id, &path)
-      .await
-      .map_err(to_js)?;
-    Ok(Buffer::from(data))
-  }
-
-  #[napi]
-  pub async fn remove_sandbox(&self, sandbox_id: String) -> napi::Result<bool> {
-    self.inner.remove_sandbox(&sandbox_id).await.map_err(to_js)
+  pub fn remove_sandbox<'env>(
+    &self,
+    env: &'env Env,
+    sandbox_id: String,
+  ) -> napi::Result<PromiseRaw<'env, bool>> {
+    let inner = self.inner.clone();
+    promise(env, async move { inner.remove_sandbox(&sandbox_id).await })
   }
 
   /// Ends this instance's background work; never deletes sandboxes.
@@ -216,14 +260,16 @@ impl NativeProvider {
 
   /// Removes this namespace's sandboxes stopped for longer than the delete interval.
   #[napi]
-  pub async fn reap_stale(&self) -> napi::Result<Vec<String>> {
-    self.inner.reap_stale().await.map_err(to_js)
+  pub fn reap_stale<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, Vec<String>>> {
+    let inner = self.inner.clone();
+    promise(env, async move { inner.reap_stale().await })
   }
 
   /// Starts filling the warm pool (a no-op without `warmPool`).
-  #[napi]
-  pub async fn warm_up(&self) -> napi::Result<()> {
-    self.inner.warm_up().await.map_err(to_js)
+  #[napi(ts_return_type = "Promise<void>")]
+  pub fn warm_up<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, ()>> {
+    let inner = self.inner.clone();
+    promise(env, async move { inner.warm_up().await })
   }
 
   /// A Code Mode session for one transport. `on_request(generation, id, payload)` receives each
@@ -253,23 +299,18 @@ impl NativeProvider {
   }
 
   #[napi]
-  pub async fn build_image(&self) -> napi::Result<NativeBuild> {
-    self
-      .inner
-      .build_image()
-      .await
-      .map(Into::into)
-      .map_err(to_js)
+  pub fn build_image<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, NativeBuild>> {
+    let inner = self.inner.clone();
+    promise(env, async move { Ok(inner.build_image().await?.into()) })
   }
 
   #[napi]
-  pub async fn get_image_build_status(&self) -> napi::Result<NativeBuild> {
-    self
-      .inner
-      .image_status()
-      .await
-      .map(Into::into)
-      .map_err(to_js)
+  pub fn get_image_build_status<'env>(
+    &self,
+    env: &'env Env,
+  ) -> napi::Result<PromiseRaw<'env, NativeBuild>> {
+    let inner = self.inner.clone();
+    promise(env, async move { Ok(inner.image_status().await?.into()) })
   }
 }
 
@@ -285,37 +326,37 @@ pub struct NativeReapOptions {
 /// Removes sandboxes of one namespace stopped for longer than `olderThanMinutes` (default the
 /// provider's default delete interval); returns their ids. No provider needed (for cron).
 #[napi]
-pub async fn reap_sandboxes(options: NativeReapOptions) -> napi::Result<Vec<String>> {
+pub fn reap_sandboxes(
+  env: &Env,
+  options: NativeReapOptions,
+) -> napi::Result<PromiseRaw<'_, Vec<String>>> {
   use crate::config;
-  let namespace = config::validate_namespace(
-    options
-      .namespace
-      .as_deref()
-      .unwrap_or(config::DEFAULT_NAMESPACE),
-  )
-  .map_err(to_js)?;
-  let host = options.docker_host.clone();
-  let minutes = options.older_than_minutes.map(Value::from);
-  let secs = config::minutes(
-    "olderThanMinutes",
-    minutes,
-    config::DEFAULT_AUTO_DELETE_MINUTES,
-  )
-  .map_err(to_js)?
-  .unwrap_or(0);
-  let endpoint = crate::client::effective_endpoint(host.as_deref(), None).map_err(to_js)?;
-  let engine = crate::client::engine_for(&endpoint, crate::client::CONTROL_TIMEOUT)
+  promise(env, async move {
+    let namespace = config::validate_namespace(
+      options
+        .namespace
+        .as_deref()
+        .unwrap_or(config::DEFAULT_NAMESPACE),
+    )?;
+    let host = options.docker_host.clone();
+    let minutes = options.older_than_minutes.map(Value::from);
+    let secs = config::minutes(
+      "olderThanMinutes",
+      minutes,
+      config::DEFAULT_AUTO_DELETE_MINUTES,
+    )?
+    .unwrap_or(0);
+    let endpoint = crate::client::effective_endpoint(host.as_deref(), None)?;
+    let engine = crate::client::engine_for(&endpoint, crate::client::CONTROL_TIMEOUT).await?;
+    crate::reaper::reap(
+      &engine,
+      &namespace,
+      std::time::Duration::from_secs(secs),
+      options.dry_run.unwrap_or(false),
+      &Logger::default(),
+    )
     .await
-    .map_err(to_js)?;
-  crate::reaper::reap(
-    &engine,
-    &namespace,
-    std::time::Duration::from_secs(secs),
-    options.dry_run.unwrap_or(false),
-    &Logger::default(),
-  )
-  .await
-  .map_err(to_js)
+  })
 }
 
 /// One Code Mode transport's relay session (see `codemode::Session`).
@@ -340,13 +381,16 @@ impl NativeCodeModeSession {
   }
 
   /// Makes sure a live relay serves this sandbox (launching or relaunching one).
-  #[napi]
-  pub async fn start(&self, sandbox_id: String) -> napi::Result<()> {
-    self
-      .session
-      .start(self.provider.as_ref(), &sandbox_id)
-      .await
-      .map_err(to_js)
+  #[napi(ts_return_type = "Promise<void>")]
+  pub fn start<'env>(
+    &self,
+    env: &'env Env,
+    sandbox_id: String,
+  ) -> napi::Result<PromiseRaw<'env, ()>> {
+    let (provider, session) = (self.provider.clone(), self.session.clone());
+    promise(env, async move {
+      session.start(provider.as_ref(), &sandbox_id).await
+    })
   }
 
   /// Answers request `id` of relay `generation`; false when that relay is gone.

@@ -1,7 +1,7 @@
 //! The crate's one error type. Every variant has a stable code that the JavaScript layer maps
 //! to the error classes of the SandboxProvider contract (or to the host's own injected ones).
 
-use serde_json::json;
+use serde_json::{json, Map, Value};
 
 /// Everything that can go wrong, each with a message that says what to do about it.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -118,11 +118,10 @@ impl SandboxError {
     }
   }
 
-  /// The JSON document carried across the napi boundary: the code, the message and the
-  /// fields the contract's error constructors take.
-  pub fn to_payload(&self) -> serde_json::Value {
-    let mut v = json!({ "code": self.code(), "message": self.to_string() });
-    let o = v.as_object_mut().expect("object");
+  /// The fields the contract's error constructors take, under their JavaScript names; they are
+  /// set on the thrown object beside `code`, so nothing on the JavaScript side parses a message.
+  pub fn fields(&self) -> Map<String, Value> {
+    let mut o = Map::new();
     match self {
       Self::SandboxNotAvailable { sandbox_id } => {
         o.insert("sandboxId".into(), json!(sandbox_id));
@@ -139,15 +138,20 @@ impl SandboxError {
         o.insert("fileSize".into(), json!(size));
         o.insert("maxSize".into(), json!(max));
       }
-      Self::InvalidOption { option, .. } => {
+      Self::InvalidOption { option, reason } => {
         o.insert("option".into(), json!(option));
+        o.insert("reason".into(), json!(reason));
+      }
+      Self::InvalidArgument { argument, reason } => {
+        o.insert("argument".into(), json!(argument));
+        o.insert("reason".into(), json!(reason));
       }
       Self::GpusUnavailable { holders, .. } => {
         o.insert("holders".into(), json!(holders));
       }
       _ => {}
     }
-    v
+    o
   }
 }
 
@@ -172,8 +176,8 @@ mod tests {
       max: 10,
     };
     assert_eq!(e.to_string(), "File too large: /a (11 bytes, max 10)");
-    let p = e.to_payload();
-    assert_eq!(p["code"], "FILE_TOO_LARGE");
+    let p = e.fields();
+    assert_eq!(e.code(), "FILE_TOO_LARGE");
     assert_eq!(p["fileSize"], 11);
     assert_eq!(p["maxSize"], 10);
     assert_eq!(
@@ -191,5 +195,27 @@ mod tests {
       SandboxError::PathIsDirectory { path: "/x".into() }.to_string(),
       "Path is a directory, not a file: /x"
     );
+  }
+
+  #[test]
+  fn fields_carry_what_the_contract_constructors_take() {
+    let e = SandboxError::SandboxNotAvailable {
+      sandbox_id: "/workspace/x".into(),
+    };
+    assert_eq!(
+      Value::Object(e.fields()),
+      json!({ "sandboxId": "/workspace/x" })
+    );
+    // The reason alone, so the JavaScript side rebuilds the same message around `option`.
+    let e = SandboxError::InvalidOption {
+      option: "namespace".into(),
+      reason: "too long".into(),
+    };
+    assert_eq!(
+      Value::Object(e.fields()),
+      json!({ "option": "namespace", "reason": "too long" })
+    );
+    assert_eq!(e.to_string(), "invalid option `namespace`: too long");
+    assert!(SandboxError::Internal("x".into()).fields().is_empty());
   }
 }

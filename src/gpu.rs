@@ -1111,7 +1111,7 @@ mod tests {
     assert_eq!(pick(&inv, &held, 1), None);
     let e = unavailable(1, &inv, &held, &inv);
     assert_eq!(e.code(), "GPUS_UNAVAILABLE");
-    let p = e.to_payload();
+    let p = e.fields();
     assert_eq!(p["holders"], json!(["/workspace/A", "/workspace/B"]));
     let m = e.to_string();
     assert!(m.contains("GPU 0 is held by /workspace/B"), "{m}");

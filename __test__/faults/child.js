@@ -20,11 +20,21 @@ async function timed(kind, fn, judge) {
   try {
     const v = await fn()
     const err = judge ? judge(v) : null
-    calls.push({ kind, status: err === null ? 'ok' : err ? 'error' : 'lost', ms: performance.now() - t, reason: err || undefined })
+    calls.push({
+      kind,
+      status: err === null ? 'ok' : err ? 'error' : 'lost',
+      ms: performance.now() - t,
+      reason: err || undefined,
+    })
     return v
   } catch (e) {
     const clear = e && typeof e.message === 'string' && e.message && typeof e.code === 'string'
-    calls.push({ kind, status: clear ? 'error' : 'lost', ms: performance.now() - t, reason: String((e && e.message) || e) })
+    calls.push({
+      kind,
+      status: clear ? 'error' : 'lost',
+      ms: performance.now() - t,
+      reason: String((e && e.message) || e),
+    })
     throw e
   }
 }
@@ -43,7 +53,16 @@ async function main() {
       if (wait > 0) await new Promise((r) => setTimeout(r, wait))
       const results = await Promise.all(
         Array.from({ length: job.count }, (_, i) =>
-          timed('exec', () => provider.exec({ sandboxId: job.sandboxId, command: `echo burst-${i}`, timeoutSeconds: job.timeoutSeconds }), execJudge),
+          timed(
+            'exec',
+            () =>
+              provider.exec({
+                sandboxId: job.sandboxId,
+                command: `echo burst-${i}`,
+                timeoutSeconds: job.timeoutSeconds,
+              }),
+            execJudge,
+          ),
         ),
       )
       return { results }
@@ -51,7 +70,11 @@ async function main() {
     case 'rss': {
       // Baseline: the provider connected and one small exec done, so the engine client and the
       // runtime are part of it and only the big exec's own cost shows as growth.
-      await timed('exec', () => provider.exec({ sandboxId: job.sandboxId, command: 'echo warm', timeoutSeconds: 30 }), execJudge)
+      await timed(
+        'exec',
+        () => provider.exec({ sandboxId: job.sandboxId, command: 'echo warm', timeoutSeconds: 30 }),
+        execJudge,
+      )
       if (global.gc) global.gc()
       const baseline = process.memoryUsage().rss
       let peak = baseline

@@ -16,9 +16,9 @@ import {
   call,
   mustRun,
   setupFaultFile,
-  sleep,
   Tracker,
 } from './harness'
+import { sleep } from '../helpers'
 
 setupFaultFile()
 

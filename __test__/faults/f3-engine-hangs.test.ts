@@ -21,10 +21,9 @@ import {
   nameOf,
   Outcome,
   setupFaultFile,
-  sleep,
   Tracker,
-  waitFor,
 } from './harness'
+import { poll, sleep } from '../helpers'
 
 setupFaultFile()
 
@@ -136,7 +135,7 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
       by(EXEC_TIMEOUT_S * 1000),
     )
     // Freeze once the command runs.
-    expect(await waitFor(() => execLeftovers(container).some((l) => l.includes(marker)), 10_000, 100)).not.toBeNull()
+    expect(await poll(() => execLeftovers(container).some((l) => l.includes(marker)), 10_000, 100)).not.toBeNull()
     injectFault('engine-freeze')
     faultEngine('pause')
     let o: Outcome<unknown>

@@ -16,8 +16,8 @@ import {
   nameOf,
   setupFaultFile,
   Tracker,
-  waitFor,
 } from './harness'
+import { poll } from '../helpers'
 
 setupFaultFile()
 
@@ -42,7 +42,7 @@ describeFaults('fault 4: the container is killed during an exec', () => {
       { sandboxId, command: 'echo started; sleep 120; echo finished', timeoutSeconds },
       (timeoutSeconds + 5) * 1000,
     )
-    expect(await waitFor(() => execLeftovers(container).some((l) => l.includes('sleep 120')), 10_000, 100)).not.toBeNull()
+    expect(await poll(() => execLeftovers(container).some((l) => l.includes('sleep 120')), 10_000, 100)).not.toBeNull()
     injectFault('container-kill')
     dk(['kill', container])
 

@@ -18,9 +18,9 @@ import {
   nameOf,
   Outcome,
   setupFaultFile,
-  sleep,
   Tracker,
 } from './harness'
+import { sleep } from '../helpers'
 
 setupFaultFile()
 

@@ -27,11 +27,19 @@ import {
   recordChildCalls,
   runChild,
   setupFaultFile,
-  sleep,
   Tracker,
-  waitFor,
 } from './harness'
-import { BUSYBOX, LABEL_ID, LABEL_MANAGED_BY, LABEL_NAMESPACE, LABEL_TEST_NAMESPACE, MANAGED_BY, randomUlid } from '../helpers'
+import {
+  BUSYBOX,
+  LABEL_ID,
+  LABEL_MANAGED_BY,
+  LABEL_NAMESPACE,
+  LABEL_TEST_NAMESPACE,
+  MANAGED_BY,
+  poll,
+  randomUlid,
+  sleep,
+} from '../helpers'
 
 setupFaultFile()
 
@@ -114,7 +122,7 @@ describeFaults('fault 8: idle stop and reaping', () => {
     expect(busySeen.every(Boolean)).toBe(true)
 
     if (idleStoppedAfter === null) {
-      const waited = await waitFor(() => isRunning(idleName) === false, Math.max(0, 25_000 - (Date.now() - created)))
+      const waited = await poll(() => isRunning(idleName) === false, Math.max(0, 25_000 - (Date.now() - created)))
       if (waited !== null) idleStoppedAfter = Date.now() - created
     }
     expect(idleStoppedAfter).not.toBeNull()
@@ -123,7 +131,7 @@ describeFaults('fault 8: idle stop and reaping', () => {
     expect(inspectOn(idleName).State.ExitCode).toBe(0)
 
     // Once the command is over, the busy one goes idle and stops too.
-    expect(await waitFor(() => isRunning(busyName) === false, 25_000)).not.toBeNull()
+    expect(await poll(() => isRunning(busyName) === false, 25_000)).not.toBeNull()
   })
 
   test('(a) a fresh provider’s background reaper removes a sandbox stopped past the delete interval', async () => {
@@ -134,7 +142,7 @@ describeFaults('fault 8: idle stop and reaping', () => {
     const reaper = faultProvider(nsIdle, { autoDeleteIntervalInMinutes: DELETE_MIN })
     try {
       expect((await must('getImageBuildStatus', () => reaper.getImageBuildStatus())).status).toBe('ready')
-      expect(await waitFor(() => inspectOn(idleName) === null, 15_000)).not.toBeNull()
+      expect(await poll(() => inspectOn(idleName) === null, 15_000)).not.toBeNull()
       idleT.ids.delete(idleId)
     } finally {
       reaper.dispose()

@@ -106,7 +106,9 @@ module.exports = async function globalTeardown() {
   fs.writeFileSync(SUMMARY_FILE, `${JSON.stringify(summary, null, 2)}\n`)
   fs.rmSync(PARTS_DIR, { recursive: true, force: true })
 
-  const t = jest ? `${jest.numPassedTests} passed, ${jest.numFailedTests} failed, ${jest.numTotalTests} total` : 'unknown'
+  const t = jest
+    ? `${jest.numPassedTests} passed, ${jest.numFailedTests} failed, ${jest.numTotalTests} total`
+    : 'unknown'
   const lines = [
     '',
     '==================== fault suite summary ====================',

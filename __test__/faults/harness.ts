@@ -21,6 +21,7 @@ import {
   MANAGED_BY,
   Provider,
   containerNameFor,
+  sleep,
 } from '../helpers'
 
 const paths = require('./paths') as {
@@ -44,7 +45,7 @@ const LOST_WAIT_MS = 30_000
 export const MiB = 1024 * 1024
 
 /** An exec that ran. */
-export type ExecResultOk = { success: true; response: { exitCode: number; result: string } }
+export type ExecResultOk = Extract<ExecResult, { success: true }>
 
 // ---------------------------------------------------------------------------------------------
 // Names
@@ -148,19 +149,6 @@ export function execLeftovers(container: string, host = FAULT_HOST): string[] {
   return out.split('\n').filter((l) => l.includes('trueforge-exec'))
 }
 
-export function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms))
-}
-
-/** Polls `check` every `everyMs` until it returns true or `timeoutMs` passes; returns the ms it took or null. */
-export async function waitFor(check: () => boolean, timeoutMs: number, everyMs = 250): Promise<number | null> {
-  const start = Date.now()
-  for (;;) {
-    if (check()) return Date.now() - start
-    if (Date.now() - start > timeoutMs) return null
-    await sleep(everyMs)
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Accounting

@@ -10,8 +10,8 @@ import { readFileSync } from 'node:fs'
 import path from 'node:path'
 
 import { DockerSandboxProvider } from '../..'
-import { BUSYBOX, DEBIAN, docker, ok, SandboxTracker, TRUEFORGE, uniqueNamespace } from '../helpers'
-import { Build, bridgeWorks, ImageTracker, pollUntil, ROOT, waitFor, writeFiles } from './support'
+import { BUSYBOX, DEBIAN, docker, ok, SandboxTracker, TRUEFORGE, uniqueNamespace, waitFor } from '../helpers'
+import { Build, bridgeWorks, ImageTracker, pollUntil, ROOT, writeFiles } from './support'
 
 jest.setTimeout(90_000)
 
@@ -103,7 +103,7 @@ test('python3 without pydantic, and no git: ready, reason null, warned once in m
   expect(w).toMatch(/, git, which TrueForge's skill init needs/)
   // Logged as a warning, once for this image however often the status is read.
   expect(await p.getImageBuildStatus()).toEqual(last)
-  await waitFor(() => lines.some((l) => l.level === 'warn'), 5_000, 'the logged warning')
+  await waitFor(() => lines.some((l) => l.level === 'warn'), 5_000, 'the logged warning', 25)
   const warned = lines.filter((l) => l.level === 'warn' && l.message === w)
   expect(warned).toHaveLength(1)
   expect(warned[0].meta).toMatchObject({ image: tag })

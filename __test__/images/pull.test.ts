@@ -4,7 +4,7 @@
 // createSandbox() on an absent image pulls it first.
 
 import { DockerSandboxProvider } from '../..'
-import { BUSYBOX, docker, dockerTry, ok, SandboxTracker, sleep, uniqueNamespace } from '../helpers'
+import { BUSYBOX, docker, dockerTry, ok, SandboxTracker, sleep, uniqueNamespace, waitFor } from '../helpers'
 import {
   Build,
   ensureRegistries,
@@ -21,7 +21,6 @@ import {
   removeBlobs,
   repoName,
   SAVE_AGAIN,
-  waitFor,
 } from './support'
 
 jest.setTimeout(90_000)
@@ -163,7 +162,7 @@ test('a missing tag fails with the registry reason; reads do not retry, a later 
   // buildImage retries: a second request reaches the registry, and it fails again.
   const again = (await provider.buildImage()) as Build
   expect(['pending', 'failed']).toContain(again.status)
-  await waitFor(() => heads() === 2, 20_000, 'the retried pull at the registry')
+  await waitFor(() => heads() === 2, 20_000, 'the retried pull at the registry', 25)
   const { last: failedAgain } = await pollUntil(provider, (x) => x.status !== 'pending', 30_000)
   expect(failedAgain.status).toBe('failed')
   expect(failedAgain.reason).toMatch(/manifest unknown|not found/)

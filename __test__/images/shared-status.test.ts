@@ -11,8 +11,8 @@ import { createServer, Server, Socket } from 'node:net'
 import path from 'node:path'
 
 import { DockerSandboxProvider } from '../..'
-import { docker, sleep, uniqueNamespace } from '../helpers'
-import { Build, ImageTracker, SAVE_AGAIN, waitFor } from './support'
+import { docker, sleep, uniqueNamespace, waitFor } from '../helpers'
+import { Build, ImageTracker, SAVE_AGAIN } from './support'
 
 jest.setTimeout(120_000)
 
@@ -106,7 +106,7 @@ test('another process sees the pull as pending, does not pull again, and sees a 
   expect(state).toBe('Created')
 
   // Saving the settings on this replica joins the pull instead of starting a second one.
-  await waitFor(() => manifestRequests >= 1, 20_000, 'the engine asking for the manifest')
+  await waitFor(() => manifestRequests >= 1, 20_000, 'the engine asking for the manifest', 25)
   const requestsBefore = manifestRequests
   const joined = (await poller.buildImage()) as Build
   expect(['pending']).toContain(joined.status)
@@ -135,7 +135,7 @@ test('another process sees the pull as pending, does not pull again, and sees a 
   expect(own.reason).toMatch(/^pulling \S+: resolving the manifest$/)
   // The dead lease was replaced by this process's own.
   const leases = () => docker(['ps', '-a', '--filter', `label=trueforge.sandbox.imagework=${image}`, '--format', '{{.ID}}'])
-  await waitFor(() => ![firstLease, ''].includes(leases()), 10_000, 'a new lease')
+  await waitFor(() => ![firstLease, ''].includes(leases()), 10_000, 'a new lease', 25)
   expect(leases().split('\n')).toHaveLength(1)
 
   // End the stalled pull: the registry now says the manifest is unknown, the pull fails, and the

@@ -9,19 +9,15 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync } from 'no
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 
-import { DockerSandboxProvider } from '../..'
-import { docker, dockerTry, LABEL_TEST_NAMESPACE, removeImageWorkLeases, sleep } from '../helpers'
+import { DockerSandboxProvider, type SandboxBuild } from '../..'
+import { docker, dockerTry, LABEL_TEST_NAMESPACE, type Provider, removeImageWorkLeases, sleep } from '../helpers'
 
 export const ROOT = path.resolve(__dirname, '..', '..')
 export const PLAIN = '127.0.0.1:5000'
 export const AUTH = '127.0.0.1:5001'
 
-export type Provider = InstanceType<typeof DockerSandboxProvider>
-export interface Build {
-  status: 'pending' | 'ready' | 'failed'
-  reason: string | null
-  metadata: Record<string, string> | null
-}
+export type { Provider } from '../helpers'
+export type Build = SandboxBuild
 
 export interface Registries {
   plain: string
@@ -267,15 +263,6 @@ export async function pollUntil(
       throw new Error(`status did not settle within ${timeoutMs} ms; last: ${JSON.stringify(b)}`)
     }
     await sleep(intervalMs)
-  }
-}
-
-/** Waits for a condition on plain values (e.g. a registry log count). */
-export async function waitFor(cond: () => boolean, timeoutMs = 20_000, what = 'condition'): Promise<void> {
-  const deadline = Date.now() + timeoutMs
-  while (!cond()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await sleep(25)
   }
 }
 

@@ -22,7 +22,8 @@ async function load({ tries = 20, delayMs = 1500 } = {}) {
       return mod
     } catch (e) {
       last = e
-      for (const k of Object.keys(require.cache)) if (k.startsWith(PACKAGE_DIR + path.sep) && !k.includes('node_modules')) delete require.cache[k]
+      for (const k of Object.keys(require.cache))
+        if (k.startsWith(PACKAGE_DIR + path.sep) && !k.includes('node_modules')) delete require.cache[k]
       await new Promise((r) => setTimeout(r, delayMs))
     }
   }

@@ -14,6 +14,7 @@ const {
   IMAGE,
   NETWORK,
   KEEPALIVE_SCRIPT,
+  KEEPALIVE_ARGS,
   benchLabels,
   tarHeader,
   tarTrailer,
@@ -64,7 +65,19 @@ function create({ socket = SOCKET } = {}) {
     const name = `trueforge-bench-cli-${process.pid}-${(seq++).toString(36)}-${Math.random().toString(36).slice(2, 8)}`
     made.add(name)
     // create, copy the layout in, start: what `docker run` alone cannot do.
-    const r = await runOk(['create', '--init', '--name', name, ...labelArgs, '--entrypoint', '/bin/sh', IMAGE, '-c', KEEPALIVE_SCRIPT])
+    const r = await runOk([
+      'create',
+      '--init',
+      '--name',
+      name,
+      ...labelArgs,
+      '--entrypoint',
+      '/bin/sh',
+      IMAGE,
+      '-c',
+      KEEPALIVE_SCRIPT,
+      ...KEEPALIVE_ARGS,
+    ])
     const id = r.stdout.toString().trim()
     await runOk(['cp', '-', `${id}:/`], { feed: (stdin) => stdin.end(layoutTar()) })
     await runOk(['start', id])

@@ -5,6 +5,7 @@
 // cleanup, and a minimal tar writer/reader for the implementations that may not use tar-stream
 // (the floor is Node's `http` only; the CLI one reuses the same helpers).
 
+const fs = require('node:fs')
 const path = require('node:path')
 
 const SOCKET = process.env.BENCH_DOCKER_SOCKET || '/var/run/docker.sock'
@@ -14,9 +15,21 @@ const IMAGE = process.env.BENCH_IMAGE || 'trueforge-sandbox-busybox:1'
 // whose default bridge is unusable.
 const NETWORK = process.env.BENCH_NETWORK || ''
 
-// Same as KEEPALIVE_SCRIPT in src/lifecycle.rs: exits at once on SIGTERM, so removals are fast.
-const KEEPALIVE_SCRIPT = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"
-const KEEPALIVE_ENTRYPOINT = ['/bin/sh', '-c', KEEPALIVE_SCRIPT]
+// The addon's own container main process, INIT_SCRIPT in src/lifecycle.rs, read from there so a
+// change to it reaches the other implementations too (a copy here once went stale). It exits at
+// once on SIGTERM, so removals are fast. Its arguments are the idle stop in seconds and the check
+// interval: 0, never, because the others have no activity file to keep them alive. The addon
+// mounts a volume at /trueforge; without that directory the script's first write to it would end
+// the shell, so the others make it first.
+const KEEPALIVE_SCRIPT = `mkdir -p /trueforge\n${initScript(path.resolve(__dirname, '..', '..', 'src', 'lifecycle.rs'))}`
+const KEEPALIVE_ARGS = ['trueforge-init', '0', '1']
+const KEEPALIVE_ENTRYPOINT = ['/bin/sh', '-c', KEEPALIVE_SCRIPT, ...KEEPALIVE_ARGS]
+
+function initScript(file) {
+  const m = /pub const INIT_SCRIPT: &str = r#"([\s\S]*?)"#;/.exec(fs.readFileSync(file, 'utf8'))
+  if (!m) throw new Error(`no INIT_SCRIPT in ${file}: update bench/impl/common.js to the container's main process`)
+  return m[1]
+}
 
 // Every container the bench makes carries BENCH_LABEL (the addon's too, via its `labels`
 // option), so one label filter finds everything an earlier crashed run left behind.
@@ -146,7 +159,15 @@ function parseOctal(field) {
  */
 function layoutTar() {
   const root = `workspace/${Math.random().toString(36).slice(2, 12).toUpperCase()}/`
-  const dirs = ['trueforge/', 'trueforge/uploads/', 'trueforge/skills/', 'trueforge/tool-results/', 'trueforge/bin/', 'workspace/', root]
+  const dirs = [
+    'trueforge/',
+    'trueforge/uploads/',
+    'trueforge/skills/',
+    'trueforge/tool-results/',
+    'trueforge/bin/',
+    'workspace/',
+    root,
+  ]
   const parts = dirs.map((d) => tarHeader(d, 0, 0o755, '5'))
   parts.push(tarHeader('trueforge/.activity', 0))
   parts.push(Buffer.alloc(2 * BLOCK))
@@ -163,6 +184,7 @@ module.exports = {
   IMAGE,
   NETWORK,
   KEEPALIVE_SCRIPT,
+  KEEPALIVE_ARGS,
   KEEPALIVE_ENTRYPOINT,
   BENCH_LABEL,
   IMPL_LABEL,

@@ -37,7 +37,8 @@ function client(socketPath = SOCKET) {
       const req = http.request({ socketPath, method, path, headers, agent: ag }, resolve)
       req.on('error', reject)
       if (body === undefined) req.end()
-      else if (typeof body === 'function') body(req) // the caller streams the body
+      else if (typeof body === 'function')
+        body(req) // the caller streams the body
       else req.end(body)
     })
   }

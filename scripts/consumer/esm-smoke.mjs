@@ -9,6 +9,7 @@ import {
   SandboxError,
   SandboxFileNotFoundError,
   SandboxFileTooLargeError,
+  SandboxGpuError,
   SandboxInvalidPathError,
   SandboxNotAvailableError,
   SandboxNotRegularFileError,
@@ -26,6 +27,7 @@ const named = {
   SandboxError,
   SandboxFileNotFoundError,
   SandboxFileTooLargeError,
+  SandboxGpuError,
   SandboxInvalidPathError,
   SandboxNotAvailableError,
   SandboxNotRegularFileError,
@@ -43,7 +45,8 @@ const provider = new DockerSandboxProvider({ image: 'trueforge-sandbox-busybox:1
 const { sandboxId } = await provider.createSandbox()
 try {
   const r = await provider.exec({ sandboxId, command: 'echo esm-ok' })
-  if (!r.success || r.response.result.trim() !== 'esm-ok') throw new Error(`unexpected exec result: ${JSON.stringify(r)}`)
+  if (!r.success || r.response.result.trim() !== 'esm-ok')
+    throw new Error(`unexpected exec result: ${JSON.stringify(r)}`)
   const e = await provider.downloadFile({ sandboxId, path: 'missing' }).catch((err) => err)
   if (!(e instanceof SandboxFileNotFoundError)) throw new Error(`expected SandboxFileNotFoundError, got ${e}`)
   console.log(`ESM import of ${Object.keys(named).length} names ok; exec ran in ${sandboxId}`)

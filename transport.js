@@ -1,0 +1,125 @@
+'use strict'
+
+// Code Mode: the relay in the sandbox hands each request to the native session, which calls
+// #onRequest here; the reply goes back through the session. The transport checks the request's
+// shape and reports its own failures as TrueForge's transports do; the dispatcher does the rest.
+
+const { codeModeClient } = require('./loader.js')
+const { argumentError, fromNative } = require('./errors.js')
+const { parseCodeModeRequest } = require('./validate.js')
+
+const CODE_MODE_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+const MALFORMED_REQUEST = { ok: false, error: 'Malformed Code Mode request', source: 'caller' }
+
+function traceCarrierOf(v) {
+  const out = {}
+  const t = v && typeof v === 'object' ? v.trace : undefined
+  if (t && typeof t === 'object' && !Array.isArray(t)) {
+    for (const k of ['traceparent', 'tracestate']) if (typeof t[k] === 'string') out[k] = t[k]
+  }
+  return out
+}
+
+class DockerCodeModeTransport {
+  #native
+  #errors
+  #session
+  #dispatcher
+
+  /** `errors`: the host's classes, as `fromNative` takes them. */
+  constructor(native, errors) {
+    this.#native = native
+    this.#errors = errors
+  }
+
+  getClientInstall(_params) {
+    const { content, remotePath } = codeModeClient()
+    return { content, remotePath }
+  }
+
+  async start(params) {
+    const { codeModeDispatcher, sandboxId, requestTimeoutSeconds } = params ?? {}
+    if (typeof sandboxId !== 'string') throw argumentError('start: `sandboxId` must be a string')
+    if (!codeModeDispatcher || typeof codeModeDispatcher.dispatch !== 'function') {
+      throw argumentError('start: `codeModeDispatcher` must have a dispatch() method')
+    }
+    this.#dispatcher = codeModeDispatcher
+    let session = this.#session
+    if (session === undefined) {
+      // The native session holds this callback strongly; a weak link back to the transport lets
+      // a transport nobody stopped be collected, and its relay end with it.
+      const self = new WeakRef(this)
+      session = this.#native.codeModeSession((generation, id, payload) => {
+        const transport = self.deref()
+        if (transport !== undefined) void transport.#onRequest(generation, id, payload)
+      })
+      this.#session = session
+    }
+    try {
+      await session.start(sandboxId)
+    } catch (e) {
+      throw fromNative(e, this.#errors)
+    }
+    const env = { TFY_CM_SOCK: session.socketPath }
+    if (
+      typeof requestTimeoutSeconds === 'number' &&
+      Number.isFinite(requestTimeoutSeconds) &&
+      requestTimeoutSeconds > 0
+    ) {
+      env.TFY_CM_REQUEST_TIMEOUT_SECONDS = String(requestTimeoutSeconds)
+    }
+    return { env }
+  }
+
+  async stop() {
+    const session = this.#session
+    this.#session = undefined
+    if (session !== undefined) await session.stop()
+  }
+
+  async #onRequest(generation, id, payload) {
+    const session = this.#session
+    let reply
+    try {
+      reply = await this.#dispatch(payload)
+    } catch (e) {
+      reply = { ok: false, error: e instanceof Error ? e.message : String(e), source: 'internal' }
+    }
+    let bytes
+    try {
+      bytes = Buffer.from(JSON.stringify(reply) ?? 'null', 'utf8')
+    } catch (e) {
+      bytes = Buffer.from(
+        JSON.stringify({
+          ok: false,
+          error: `Code Mode reply is not JSON: ${/** @type {Error} */ (e).message}`,
+          source: 'transport',
+        }),
+      )
+    }
+    if (bytes.length > CODE_MODE_MAX_MESSAGE_BYTES) {
+      const error = `Code Mode reply of ${bytes.length} bytes exceeds the limit of ${CODE_MODE_MAX_MESSAGE_BYTES} bytes`
+      bytes = Buffer.from(JSON.stringify({ ok: false, error, source: 'transport' }))
+    }
+    // A reply for a relay that has since been replaced or stopped is dropped by the session.
+    ;(this.#session ?? session)?.reply(generation, id, bytes)
+  }
+
+  async #dispatch(payload) {
+    let value
+    try {
+      value = JSON.parse(payload.toString('utf8'))
+    } catch {
+      return MALFORMED_REQUEST
+    }
+    const request = parseCodeModeRequest(value)
+    if (request === null) return MALFORMED_REQUEST
+    const dispatcher = this.#dispatcher
+    if (dispatcher === undefined) {
+      return { ok: false, error: 'Code Mode dispatcher is not configured', source: 'internal' }
+    }
+    return dispatcher.dispatch({ request, traceCarrier: traceCarrierOf(value) })
+  }
+}
+
+module.exports = { DockerCodeModeTransport }
