@@ -91,7 +91,12 @@ impl NativeProvider {
   /// `options` is the constructor's options object without `errors` and `logger`; `log`, when
   /// given, receives one JSON string `{ level, message, meta }` per event.
   #[napi(constructor)]
-  pub fn new(options: Value, log: Option<Function<'_, String, ()>>) -> napi::Result<Self> {
+  pub fn new(
+    // Taken as JSON so that a wrong type is refused by our checks, naming the option, rather
+    // than by napi's conversion, naming neither.
+    #[napi(ts_arg_type = "NativeProviderOptions")] options: Value,
+    log: Option<Function<'_, String, ()>>,
+  ) -> napi::Result<Self> {
     let cfg = ProviderConfig::from_json(options).map_err(to_js)?;
     let sink: Option<Sink> = match log {
       Some(f) => {
