@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::{Number, Value};
 
 use crate::errors::{Result, SandboxError};
-use crate::options::{Given, ProviderOptions};
+use crate::options::{BuildOptions, Given, ProviderOptions, WarmPoolOptions};
 
 /// Default for `execTimeoutMs`.
 pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 60_000;
@@ -276,9 +276,16 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
         },
       )
       .transpose()?;
-    let build = o.build.map(parse_build).transpose()?;
+    let build = typed(o.build, "build", |v| {
+      format!("expected {{ context, dockerfile?, args? }}, got {v}")
+    })?
+    .map(parse_build)
+    .transpose()?;
     let registry_auth = parse_registry_auth(o.registry_auth)?;
-    let warm_pool_size = parse_warm_pool(o.warm_pool)?;
+    let warm_pool_size = typed(o.warm_pool, "warmPool", |v| {
+      format!("expected {{ size: number }}, got {v}")
+    })?
+    .map_or(Ok(0), parse_warm_pool)?;
     if warm_pool_size > 0 && matches!(gpus, Some(Gpus::Exclusive(_))) {
       return Err(bad(
         "warmPool",
@@ -323,12 +330,16 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
   }
 }
 
-/// The value when it has the type the option takes; otherwise a refusal naming the option,
-/// `expected` saying what it takes given what came.
+/// The value when it has the type the option takes; otherwise a refusal naming the option (or
+/// the unknown key in it), `expected` saying what it takes given what came.
 fn must<T>(v: Given<T>, option: &str, expected: impl FnOnce(&Value) -> String) -> Result<T> {
   match v {
     Given::Typed(t) => Ok(t),
     Given::Mistyped(v) => Err(bad(option, expected(&v))),
+    Given::Unknown { key, known } => Err(bad(
+      &format!("{option}.{key}"),
+      format!("unknown; known ones are {}", known.join(", ")),
+    )),
   }
 }
 
@@ -350,42 +361,29 @@ fn tenant_expected(v: &Value) -> String {
 }
 
 fn parse_gpu_wait(v: Option<Given<Number>>) -> Result<u64> {
-  let refuse = |got: &dyn std::fmt::Display| {
-    bad(
-      "gpuWaitMs",
-      format!(
-        "expected a whole number of milliseconds from 0 to {}, got {got}",
-        crate::gpu::MAX_WAIT_MS
-      ),
+  let expected = |got: &dyn std::fmt::Display| {
+    format!(
+      "expected a whole number of milliseconds from 0 to {}, got {got}",
+      crate::gpu::MAX_WAIT_MS
     )
   };
-  match v {
-    None => Ok(0),
-    Some(Given::Typed(n)) => match n.as_u64() {
-      Some(ms) if ms <= crate::gpu::MAX_WAIT_MS => Ok(ms),
-      _ => Err(refuse(&n)),
-    },
-    Some(Given::Mistyped(v)) => Err(refuse(&v)),
-  }
+  let Some(n) = typed(v, "gpuWaitMs", |v| expected(v))? else {
+    return Ok(0);
+  };
+  n.as_u64()
+    .filter(|ms| *ms <= crate::gpu::MAX_WAIT_MS)
+    .ok_or_else(|| bad("gpuWaitMs", expected(&n)))
 }
 
-fn parse_warm_pool(v: Option<Value>) -> Result<u32> {
-  match v {
-    None => Ok(0),
-    Some(Value::Object(m)) => match m.get("size") {
-      Some(Value::Number(n)) if n.as_u64().is_some_and(|v| v <= 64) => {
-        Ok(n.as_u64().unwrap_or(0) as u32)
-      }
-      other => Err(bad(
-        "warmPool.size",
-        format!("expected a whole number from 0 to 64, got {other:?}"),
-      )),
-    },
-    Some(other) => Err(bad(
-      "warmPool",
-      format!("expected {{ size: number }}, got {other}"),
-    )),
-  }
+fn parse_warm_pool(w: WarmPoolOptions) -> Result<u32> {
+  let expected =
+    |got: &dyn std::fmt::Display| format!("expected a whole number from 0 to 64, got {got}");
+  let n = typed(w.size, "warmPool.size", |v| expected(v))?
+    .ok_or_else(|| bad("warmPool.size", expected(&"nothing")))?;
+  n.as_u64()
+    .filter(|size| *size <= 64)
+    .map(|size| size as u32)
+    .ok_or_else(|| bad("warmPool.size", expected(&n)))
 }
 
 fn positive_int(option: &str, v: Option<Given<Number>>, default: u64, max: u64) -> Result<u64> {
@@ -545,41 +543,28 @@ pub fn validate_user(u: &str) -> Result<String> {
   Ok(u.to_string())
 }
 
-fn parse_build(v: Value) -> Result<BuildSpec> {
-  let Value::Object(m) = v else {
-    return Err(bad(
-      "build",
-      format!("expected {{ context, dockerfile?, args? }}, got {v}"),
-    ));
-  };
-  let mut context = None;
-  let mut dockerfile = "Dockerfile".to_string();
-  let mut args = BTreeMap::new();
-  for (k, val) in m {
-    match (k.as_str(), val) {
-      ("context", Value::String(c)) if !c.is_empty() => context = Some(c),
-      ("dockerfile", Value::String(d))
-        if !d.is_empty() && !d.contains("..") && !d.starts_with('/') =>
-      {
-        dockerfile = d
-      }
-      ("args", v @ Value::Object(_)) => {
-        args = string_map("build.args", Some(Given::from_value(v)))?
-      }
-      ("context" | "dockerfile" | "args", Value::Null) => {}
-      (k @ ("context" | "dockerfile" | "args"), other) => {
-        return Err(bad(&format!("build.{k}"), format!("invalid value {other}")))
-      }
-      (other, _) => {
-        return Err(bad(
-          &format!("build.{other}"),
-          "unknown; known ones are context, dockerfile, args",
-        ))
-      }
-    }
-  }
-  let context =
-    context.ok_or_else(|| bad("build.context", "required: the directory to build from"))?;
+fn parse_build(b: BuildOptions) -> Result<BuildSpec> {
+  let invalid = |v: &Value| format!("invalid value {v}");
+  let args = typed(b.args, "build.args", invalid)?
+    .map(|m| string_map("build.args", Some(Given::Typed(m))))
+    .transpose()?
+    .unwrap_or_default();
+  let context = typed(b.context, "build.context", invalid)?
+    .map(|c| match c.is_empty() {
+      true => Err(bad("build.context", invalid(&Value::String(c)))),
+      false => Ok(c),
+    })
+    .transpose()?
+    .ok_or_else(|| bad("build.context", "required: the directory to build from"))?;
+  let dockerfile = typed(b.dockerfile, "build.dockerfile", invalid)?
+    .map(
+      |d| match d.is_empty() || d.contains("..") || d.starts_with('/') {
+        true => Err(bad("build.dockerfile", invalid(&Value::String(d)))),
+        false => Ok(d),
+      },
+    )
+    .transpose()?
+    .unwrap_or_else(|| "Dockerfile".to_string());
   Ok(BuildSpec {
     context,
     dockerfile,
@@ -989,6 +974,205 @@ mod tests {
       err_option(json!({ "image": "x", "warmPool": { "size": -1 } })),
       "warmPool.size"
     );
+  }
+
+  fn refusal(v: Value) -> (String, String) {
+    match ProviderConfig::from_json(v) {
+      Err(SandboxError::InvalidOption { option, reason }) => (option, reason),
+      other => panic!("expected InvalidOption, got {other:?}"),
+    }
+  }
+
+  #[test]
+  fn try_from_refuses_field_by_field() {
+    let ok = || ProviderOptions {
+      image: Some(Given::Typed("busybox:1".into())),
+      ..ProviderOptions::default()
+    };
+    let refused = |o: ProviderOptions| match ProviderConfig::try_from(o) {
+      Err(SandboxError::InvalidOption { option, reason }) => (option, reason),
+      other => panic!("expected InvalidOption, got {other:?}"),
+    };
+    assert_eq!(ProviderConfig::try_from(ok()).unwrap().image, "busybox:1");
+    assert_eq!(
+      refused(ProviderOptions::default()),
+      (
+        "image".into(),
+        "required: the image every sandbox runs".into()
+      )
+    );
+    assert_eq!(
+      refused(ProviderOptions {
+        image: Some(Given::Mistyped(json!(3))),
+        ..ProviderOptions::default()
+      }),
+      (
+        "image".into(),
+        "expected a string such as 'python:3.12'".into()
+      )
+    );
+    assert_eq!(
+      refused(ProviderOptions {
+        exec_timeout_ms: Some(Given::Mistyped(json!("10"))),
+        ..ok()
+      }),
+      (
+        "execTimeoutMs".into(),
+        "expected a number, got \"10\"".into()
+      )
+    );
+    assert_eq!(
+      refused(ProviderOptions {
+        no_new_privileges: Some(Given::Mistyped(json!(1))),
+        ..ok()
+      }),
+      (
+        "noNewPrivileges".into(),
+        "expected true or false, got 1".into()
+      )
+    );
+    assert_eq!(
+      refused(ProviderOptions {
+        runtime: Some(Given::Typed("a b".into())),
+        ..ok()
+      }),
+      (
+        "runtime".into(),
+        "expected a runtime name such as 'runsc', got \"a b\"".into()
+      )
+    );
+  }
+
+  #[test]
+  fn wrong_types_keep_their_messages() {
+    let cases = [
+      (
+        json!({ "execTimeoutMs": 1.5 }),
+        "execTimeoutMs",
+        "expected a positive whole number, got 1.5",
+      ),
+      (
+        json!({ "fileMaxBytes": 1e12 }),
+        "fileMaxBytes",
+        "1000000000000.0 is above the maximum 1073741824",
+      ),
+      (
+        json!({ "env": { "A": 1 } }),
+        "env",
+        "value of \"A\" must be a string, got 1",
+      ),
+      (
+        json!({ "env": ["A"] }),
+        "env",
+        "expected an object of strings, got [\"A\"]",
+      ),
+      (
+        json!({ "capabilities": [null] }),
+        "capabilities",
+        "null is not a capability name",
+      ),
+      (
+        json!({ "capabilities": "CHOWN" }),
+        "capabilities",
+        "expected a list such as ['CHOWN', 'SETUID'], got \"CHOWN\"",
+      ),
+      (
+        json!({ "autoStopIntervalInMinutes": "5" }),
+        "autoStopIntervalInMinutes",
+        "expected a number of minutes, got \"5\"",
+      ),
+      (
+        json!({ "network": 1 }),
+        "network",
+        "expected 'bridge', 'none' or a network name, got 1",
+      ),
+      (
+        json!({ "tenantName": "" }),
+        "tenantName",
+        "expected a non-empty string up to 128 bytes, got \"\"",
+      ),
+      (
+        json!({ "gpuWaitMs": -1 }),
+        "gpuWaitMs",
+        "expected a whole number of milliseconds from 0 to 3600000, got -1",
+      ),
+      (
+        json!({ "build": "." }),
+        "build",
+        "expected { context, dockerfile?, args? }, got \".\"",
+      ),
+      (
+        json!({ "build": { "context": "/c", "dockerfile": "../D" } }),
+        "build.dockerfile",
+        "invalid value \"../D\"",
+      ),
+      (
+        json!({ "build": { "context": "/c", "args": [] } }),
+        "build.args",
+        "invalid value []",
+      ),
+      (
+        json!({ "build": { "context": "/c", "args": { "V": 1 } } }),
+        "build.args",
+        "value of \"V\" must be a string, got 1",
+      ),
+      (
+        json!({ "build": { "context": "" } }),
+        "build.context",
+        "invalid value \"\"",
+      ),
+      (
+        json!({ "warmPool": [2] }),
+        "warmPool",
+        "expected { size: number }, got [2]",
+      ),
+      (
+        json!({ "warmPool": {} }),
+        "warmPool.size",
+        "expected a whole number from 0 to 64, got nothing",
+      ),
+      (
+        json!({ "warmPool": { "size": 65 } }),
+        "warmPool.size",
+        "expected a whole number from 0 to 64, got 65",
+      ),
+    ];
+    for (extra, option, reason) in cases {
+      let mut v = json!({ "image": "x" });
+      for (k, val) in extra.as_object().unwrap() {
+        v[k] = val.clone();
+      }
+      assert_eq!(
+        refusal(v),
+        (option.to_string(), reason.to_string()),
+        "{extra}"
+      );
+    }
+  }
+
+  #[test]
+  fn unknown_keys_of_nested_options_are_listed_from_their_structs() {
+    assert_eq!(
+      refusal(json!({ "image": "x", "build": { "context": "/c", "target": "t" } })),
+      (
+        "build.target".into(),
+        "unknown; known ones are context, dockerfile, args".into()
+      )
+    );
+    assert_eq!(
+      refusal(json!({ "image": "x", "warmPool": { "size": 1, "idle": 5 } })).0,
+      "warmPool.idle"
+    );
+    let (option, reason) = refusal(json!({ "image": "x", "imgae": "y" }));
+    assert_eq!(option, "imgae");
+    assert!(reason.starts_with("unknown option; known ones are image, dockerHost,"));
+    let c = ProviderConfig::from_json(json!({
+      "image": "x", "build": { "context": "/c", "dockerfile": null, "args": null },
+      "warmPool": { "size": 0 }
+    }))
+    .unwrap();
+    assert_eq!(c.build.unwrap().dockerfile, "Dockerfile");
+    assert_eq!(c.warm_pool_size, 0);
   }
 
   #[test]

@@ -15,17 +15,36 @@ use crate::errors::{Result, SandboxError};
 /// an unknown option so that the list there is the whole constructor's.
 const JS_OPTIONS: [&str; 2] = ["errors", "logger"];
 
-/// One option's value: of the type the option takes, or of another type, kept whole. serde
-/// would refuse a wrong type without naming the option; kept, it is refused by the option's own
-/// check, with the option's name and a message saying what it takes.
+/// One option's value: of the type the option takes, or not, kept whole. serde would refuse a
+/// wrong type without naming the option; kept, it is refused by the option's own check, with
+/// the option's name and a message saying what it takes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Given<T> {
   Typed(T),
   Mistyped(Value),
+  /// An object for a struct, with a key the struct has no field for; `known` lists its fields.
+  Unknown {
+    key: String,
+    known: &'static [&'static str],
+  },
 }
 
 impl<T: DeserializeOwned> Given<T> {
   pub fn from_value(v: Value) -> Self {
+    let fields = field_names::<T>();
+    if !fields.is_empty() {
+      // serde fills a struct from a list as well, in field order, and drops keys it has no
+      // field for; an option that takes an object must refuse both.
+      let Value::Object(m) = &v else {
+        return Given::Mistyped(v);
+      };
+      if let Some(key) = m.keys().find(|k| !fields.contains(&k.as_str())) {
+        return Given::Unknown {
+          key: key.clone(),
+          known: fields,
+        };
+      }
+    }
     match T::deserialize(&v) {
       Ok(t) => Given::Typed(t),
       Err(_) => Given::Mistyped(v),
@@ -133,7 +152,7 @@ pub struct ProviderOptions {
   /// Build the image from a local context; `dockerfile` defaults to `'Dockerfile'`. Default:
   /// pull `image`.
   #[napi(ts_type = "{ context: string; dockerfile?: string; args?: Record<string, string> }")]
-  pub build: Option<Value>,
+  pub build: Option<Given<BuildOptions>>,
   /// Credentials per registry host. Default: the Docker config's.
   #[napi(
     ts_type = "Record<string, { username: string; password: string } | { identityToken: string }>"
@@ -141,39 +160,55 @@ pub struct ProviderOptions {
   pub registry_auth: Option<Value>,
   /// Ready sandboxes kept per configuration (0 to 64). Default: no pool.
   #[napi(ts_type = "{ size: number }")]
-  pub warm_pool: Option<Value>,
+  pub warm_pool: Option<Given<WarmPoolOptions>>,
   /// Deadline for one engine request that is not a command or a transfer, in ms (at most ten
   /// minutes). Default 30000.
   #[napi(ts_type = "number")]
   pub engine_timeout_ms: Option<Given<Number>>,
 }
 
+/// The `build` option. Its typings are stated on `ProviderOptions::build`, where `context` can
+/// be marked required.
+#[derive(Debug, Default, Deserialize)]
+pub struct BuildOptions {
+  /// The directory to build from. Required.
+  pub context: Option<Given<String>>,
+  /// The Dockerfile, relative to the context. Default `Dockerfile`.
+  pub dockerfile: Option<Given<String>>,
+  /// Build arguments. Default none.
+  pub args: Option<Given<BTreeMap<String, Given<String>>>>,
+}
+
+/// The `warmPool` option.
+#[derive(Debug, Default, Deserialize)]
+pub struct WarmPoolOptions {
+  /// Ready sandboxes kept, 0 to 64. Required.
+  pub size: Option<Given<Number>>,
+}
+
 impl ProviderOptions {
   /// Reads the options object. A key that is no field is refused by name, with the known ones
   /// listed from the struct itself.
   pub fn from_json(value: Value) -> Result<Self> {
-    let Value::Object(map) = value else {
-      return Err(invalid(
+    match Given::<ProviderOptions>::from_value(value) {
+      Given::Typed(o) => Ok(o),
+      Given::Mistyped(_) => Err(invalid(
         "options",
         "expected an object such as { image: 'python:3.12' }",
-      ));
-    };
-    let known = field_names::<ProviderOptions>();
-    if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
-      let listed = known
-        .iter()
-        .chain(JS_OPTIONS.iter())
-        .copied()
-        .collect::<Vec<_>>()
-        .join(", ");
-      return Err(invalid(
-        unknown,
-        format!("unknown option; known ones are {listed}"),
-      ));
+      )),
+      Given::Unknown { key, known } => {
+        let listed = known
+          .iter()
+          .chain(JS_OPTIONS.iter())
+          .copied()
+          .collect::<Vec<_>>()
+          .join(", ");
+        Err(invalid(
+          &key,
+          format!("unknown option; known ones are {listed}"),
+        ))
+      }
     }
-    // Every field takes any JSON value (`Value` or `Given`), so this cannot fail once the
-    // keys are known; the error is still reported rather than unwrapped.
-    serde_json::from_value(Value::Object(map)).map_err(|e| invalid("options", e.to_string()))
   }
 }
 
