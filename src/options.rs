@@ -149,11 +149,12 @@ pub struct ProviderOptions {
   /// Recorded as a label; other tenants' sandboxes are unreachable. Default none.
   #[napi(ts_type = "string")]
   pub tenant_name: Option<Given<String>>,
-  /// Build the image from a local context; `dockerfile` defaults to `'Dockerfile'`. Default:
-  /// pull `image`.
+  /// Build the image from a local context through the Engine build API; `dockerfile` defaults
+  /// to `'Dockerfile'`. Default none.
   #[napi(ts_type = "{ context: string; dockerfile?: string; args?: Record<string, string> }")]
   pub build: Option<Given<BuildOptions>>,
-  /// Credentials per registry host. Default: the Docker config's.
+  /// Credentials per registry host. Default none: a registry not named here gets the Docker
+  /// config's.
   #[napi(
     ts_type = "Record<string, { username: string; password: string } | { identityToken: string }>"
   )]
@@ -192,6 +193,7 @@ impl ProviderOptions {
   pub fn from_json(value: Value) -> Result<Self> {
     match Given::<ProviderOptions>::from_value(value) {
       Given::Typed(o) => Ok(o),
+      // Every field takes any JSON value, so only a non-object lands here.
       Given::Mistyped(_) => Err(invalid(
         "options",
         "expected an object such as { image: 'python:3.12' }",
