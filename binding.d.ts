@@ -191,11 +191,14 @@ export interface NativeProviderOptions {
   /** Recorded as a label; other tenants' sandboxes are unreachable. Default none. */
   tenantName?: string
   /**
-   * Build the image from a local context; `dockerfile` defaults to `'Dockerfile'`. Default:
-   * pull `image`.
+   * Build the image from a local context through the Engine build API; `dockerfile` defaults
+   * to `'Dockerfile'`. Default none.
    */
   build?: { context: string; dockerfile?: string; args?: Record<string, string> }
-  /** Credentials per registry host. Default: the Docker config's. */
+  /**
+   * Credentials per registry host. Default none: a registry not named here gets the Docker
+   * config's.
+   */
   registryAuth?: Record<string, { username: string; password: string } | { identityToken: string }>
   /** Ready sandboxes kept per configuration (0 to 64). Default: no pool. */
   warmPool?: { size: number }
