@@ -214,31 +214,8 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
     let gpus = o.gpus.map(parse_gpus).transpose()?;
     let gpu_devices = crate::gpu::parse_devices(o.gpu_devices, gpus.as_ref())?;
     let gpu_wait_ms = parse_gpu_wait(o.gpu_wait_ms)?;
-    let env = string_map("env", o.env)?;
-    for (k, v) in &env {
-      validate_env_name(k).map_err(|r| bad("env", format!("variable {k:?}: {r}")))?;
-      if v.contains('\0') {
-        return Err(bad(
-          "env",
-          format!("variable {k:?}: value contains a NUL byte"),
-        ));
-      }
-    }
-    let labels = string_map("labels", o.labels)?;
-    for k in labels.keys() {
-      if k.is_empty() || k.contains('\0') {
-        return Err(bad(
-          "labels",
-          format!("label key {k:?} is empty or has a NUL byte"),
-        ));
-      }
-      if k.starts_with(LABEL_PREFIX) {
-        return Err(bad(
-          "labels",
-          format!("label key {k:?} uses the reserved prefix {LABEL_PREFIX}"),
-        ));
-      }
-    }
+    let env = parse_env(o.env)?;
+    let labels = parse_labels(o.labels)?;
     let auto_stop_secs = minutes_of(
       "autoStopIntervalInMinutes",
       o.auto_stop_interval_in_minutes,
@@ -262,20 +239,8 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
     .map(|u| validate_user(&u))
     .transpose()?;
     let read_only_rootfs = boolean("readOnlyRootfs", o.read_only_rootfs, false)?;
-    let runtime = typed(o.runtime, "runtime", runtime_expected)?
-      .map(|r| match is_simple_name(&r, 64) {
-        true => Ok(r),
-        false => Err(bad("runtime", runtime_expected(&Value::String(r)))),
-      })
-      .transpose()?;
-    let tenant = typed(o.tenant_name, "tenantName", tenant_expected)?
-      .map(
-        |t| match !t.is_empty() && t.len() <= 128 && !t.contains(['\0', '\n']) {
-          true => Ok(t),
-          false => Err(bad("tenantName", tenant_expected(&Value::String(t)))),
-        },
-      )
-      .transpose()?;
+    let runtime = parse_runtime(o.runtime)?;
+    let tenant = parse_tenant(o.tenant_name)?;
     let build = typed(o.build, "build", |v| {
       format!("expected {{ context, dockerfile?, args? }}, got {v}")
     })?
@@ -352,12 +317,61 @@ fn typed<T>(
   v.map(|v| must(v, option, expected)).transpose()
 }
 
-fn runtime_expected(v: &Value) -> String {
-  format!("expected a runtime name such as 'runsc', got {v}")
+type StringMap = Option<Given<BTreeMap<String, Given<String>>>>;
+
+fn parse_env(v: StringMap) -> Result<BTreeMap<String, String>> {
+  let env = string_map("env", v)?;
+  for (k, v) in &env {
+    validate_env_name(k).map_err(|r| bad("env", format!("variable {k:?}: {r}")))?;
+    if v.contains('\0') {
+      return Err(bad(
+        "env",
+        format!("variable {k:?}: value contains a NUL byte"),
+      ));
+    }
+  }
+  Ok(env)
 }
 
-fn tenant_expected(v: &Value) -> String {
-  format!("expected a non-empty string up to 128 bytes, got {v}")
+fn parse_labels(v: StringMap) -> Result<BTreeMap<String, String>> {
+  let labels = string_map("labels", v)?;
+  for k in labels.keys() {
+    if k.is_empty() || k.contains('\0') {
+      return Err(bad(
+        "labels",
+        format!("label key {k:?} is empty or has a NUL byte"),
+      ));
+    }
+    if k.starts_with(LABEL_PREFIX) {
+      return Err(bad(
+        "labels",
+        format!("label key {k:?} uses the reserved prefix {LABEL_PREFIX}"),
+      ));
+    }
+  }
+  Ok(labels)
+}
+
+fn parse_runtime(v: Option<Given<String>>) -> Result<Option<String>> {
+  let expected = |v: &Value| format!("expected a runtime name such as 'runsc', got {v}");
+  typed(v, "runtime", expected)?
+    .map(|r| match is_simple_name(&r, 64) {
+      true => Ok(r),
+      false => Err(bad("runtime", expected(&Value::String(r)))),
+    })
+    .transpose()
+}
+
+fn parse_tenant(v: Option<Given<String>>) -> Result<Option<String>> {
+  let expected = |v: &Value| format!("expected a non-empty string up to 128 bytes, got {v}");
+  typed(v, "tenantName", expected)?
+    .map(
+      |t| match !t.is_empty() && t.len() <= 128 && !t.contains(['\0', '\n']) {
+        true => Ok(t),
+        false => Err(bad("tenantName", expected(&Value::String(t)))),
+      },
+    )
+    .transpose()
 }
 
 fn parse_gpu_wait(v: Option<Given<Number>>) -> Result<u64> {
@@ -607,10 +621,7 @@ fn parse_registry_auth(v: Option<Value>) -> Result<BTreeMap<String, RegistryCred
   Ok(out)
 }
 
-fn string_map(
-  option: &str,
-  v: Option<Given<BTreeMap<String, Given<String>>>>,
-) -> Result<BTreeMap<String, String>> {
+fn string_map(option: &str, v: StringMap) -> Result<BTreeMap<String, String>> {
   let m = typed(v, option, |v| {
     format!("expected an object of strings, got {v}")
   })?;
