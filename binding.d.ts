@@ -29,7 +29,7 @@ export declare class NativeProvider {
    * `options` is the constructor's options object without `errors` and `logger`; `log`, when
    * given, receives one JSON string `{ level, message, meta }` per event.
    */
-  constructor(options: any, log?: ((arg: string) => void) | undefined | null)
+  constructor(options: NativeProviderOptions, log?: ((arg: string) => void) | undefined | null)
   /** The namespace containers are scoped to. */
   get namespace(): string
   /** The engine address in use. */
@@ -118,6 +118,95 @@ export interface NativeLayout {
   toolResultsDir: string
   gitDownloaderPath: string
   gitCredentialsPath: string
+}
+
+/**
+ * The constructor's options, less `errors` and `logger` (index.js takes those). Every field is
+ * optional here, `image` included, so that a missing one is refused by name; `null` means the
+ * same as absent. Only JSON values cross: index.js refuses functions, symbols and non-finite
+ * numbers first.
+ */
+export interface NativeProviderOptions {
+  /** The image every sandbox runs, such as `'python:3.12'`. Required. */
+  image?: string
+  /**
+   * `unix:///path`, `ssh://[user@]host[:port]` or `tcp://host:port`. Default: `$DOCKER_HOST`,
+   * else `$DOCKER_CONTEXT`, else the Docker config's current context, else
+   * `unix:///var/run/docker.sock`.
+   */
+  dockerHost?: string
+  /**
+   * TLS for a `tcp://` engine: `{ ca, cert, key }` (each a file path or PEM text) and `verify`
+   * (default true; verification needs `ca`); `true` = the files in `$DOCKER_CERT_PATH`;
+   * `false` = never TLS. Default: as the environment or the context say.
+   */
+  tls?: boolean | { ca?: string; cert?: string; key?: string; verify?: boolean }
+  /** Scopes container names and labels; `[a-z0-9-]{1,32}`. Default `'default'`. */
+  namespace?: string
+  /** Default exec timeout in milliseconds (at most a week). Default 60000. */
+  execTimeoutMs?: number
+  /** Cap for `downloadFile`, in bytes (at most 1 GiB). Default 20 MiB. */
+  fileMaxBytes?: number
+  /** Cap for `uploadFile`, in bytes. Default: none beyond what the engine accepts. */
+  uploadMaxBytes?: number
+  /** Cap on one exec's combined output, in bytes (1024 to 1 GiB). Default 10 MiB. */
+  maxOutputBytes?: number
+  /**
+   * `'all'`, a count, device indexes/UUIDs, CDI device names, or `{ count, exclusive: true }`
+   * for GPUs no other running sandbox holds. Default: no GPU.
+   */
+  gpus?: 'all' | number | string[] | { count: number; exclusive?: boolean }
+  /** The GPUs exclusive allocation hands out. Default: discovered on the engine host. */
+  gpuDevices?: string[]
+  /** How long `createSandbox()` waits for exclusive GPUs, in ms (at most an hour). Default 0. */
+  gpuWaitMs?: number
+  /** Container environment. Default none. */
+  env?: Record<string, string>
+  /** Extra container labels (the `trueforge.sandbox.` prefix is reserved). Default none. */
+  labels?: Record<string, string>
+  /** Minutes without activity before a sandbox stops itself; 0 = never. Default 15. */
+  autoStopIntervalInMinutes?: number
+  /** Minutes a sandbox may stay stopped before the reaper removes it; 0 = never. Default 7200. */
+  autoDeleteIntervalInMinutes?: number
+  /**
+   * Linux capabilities kept (all others dropped). Default CHOWN, DAC_OVERRIDE, FOWNER, FSETID,
+   * KILL, SETGID, SETUID, NET_BIND_SERVICE.
+   */
+  capabilities?: string[]
+  /** Set `no-new-privileges`. Default true. */
+  noNewPrivileges?: boolean
+  /**
+   * Resource limits. Defaults: memoryBytes 8 GiB (null = unlimited), nanoCpus unlimited,
+   * pidsLimit 4096.
+   */
+  resources?: { memoryBytes?: number | null; nanoCpus?: number | null; pidsLimit?: number }
+  /** `'bridge'`, `'none'` or a user-defined network name (never `host`). Default `'bridge'`. */
+  network?: string
+  /** Run commands as this `uid[:gid]` or user name. Default: the image's user. */
+  user?: string
+  /** Make the root filesystem read-only (the workspace and /tmp stay writable). Default false. */
+  readOnlyRootfs?: boolean
+  /** OCI runtime, such as `'runsc'`. Default: the engine's default. */
+  runtime?: string
+  /** Recorded as a label; other tenants' sandboxes are unreachable. Default none. */
+  tenantName?: string
+  /**
+   * Build the image from a local context through the Engine build API; `dockerfile` defaults
+   * to `'Dockerfile'`. Default none.
+   */
+  build?: { context: string; dockerfile?: string; args?: Record<string, string> }
+  /**
+   * Credentials per registry host. Default none: a registry not named here gets the Docker
+   * config's.
+   */
+  registryAuth?: Record<string, { username: string; password: string } | { identityToken: string }>
+  /** Ready sandboxes kept per configuration (0 to 64). Default: no pool. */
+  warmPool?: { size: number }
+  /**
+   * Deadline for one engine request that is not a command or a transfer, in ms (at most ten
+   * minutes). Default 30000.
+   */
+  engineTimeoutMs?: number
 }
 
 /** Options of the standalone reaper (the `reap` command). */

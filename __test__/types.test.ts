@@ -4,6 +4,8 @@
 
 import { DockerSandboxProvider } from '..'
 import type * as pkg from '..'
+import type { DockerSandboxProviderOptions } from '..'
+import type { NativeProviderOptions } from '../binding'
 
 type ExecResult =
   | { success: true; response: { exitCode: number; result: string } }
@@ -94,4 +96,18 @@ test('a DockerSandboxProvider is a SandboxProvider', () => {
   const transport: CodeModeTransport = provider.createCodeModeTransport()
   for (const m of ['getClientInstall', 'start', 'stop'] as const) expect(typeof transport[m]).toBe('function')
   expect(transport.getClientInstall({ sandboxId: '' }).remotePath).toMatch(/\/mcp_client\.py$/)
+})
+
+// index.d.ts states the options by hand; binding.d.ts has them generated from the Rust struct.
+// `tsc` fails here if an option is added to, dropped from or retyped in one and not the other.
+type PublicOptions = Omit<DockerSandboxProviderOptions, 'errors' | 'logger'>
+type SameKeys<A, B> = [keyof A] extends [keyof B] ? ([keyof B] extends [keyof A] ? true : false) : false
+const sameOptionNames: SameKeys<PublicOptions, NativeProviderOptions> = true
+const publicIsNative = (o: PublicOptions): NativeProviderOptions => o
+const nativeIsPublic = (o: NativeProviderOptions & { image: string }): PublicOptions => o
+
+test('the public options and the generated native options agree', () => {
+  expect(sameOptionNames).toBe(true)
+  const o: PublicOptions = { image: 'x', gpus: { count: 1, exclusive: true }, resources: { memoryBytes: null } }
+  expect(nativeIsPublic({ ...publicIsNative(o), image: o.image })).toEqual(o)
 })

@@ -117,7 +117,9 @@ impl NativeProvider {
   #[napi(constructor)]
   pub fn new(
     env: &Env,
-    options: Value,
+    // Taken as JSON so that a wrong type is refused by our checks, naming the option, rather
+    // than by napi's conversion, naming neither.
+    #[napi(ts_arg_type = "NativeProviderOptions")] options: Value,
     log: Option<Function<'_, String, ()>>,
   ) -> napi::Result<Self> {
     let cfg = ProviderConfig::from_json(options).map_err(|e| to_js(env, e))?;

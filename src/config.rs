@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Number, Value};
 
 use crate::errors::{Result, SandboxError};
+use crate::options::{BuildOptions, Given, ProviderOptions, WarmPoolOptions};
 
 /// Default for `execTimeoutMs`.
 pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 60_000;
@@ -25,6 +25,8 @@ const MAX_EXEC_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
 const MAX_BYTES_CAP: u64 = 1024 * 1024 * 1024;
 /// Default for `engineTimeoutMs`.
 pub const DEFAULT_ENGINE_TIMEOUT_MS: u64 = 30_000;
+/// Largest `engineTimeoutMs` accepted: ten minutes.
+const MAX_ENGINE_TIMEOUT_MS: u64 = 600_000;
 /// Default for `autoStopIntervalInMinutes`.
 pub const DEFAULT_AUTO_STOP_MINUTES: f64 = 15.0;
 /// Default for `autoDeleteIntervalInMinutes` (five days).
@@ -141,44 +143,6 @@ pub struct ProviderConfig {
   pub engine_timeout_ms: u64,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct RawOptions {
-  image: Option<Value>,
-  docker_host: Option<Value>,
-  tls: Option<Value>,
-  namespace: Option<Value>,
-  exec_timeout_ms: Option<Value>,
-  file_max_bytes: Option<Value>,
-  upload_max_bytes: Option<Value>,
-  max_output_bytes: Option<Value>,
-  gpus: Option<Value>,
-  gpu_devices: Option<Value>,
-  gpu_wait_ms: Option<Value>,
-  env: Option<Value>,
-  labels: Option<Value>,
-  auto_stop_interval_in_minutes: Option<Value>,
-  auto_delete_interval_in_minutes: Option<Value>,
-  capabilities: Option<Value>,
-  no_new_privileges: Option<Value>,
-  resources: Option<Value>,
-  network: Option<Value>,
-  user: Option<Value>,
-  read_only_rootfs: Option<Value>,
-  runtime: Option<Value>,
-  tenant_name: Option<Value>,
-  build: Option<Value>,
-  registry_auth: Option<Value>,
-  warm_pool: Option<Value>,
-  engine_timeout_ms: Option<Value>,
-}
-
-const KNOWN_OPTIONS: &str =
-  "image, dockerHost, tls, namespace, execTimeoutMs, fileMaxBytes, uploadMaxBytes, maxOutputBytes, \
-  gpus, gpuDevices, gpuWaitMs, env, labels, autoStopIntervalInMinutes, autoDeleteIntervalInMinutes, capabilities, \
-  noNewPrivileges, resources, network, user, readOnlyRootfs, runtime, tenantName, build, \
-  registryAuth, warmPool, engineTimeoutMs, errors, logger";
-
 fn bad(option: &str, reason: impl Into<String>) -> SandboxError {
   SandboxError::InvalidOption {
     option: option.to_string(),
@@ -190,71 +154,54 @@ fn bad(option: &str, reason: impl Into<String>) -> SandboxError {
 pub const LABEL_PREFIX: &str = "trueforge.sandbox.";
 
 impl ProviderConfig {
-  /// Parses the options object given to the constructor. `undefined` fields arrive as absent,
-  /// `null` as `Value::Null`; both mean "use the default".
+  /// Parses the options object given to the constructor (less `errors` and `logger`).
   pub fn from_json(value: Value) -> Result<Self> {
-    if !value.is_object() {
-      return Err(bad(
-        "options",
-        "expected an object such as { image: 'python:3.12' }",
-      ));
-    }
-    let raw: RawOptions = serde_json::from_value(value).map_err(|e| {
-      let msg = e.to_string();
-      match msg.split('`').nth(1) {
-        Some(field) if msg.starts_with("unknown field") => bad(
-          field,
-          format!("unknown option; known ones are {KNOWN_OPTIONS}"),
-        ),
-        _ => bad("options", msg),
-      }
-    })?;
-    let some = |v: Option<Value>| v.filter(|v| !v.is_null());
+    ProviderOptions::from_json(value)?.try_into()
+  }
+}
 
-    let image = match some(raw.image) {
-      Some(Value::String(s)) => validate_image_ref(&s)?,
-      Some(_) => return Err(bad("image", "expected a string such as 'python:3.12'")),
-      None => return Err(bad("image", "required: the image every sandbox runs")),
-    };
-    let docker_host = match some(raw.docker_host) {
-      Some(Value::String(s)) => Some(normalize_docker_host(&s, "dockerHost")?),
-      Some(_) => {
-        return Err(bad(
-          "dockerHost",
-          "expected a string such as unix:///var/run/docker.sock",
-        ))
-      }
-      None => None,
-    };
-    let tls = crate::endpoint::parse_tls_option(&raw.tls.unwrap_or(Value::Null))?;
-    let namespace = match some(raw.namespace) {
-      Some(Value::String(s)) => validate_namespace(&s)?,
-      Some(_) => {
-        return Err(bad(
-          "namespace",
-          "expected a string of [a-z0-9-], 1 to 32 long",
-        ))
-      }
-      None => DEFAULT_NAMESPACE.to_string(),
-    };
+/// Each option is checked in turn and refused by name; the first refusal is the one reported.
+impl TryFrom<ProviderOptions> for ProviderConfig {
+  type Error = SandboxError;
+
+  fn try_from(o: ProviderOptions) -> Result<Self> {
+    let image = typed(o.image, "image", |_| {
+      "expected a string such as 'python:3.12'".into()
+    })?
+    .ok_or_else(|| bad("image", "required: the image every sandbox runs"))
+    .and_then(|s| validate_image_ref(&s))?;
+    let docker_host = typed(o.docker_host, "dockerHost", |_| {
+      "expected a string such as unix:///var/run/docker.sock".into()
+    })?
+    .map(|s| normalize_docker_host(&s, "dockerHost"))
+    .transpose()?;
+    let tls = crate::endpoint::parse_tls_option(&o.tls.unwrap_or(Value::Null))?;
+    let namespace = typed(o.namespace, "namespace", |_| {
+      "expected a string of [a-z0-9-], 1 to 32 long".into()
+    })?
+    .map_or_else(
+      || Ok(DEFAULT_NAMESPACE.to_string()),
+      |s| validate_namespace(&s),
+    )?;
     let exec_timeout_ms = positive_int(
       "execTimeoutMs",
-      some(raw.exec_timeout_ms),
+      o.exec_timeout_ms,
       DEFAULT_EXEC_TIMEOUT_MS,
       MAX_EXEC_TIMEOUT_MS,
     )?;
     let file_max_bytes = positive_int(
       "fileMaxBytes",
-      some(raw.file_max_bytes),
+      o.file_max_bytes,
       DEFAULT_FILE_MAX_BYTES,
       MAX_BYTES_CAP,
     )?;
-    let upload_max_bytes = some(raw.upload_max_bytes)
+    let upload_max_bytes = o
+      .upload_max_bytes
       .map(|v| positive_int("uploadMaxBytes", Some(v), 0, MAX_UPLOAD_CAP))
       .transpose()?;
     let max_output_bytes = positive_int(
       "maxOutputBytes",
-      some(raw.max_output_bytes),
+      o.max_output_bytes,
       DEFAULT_MAX_OUTPUT_BYTES,
       MAX_BYTES_CAP,
     )?;
@@ -264,126 +211,46 @@ impl ProviderConfig {
         "must be at least 1024 so that head and tail both fit",
       ));
     }
-    let gpus = some(raw.gpus).map(parse_gpus).transpose()?;
-    let gpu_devices = crate::gpu::parse_devices(some(raw.gpu_devices), gpus.as_ref())?;
-    let gpu_wait_ms = match some(raw.gpu_wait_ms) {
-      None => 0,
-      Some(v) if v.as_u64().is_some_and(|n| n <= crate::gpu::MAX_WAIT_MS) => {
-        v.as_u64().unwrap_or(0)
-      }
-      Some(v) => {
-        return Err(bad(
-          "gpuWaitMs",
-          format!(
-            "expected a whole number of milliseconds from 0 to {}, got {v}",
-            crate::gpu::MAX_WAIT_MS
-          ),
-        ))
-      }
-    };
-    let env = string_map("env", some(raw.env))?;
-    for (k, v) in &env {
-      validate_env_name(k).map_err(|r| bad("env", format!("variable {k:?}: {r}")))?;
-      if v.contains('\0') {
-        return Err(bad(
-          "env",
-          format!("variable {k:?}: value contains a NUL byte"),
-        ));
-      }
-    }
-    let labels = string_map("labels", some(raw.labels))?;
-    for k in labels.keys() {
-      if k.is_empty() || k.contains('\0') {
-        return Err(bad(
-          "labels",
-          format!("label key {k:?} is empty or has a NUL byte"),
-        ));
-      }
-      if k.starts_with(LABEL_PREFIX) {
-        return Err(bad(
-          "labels",
-          format!("label key {k:?} uses the reserved prefix {LABEL_PREFIX}"),
-        ));
-      }
-    }
-    let auto_stop_secs = minutes(
+    let gpus = o.gpus.map(parse_gpus).transpose()?;
+    let gpu_devices = crate::gpu::parse_devices(o.gpu_devices, gpus.as_ref())?;
+    let gpu_wait_ms = parse_gpu_wait(o.gpu_wait_ms)?;
+    let env = parse_env(o.env)?;
+    let labels = parse_labels(o.labels)?;
+    let auto_stop_secs = minutes_of(
       "autoStopIntervalInMinutes",
-      some(raw.auto_stop_interval_in_minutes),
+      o.auto_stop_interval_in_minutes,
       DEFAULT_AUTO_STOP_MINUTES,
     )?;
-    let auto_delete_secs = minutes(
+    let auto_delete_secs = minutes_of(
       "autoDeleteIntervalInMinutes",
-      some(raw.auto_delete_interval_in_minutes),
+      o.auto_delete_interval_in_minutes,
       DEFAULT_AUTO_DELETE_MINUTES,
     )?;
-    let capabilities = parse_capabilities(some(raw.capabilities))?;
-    let no_new_privileges = boolean("noNewPrivileges", some(raw.no_new_privileges), true)?;
-    let resources = parse_resources(some(raw.resources))?;
-    let network = match some(raw.network) {
-      None => DEFAULT_NETWORK.to_string(),
-      Some(Value::String(n)) => validate_network(&n)?,
-      Some(other) => {
-        return Err(bad(
-          "network",
-          format!("expected 'bridge', 'none' or a network name, got {other}"),
-        ))
-      }
-    };
-    let user = match some(raw.user) {
-      None => None,
-      Some(Value::String(u)) => Some(validate_user(&u)?),
-      Some(other) => {
-        return Err(bad(
-          "user",
-          format!("expected 'uid:gid' or a user name, got {other}"),
-        ))
-      }
-    };
-    let read_only_rootfs = boolean("readOnlyRootfs", some(raw.read_only_rootfs), false)?;
-    let runtime = match some(raw.runtime) {
-      None => None,
-      Some(Value::String(r)) if is_simple_name(&r, 64) => Some(r),
-      Some(other) => {
-        return Err(bad(
-          "runtime",
-          format!("expected a runtime name such as 'runsc', got {other}"),
-        ))
-      }
-    };
-    let tenant = match some(raw.tenant_name) {
-      None => None,
-      Some(Value::String(t)) if !t.is_empty() && t.len() <= 128 && !t.contains(['\0', '\n']) => {
-        Some(t)
-      }
-      Some(other) => {
-        return Err(bad(
-          "tenantName",
-          format!("expected a non-empty string up to 128 bytes, got {other}"),
-        ))
-      }
-    };
-    let build = some(raw.build).map(parse_build).transpose()?;
-    let registry_auth = parse_registry_auth(some(raw.registry_auth))?;
-    let warm_pool_size = match some(raw.warm_pool) {
-      None => 0,
-      Some(Value::Object(m)) => match m.get("size") {
-        Some(Value::Number(n)) if n.as_u64().is_some_and(|v| v <= 64) => {
-          n.as_u64().unwrap_or(0) as u32
-        }
-        other => {
-          return Err(bad(
-            "warmPool.size",
-            format!("expected a whole number from 0 to 64, got {other:?}"),
-          ))
-        }
-      },
-      Some(other) => {
-        return Err(bad(
-          "warmPool",
-          format!("expected {{ size: number }}, got {other}"),
-        ))
-      }
-    };
+    let capabilities = parse_capabilities(o.capabilities)?;
+    let no_new_privileges = boolean("noNewPrivileges", o.no_new_privileges, true)?;
+    let resources = parse_resources(o.resources)?;
+    let network = typed(o.network, "network", |v| {
+      format!("expected 'bridge', 'none' or a network name, got {v}")
+    })?
+    .map_or_else(|| Ok(DEFAULT_NETWORK.to_string()), |n| validate_network(&n))?;
+    let user = typed(o.user, "user", |v| {
+      format!("expected 'uid:gid' or a user name, got {v}")
+    })?
+    .map(|u| validate_user(&u))
+    .transpose()?;
+    let read_only_rootfs = boolean("readOnlyRootfs", o.read_only_rootfs, false)?;
+    let runtime = parse_runtime(o.runtime)?;
+    let tenant = parse_tenant(o.tenant_name)?;
+    let build = typed(o.build, "build", |v| {
+      format!("expected {{ context, dockerfile?, args? }}, got {v}")
+    })?
+    .map(parse_build)
+    .transpose()?;
+    let registry_auth = parse_registry_auth(o.registry_auth)?;
+    let warm_pool_size = typed(o.warm_pool, "warmPool", |v| {
+      format!("expected {{ size: number }}, got {v}")
+    })?
+    .map_or(Ok(0), parse_warm_pool)?;
     if warm_pool_size > 0 && matches!(gpus, Some(Gpus::Exclusive(_))) {
       return Err(bad(
         "warmPool",
@@ -392,9 +259,9 @@ impl ProviderConfig {
     }
     let engine_timeout_ms = positive_int(
       "engineTimeoutMs",
-      some(raw.engine_timeout_ms),
+      o.engine_timeout_ms,
       DEFAULT_ENGINE_TIMEOUT_MS,
-      600_000,
+      MAX_ENGINE_TIMEOUT_MS,
     )?;
     Ok(Self {
       engine_timeout_ms,
@@ -428,43 +295,142 @@ impl ProviderConfig {
   }
 }
 
-fn positive_int(option: &str, v: Option<Value>, default: u64, max: u64) -> Result<u64> {
-  let Some(v) = v else { return Ok(default) };
-  let n = v
-    .as_f64()
-    .ok_or_else(|| bad(option, format!("expected a number, got {v}")))?;
-  if !n.is_finite() || n <= 0.0 || n.fract() != 0.0 {
-    return Err(bad(
-      option,
-      format!("expected a positive whole number, got {v}"),
-    ));
+/// The value when it has the type the option takes; otherwise a refusal naming the option (or
+/// the unknown key in it), `expected` saying what it takes given what came.
+fn must<T>(v: Given<T>, option: &str, expected: impl FnOnce(&Value) -> String) -> Result<T> {
+  match v {
+    Given::Typed(t) => Ok(t),
+    Given::Mistyped(v) => Err(bad(option, expected(&v))),
+    Given::Unknown { key, known } => Err(bad(
+      &format!("{option}.{key}"),
+      format!("unknown; known ones are {}", known.join(", ")),
+    )),
   }
-  if n > max as f64 {
-    return Err(bad(option, format!("{v} is above the maximum {max}")));
-  }
-  Ok(n as u64)
 }
 
-fn boolean(option: &str, v: Option<Value>, default: bool) -> Result<bool> {
-  match v {
-    None => Ok(default),
-    Some(Value::Bool(b)) => Ok(b),
-    Some(other) => Err(bad(option, format!("expected true or false, got {other}"))),
+/// As `must`, for an option that may be absent.
+fn typed<T>(
+  v: Option<Given<T>>,
+  option: &str,
+  expected: impl FnOnce(&Value) -> String,
+) -> Result<Option<T>> {
+  v.map(|v| must(v, option, expected)).transpose()
+}
+
+type StringMap = Option<Given<BTreeMap<String, Given<String>>>>;
+
+fn parse_env(v: StringMap) -> Result<BTreeMap<String, String>> {
+  let env = string_map("env", v)?;
+  for (k, v) in &env {
+    validate_env_name(k).map_err(|r| bad("env", format!("variable {k:?}: {r}")))?;
+    if v.contains('\0') {
+      return Err(bad(
+        "env",
+        format!("variable {k:?}: value contains a NUL byte"),
+      ));
+    }
   }
+  Ok(env)
+}
+
+fn parse_labels(v: StringMap) -> Result<BTreeMap<String, String>> {
+  let labels = string_map("labels", v)?;
+  for k in labels.keys() {
+    if k.is_empty() || k.contains('\0') {
+      return Err(bad(
+        "labels",
+        format!("label key {k:?} is empty or has a NUL byte"),
+      ));
+    }
+    if k.starts_with(LABEL_PREFIX) {
+      return Err(bad(
+        "labels",
+        format!("label key {k:?} uses the reserved prefix {LABEL_PREFIX}"),
+      ));
+    }
+  }
+  Ok(labels)
+}
+
+fn parse_runtime(v: Option<Given<String>>) -> Result<Option<String>> {
+  let expected = |v: &Value| format!("expected a runtime name such as 'runsc', got {v}");
+  typed(v, "runtime", expected)?
+    .map(|r| match is_simple_name(&r, 64) {
+      true => Ok(r),
+      false => Err(bad("runtime", expected(&Value::String(r)))),
+    })
+    .transpose()
+}
+
+fn parse_tenant(v: Option<Given<String>>) -> Result<Option<String>> {
+  let expected = |v: &Value| format!("expected a non-empty string up to 128 bytes, got {v}");
+  typed(v, "tenantName", expected)?
+    .map(
+      |t| match !t.is_empty() && t.len() <= 128 && !t.contains(['\0', '\n']) {
+        true => Ok(t),
+        false => Err(bad("tenantName", expected(&Value::String(t)))),
+      },
+    )
+    .transpose()
+}
+
+fn parse_gpu_wait(v: Option<Given<Number>>) -> Result<u64> {
+  let expected = |got: &dyn std::fmt::Display| {
+    format!(
+      "expected a whole number of milliseconds from 0 to {}, got {got}",
+      crate::gpu::MAX_WAIT_MS
+    )
+  };
+  let Some(n) = typed(v, "gpuWaitMs", |v| expected(v))? else {
+    return Ok(0);
+  };
+  n.as_u64()
+    .filter(|ms| *ms <= crate::gpu::MAX_WAIT_MS)
+    .ok_or_else(|| bad("gpuWaitMs", expected(&n)))
+}
+
+fn parse_warm_pool(w: WarmPoolOptions) -> Result<u32> {
+  let expected =
+    |got: &dyn std::fmt::Display| format!("expected a whole number from 0 to 64, got {got}");
+  let n = typed(w.size, "warmPool.size", |v| expected(v))?
+    .ok_or_else(|| bad("warmPool.size", expected(&"nothing")))?;
+  n.as_u64()
+    .filter(|size| *size <= 64)
+    .map(|size| size as u32)
+    .ok_or_else(|| bad("warmPool.size", expected(&n)))
+}
+
+fn positive_int(option: &str, v: Option<Given<Number>>, default: u64, max: u64) -> Result<u64> {
+  let n = typed(v, option, |v| format!("expected a number, got {v}"))?;
+  let Some(n) = n else { return Ok(default) };
+  let f = n.as_f64().unwrap_or(f64::NAN);
+  if !f.is_finite() || f <= 0.0 || f.fract() != 0.0 {
+    return Err(bad(
+      option,
+      format!("expected a positive whole number, got {n}"),
+    ));
+  }
+  if f > max as f64 {
+    return Err(bad(option, format!("{n} is above the maximum {max}")));
+  }
+  Ok(f as u64)
+}
+
+fn boolean(option: &str, v: Option<Given<bool>>, default: bool) -> Result<bool> {
+  let b = typed(v, option, |v| format!("expected true or false, got {v}"))?;
+  Ok(b.unwrap_or(default))
 }
 
 /// Minutes (fractions allowed, 0 = never) as whole seconds, at least one.
 pub fn minutes(option: &str, v: Option<Value>, default: f64) -> Result<Option<u64>> {
-  let m = match v {
-    None => default,
-    Some(Value::Number(n)) => n.as_f64().unwrap_or(f64::NAN),
-    Some(other) => {
-      return Err(bad(
-        option,
-        format!("expected a number of minutes, got {other}"),
-      ))
-    }
-  };
+  minutes_of(option, v.map(Given::from_value), default)
+}
+
+fn minutes_of(option: &str, v: Option<Given<Number>>, default: f64) -> Result<Option<u64>> {
+  let m = typed(v, option, |v| {
+    format!("expected a number of minutes, got {v}")
+  })?
+  .map_or(default, |n| n.as_f64().unwrap_or(f64::NAN));
   if !m.is_finite() || !(0.0..=5_256_000.0).contains(&m) {
     return Err(bad(
       option,
@@ -477,21 +443,18 @@ pub fn minutes(option: &str, v: Option<Value>, default: f64) -> Result<Option<u6
   Ok(Some(((m * 60.0).round() as u64).max(1)))
 }
 
-fn parse_capabilities(v: Option<Value>) -> Result<Vec<String>> {
-  let Some(v) = v else {
+fn parse_capabilities(v: Option<Given<Vec<Given<String>>>>) -> Result<Vec<String>> {
+  let items = typed(v, "capabilities", |v| {
+    format!("expected a list such as ['CHOWN', 'SETUID'], got {v}")
+  })?;
+  let Some(items) = items else {
     return Ok(DEFAULT_CAPABILITIES.iter().map(|c| c.to_string()).collect());
-  };
-  let Value::Array(items) = v else {
-    return Err(bad(
-      "capabilities",
-      format!("expected a list such as ['CHOWN', 'SETUID'], got {v}"),
-    ));
   };
   let mut out = Vec::new();
   for i in items {
-    let Value::String(c) = i else {
-      return Err(bad("capabilities", format!("{i} is not a capability name")));
-    };
+    let c = must(i, "capabilities", |i| {
+      format!("{i} is not a capability name")
+    })?;
     let c = c.to_ascii_uppercase();
     let c = c.strip_prefix("CAP_").unwrap_or(&c).to_string();
     if c.is_empty() || !c.bytes().all(|b| b.is_ascii_uppercase() || b == b'_') {
@@ -531,7 +494,7 @@ fn parse_resources(v: Option<Value>) -> Result<Resources> {
     let n = |name: &str, min: u64, max: u64| -> Result<Option<u64>> {
       match &val {
         Value::Null if name != "resources.pidsLimit" => Ok(None),
-        v => positive_int(name, Some(v.clone()), 0, max).and_then(|x| {
+        v => positive_int(name, Some(Given::from_value(v.clone())), 0, max).and_then(|x| {
           if x < min {
             Err(bad(name, format!("{x} is below the minimum {min}")))
           } else {
@@ -594,39 +557,28 @@ pub fn validate_user(u: &str) -> Result<String> {
   Ok(u.to_string())
 }
 
-fn parse_build(v: Value) -> Result<BuildSpec> {
-  let Value::Object(m) = v else {
-    return Err(bad(
-      "build",
-      format!("expected {{ context, dockerfile?, args? }}, got {v}"),
-    ));
-  };
-  let mut context = None;
-  let mut dockerfile = "Dockerfile".to_string();
-  let mut args = BTreeMap::new();
-  for (k, val) in m {
-    match (k.as_str(), val) {
-      ("context", Value::String(c)) if !c.is_empty() => context = Some(c),
-      ("dockerfile", Value::String(d))
-        if !d.is_empty() && !d.contains("..") && !d.starts_with('/') =>
-      {
-        dockerfile = d
-      }
-      ("args", v @ Value::Object(_)) => args = string_map("build.args", Some(v))?,
-      ("context" | "dockerfile" | "args", Value::Null) => {}
-      (k @ ("context" | "dockerfile" | "args"), other) => {
-        return Err(bad(&format!("build.{k}"), format!("invalid value {other}")))
-      }
-      (other, _) => {
-        return Err(bad(
-          &format!("build.{other}"),
-          "unknown; known ones are context, dockerfile, args",
-        ))
-      }
-    }
-  }
-  let context =
-    context.ok_or_else(|| bad("build.context", "required: the directory to build from"))?;
+fn parse_build(b: BuildOptions) -> Result<BuildSpec> {
+  let invalid = |v: &Value| format!("invalid value {v}");
+  let args = typed(b.args, "build.args", invalid)?
+    .map(|m| string_map("build.args", Some(Given::Typed(m))))
+    .transpose()?
+    .unwrap_or_default();
+  let context = typed(b.context, "build.context", invalid)?
+    .map(|c| match c.is_empty() {
+      true => Err(bad("build.context", invalid(&Value::String(c)))),
+      false => Ok(c),
+    })
+    .transpose()?
+    .ok_or_else(|| bad("build.context", "required: the directory to build from"))?;
+  let dockerfile = typed(b.dockerfile, "build.dockerfile", invalid)?
+    .map(
+      |d| match d.is_empty() || d.contains("..") || d.starts_with('/') {
+        true => Err(bad("build.dockerfile", invalid(&Value::String(d)))),
+        false => Ok(d),
+      },
+    )
+    .transpose()?
+    .unwrap_or_else(|| "Dockerfile".to_string());
   Ok(BuildSpec {
     context,
     dockerfile,
@@ -669,24 +621,19 @@ fn parse_registry_auth(v: Option<Value>) -> Result<BTreeMap<String, RegistryCred
   Ok(out)
 }
 
-fn string_map(option: &str, v: Option<Value>) -> Result<BTreeMap<String, String>> {
-  match v {
-    None => Ok(BTreeMap::new()),
-    Some(Value::Object(m)) => m
-      .into_iter()
-      .map(|(k, v)| match v {
-        Value::String(s) => Ok((k, s)),
-        other => Err(bad(
-          option,
-          format!("value of {k:?} must be a string, got {other}"),
-        )),
-      })
-      .collect(),
-    Some(other) => Err(bad(
-      option,
-      format!("expected an object of strings, got {other}"),
-    )),
-  }
+fn string_map(option: &str, v: StringMap) -> Result<BTreeMap<String, String>> {
+  let m = typed(v, option, |v| {
+    format!("expected an object of strings, got {v}")
+  })?;
+  m.unwrap_or_default()
+    .into_iter()
+    .map(|(k, v)| {
+      let s = must(v, option, |v| {
+        format!("value of {k:?} must be a string, got {v}")
+      })?;
+      Ok((k, s))
+    })
+    .collect()
 }
 
 /// An image reference as the engine takes it: no whitespace or control characters, sane length.
@@ -1038,6 +985,205 @@ mod tests {
       err_option(json!({ "image": "x", "warmPool": { "size": -1 } })),
       "warmPool.size"
     );
+  }
+
+  fn refusal(v: Value) -> (String, String) {
+    match ProviderConfig::from_json(v) {
+      Err(SandboxError::InvalidOption { option, reason }) => (option, reason),
+      other => panic!("expected InvalidOption, got {other:?}"),
+    }
+  }
+
+  #[test]
+  fn try_from_refuses_field_by_field() {
+    let ok = || ProviderOptions {
+      image: Some(Given::Typed("busybox:1".into())),
+      ..ProviderOptions::default()
+    };
+    let refused = |o: ProviderOptions| match ProviderConfig::try_from(o) {
+      Err(SandboxError::InvalidOption { option, reason }) => (option, reason),
+      other => panic!("expected InvalidOption, got {other:?}"),
+    };
+    assert_eq!(ProviderConfig::try_from(ok()).unwrap().image, "busybox:1");
+    assert_eq!(
+      refused(ProviderOptions::default()),
+      (
+        "image".into(),
+        "required: the image every sandbox runs".into()
+      )
+    );
+    assert_eq!(
+      refused(ProviderOptions {
+        image: Some(Given::Mistyped(json!(3))),
+        ..ProviderOptions::default()
+      }),
+      (
+        "image".into(),
+        "expected a string such as 'python:3.12'".into()
+      )
+    );
+    assert_eq!(
+      refused(ProviderOptions {
+        exec_timeout_ms: Some(Given::Mistyped(json!("10"))),
+        ..ok()
+      }),
+      (
+        "execTimeoutMs".into(),
+        "expected a number, got \"10\"".into()
+      )
+    );
+    assert_eq!(
+      refused(ProviderOptions {
+        no_new_privileges: Some(Given::Mistyped(json!(1))),
+        ..ok()
+      }),
+      (
+        "noNewPrivileges".into(),
+        "expected true or false, got 1".into()
+      )
+    );
+    assert_eq!(
+      refused(ProviderOptions {
+        runtime: Some(Given::Typed("a b".into())),
+        ..ok()
+      }),
+      (
+        "runtime".into(),
+        "expected a runtime name such as 'runsc', got \"a b\"".into()
+      )
+    );
+  }
+
+  #[test]
+  fn wrong_types_keep_their_messages() {
+    let cases = [
+      (
+        json!({ "execTimeoutMs": 1.5 }),
+        "execTimeoutMs",
+        "expected a positive whole number, got 1.5",
+      ),
+      (
+        json!({ "fileMaxBytes": 1e12 }),
+        "fileMaxBytes",
+        "1000000000000.0 is above the maximum 1073741824",
+      ),
+      (
+        json!({ "env": { "A": 1 } }),
+        "env",
+        "value of \"A\" must be a string, got 1",
+      ),
+      (
+        json!({ "env": ["A"] }),
+        "env",
+        "expected an object of strings, got [\"A\"]",
+      ),
+      (
+        json!({ "capabilities": [null] }),
+        "capabilities",
+        "null is not a capability name",
+      ),
+      (
+        json!({ "capabilities": "CHOWN" }),
+        "capabilities",
+        "expected a list such as ['CHOWN', 'SETUID'], got \"CHOWN\"",
+      ),
+      (
+        json!({ "autoStopIntervalInMinutes": "5" }),
+        "autoStopIntervalInMinutes",
+        "expected a number of minutes, got \"5\"",
+      ),
+      (
+        json!({ "network": 1 }),
+        "network",
+        "expected 'bridge', 'none' or a network name, got 1",
+      ),
+      (
+        json!({ "tenantName": "" }),
+        "tenantName",
+        "expected a non-empty string up to 128 bytes, got \"\"",
+      ),
+      (
+        json!({ "gpuWaitMs": -1 }),
+        "gpuWaitMs",
+        "expected a whole number of milliseconds from 0 to 3600000, got -1",
+      ),
+      (
+        json!({ "build": "." }),
+        "build",
+        "expected { context, dockerfile?, args? }, got \".\"",
+      ),
+      (
+        json!({ "build": { "context": "/c", "dockerfile": "../D" } }),
+        "build.dockerfile",
+        "invalid value \"../D\"",
+      ),
+      (
+        json!({ "build": { "context": "/c", "args": [] } }),
+        "build.args",
+        "invalid value []",
+      ),
+      (
+        json!({ "build": { "context": "/c", "args": { "V": 1 } } }),
+        "build.args",
+        "value of \"V\" must be a string, got 1",
+      ),
+      (
+        json!({ "build": { "context": "" } }),
+        "build.context",
+        "invalid value \"\"",
+      ),
+      (
+        json!({ "warmPool": [2] }),
+        "warmPool",
+        "expected { size: number }, got [2]",
+      ),
+      (
+        json!({ "warmPool": {} }),
+        "warmPool.size",
+        "expected a whole number from 0 to 64, got nothing",
+      ),
+      (
+        json!({ "warmPool": { "size": 65 } }),
+        "warmPool.size",
+        "expected a whole number from 0 to 64, got 65",
+      ),
+    ];
+    for (extra, option, reason) in cases {
+      let mut v = json!({ "image": "x" });
+      for (k, val) in extra.as_object().unwrap() {
+        v[k] = val.clone();
+      }
+      assert_eq!(
+        refusal(v),
+        (option.to_string(), reason.to_string()),
+        "{extra}"
+      );
+    }
+  }
+
+  #[test]
+  fn unknown_keys_of_nested_options_are_listed_from_their_structs() {
+    assert_eq!(
+      refusal(json!({ "image": "x", "build": { "context": "/c", "target": "t" } })),
+      (
+        "build.target".into(),
+        "unknown; known ones are context, dockerfile, args".into()
+      )
+    );
+    assert_eq!(
+      refusal(json!({ "image": "x", "warmPool": { "size": 1, "idle": 5 } })).0,
+      "warmPool.idle"
+    );
+    let (option, reason) = refusal(json!({ "image": "x", "imgae": "y" }));
+    assert_eq!(option, "imgae");
+    assert!(reason.starts_with("unknown option; known ones are image, dockerHost,"));
+    let c = ProviderConfig::from_json(json!({
+      "image": "x", "build": { "context": "/c", "dockerfile": null, "args": null },
+      "warmPool": { "size": 0 }
+    }))
+    .unwrap();
+    assert_eq!(c.build.unwrap().dockerfile, "Dockerfile");
+    assert_eq!(c.warm_pool_size, 0);
   }
 
   #[test]

@@ -21,6 +21,7 @@ pub mod imagework;
 pub mod layout;
 pub mod lifecycle;
 pub mod logging;
+pub mod options;
 pub mod output;
 pub mod pool;
 pub mod provider;
