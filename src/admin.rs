@@ -6,11 +6,10 @@
 use std::collections::HashMap;
 
 use bollard::models::ContainerSummary;
-use bollard::query_parameters::{ContainerArchiveInfoOptions, ListContainersOptions};
 use serde::Serialize;
 
-use crate::client::{status_of, Engine};
-use crate::errors::Result;
+use crate::client::Engine;
+use crate::errors::{Result, SandboxError};
 use crate::ids;
 use crate::lifecycle::{self, LABEL_POOL, LABEL_TENANT};
 use crate::reaper::parse_time;
@@ -69,16 +68,9 @@ async fn list_raw(
   if let Some(ns) = namespace {
     label.push(format!("{}={ns}", ids::LABEL_NAMESPACE));
   }
-  let opts = ListContainersOptions {
-    all: true,
-    size,
-    filters: Some(HashMap::from([("label".to_string(), label)])),
-    ..Default::default()
-  };
+  let filters = HashMap::from([("label".to_string(), label)]);
   engine
-    .control("list sandbox containers", || {
-      engine.docker.list_containers(Some(opts.clone()))
-    })
+    .list_containers("list sandbox containers", true, size, filters)
     .await
 }
 
@@ -92,19 +84,18 @@ pub async fn list(engine: &Engine, namespace: Option<&str>) -> Result<Vec<Sandbo
     };
     let labels = c.labels.clone().unwrap_or_default();
     let container = c.id.clone().unwrap_or_default();
-    let opts = ContainerArchiveInfoOptions {
-      path: lifecycle::ACTIVITY_FILE.to_string(),
-    };
+    // Any answer but a stat (the file or the container is gone, a stopped container on an
+    // engine that cannot stat those) means "unknown", not a failed listing.
     let last_activity = match engine
-      .control("stat the activity file", || {
-        engine
-          .docker
-          .get_container_archive_info(&container, Some(opts.clone()))
-      })
+      .archive_stat(
+        "stat the activity file",
+        &container,
+        lifecycle::ACTIVITY_FILE,
+      )
       .await
     {
-      Ok(s) => s.modification_time.as_deref().and_then(parse_time),
-      Err(e) if status_of(&e).is_some() => None,
+      Ok(s) => s.and_then(|s| s.modification_time.as_deref().and_then(parse_time)),
+      Err(SandboxError::Engine { .. }) => None,
       Err(e) => return Err(e),
     };
     out.push(SandboxInfo {

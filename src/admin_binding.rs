@@ -118,17 +118,11 @@ pub fn describe_endpoint(docker_host: Option<String>) -> napi::Result<Value> {
 pub async fn engine_report(options: NativeAdminOptions) -> napi::Result<Value> {
   let ep = describe_endpoint(options.docker_host.clone())?;
   let e = engine(&options).await.map_err(to_js)?;
-  let version = e
-    .control("read the engine version", || e.docker.version())
-    .await
-    .map_err(to_js)?;
-  let info = e
-    .control("read the engine info", || e.docker.info())
-    .await
-    .map_err(to_js)?;
+  let version = e.version().await.map_err(to_js)?;
+  let info = e.info().await.map_err(to_js)?;
   Ok(json!({
     "endpoint": ep,
-    "apiVersion": e.docker.client_version().to_string(),
+    "apiVersion": e.api_version(),
     "version": version,
     "info": info,
   }))

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::exec::{CreateExecOptions, StartExecResults};
 use futures_util::StreamExt;
 use rand::Rng;
 
@@ -140,22 +140,11 @@ pub async fn run(
   let setup_end = Instant::now() + (req.timeout + ENGINE_GRACE).min(engine.control_timeout);
   let left = || setup_end.saturating_duration_since(Instant::now());
   let created = engine
-    .control_within(left(), "create an exec", || {
-      engine.docker.create_exec(container, opts.clone())
-    })
+    .create_exec("create an exec", container, opts, left())
     .await
     .map_err(classify_start)?;
-  let start = StartExecOptions {
-    detach: false,
-    tty: false,
-    output_capacity: Some(64 * 1024),
-  };
   let started = match engine
-    .within(
-      left(),
-      "start an exec",
-      engine.docker.start_exec(&created.id, Some(start)),
-    )
+    .start_exec("start an exec", &created, Some(64 * 1024), left())
     .await
   {
     Ok(s) => s,
@@ -166,10 +155,20 @@ pub async fn run(
         e,
         SandboxError::EngineTimeout { .. } | SandboxError::EngineUnreachable { .. }
       ) {
-        let (engine, container, token) = (engine.clone(), container.to_string(), token.clone());
-        tokio::spawn(async move {
+        // On dispose this is cancelled: the engine is not answering, and the command it may
+        // still start is bounded by the sandbox's own limits and idle stop.
+        let (task_engine, container, token) =
+          (engine.clone(), container.to_string(), token.clone());
+        engine.shared.background.spawn_cancellable(async move {
           for _ in 0..2 {
-            let _ = kill_tree(&engine, &container, None, &token, Duration::from_secs(600)).await;
+            let _ = kill_tree(
+              &task_engine,
+              &container,
+              None,
+              &token,
+              Duration::from_secs(600),
+            )
+            .await;
             tokio::time::sleep(ENGINE_GRACE).await;
           }
         });
@@ -262,7 +261,7 @@ pub async fn run(
     }
     // Out of processes (a fork bomb), the killer itself cannot start: restarting the container
     // is then the only way to kill everything. Files are kept.
-    if !killed && !left().is_zero() && restart(engine, container, left()).await {
+    if !killed && !left().is_zero() && crate::lifecycle::restart(engine, container, left()).await {
       killed = true;
     }
     if !killed {
@@ -302,7 +301,7 @@ pub async fn run(
   let exit_code = match exit {
     Some(c) => c,
     // The wrapper itself died (killed with its group, say): ask the engine.
-    None => exit_from_inspect(engine, &created.id)
+    None => exit_from_inspect(engine, &created)
       .await
       .map_err(StartError::Other)?,
   };
@@ -339,9 +338,7 @@ fn classify_start(e: SandboxError) -> StartError {
 async fn exit_from_inspect(engine: &Engine, exec_id: &str) -> Result<i32> {
   for _ in 0..50 {
     let info = engine
-      .control_within(ENGINE_GRACE, "inspect an exec", || {
-        engine.docker.inspect_exec(exec_id)
-      })
+      .inspect_exec("inspect an exec", exec_id, ENGINE_GRACE)
       .await?;
     if info.running != Some(true) {
       return Ok(info.exit_code.unwrap_or(-1) as i32);
@@ -351,22 +348,6 @@ async fn exit_from_inspect(engine: &Engine, exec_id: &str) -> Result<i32> {
   Err(SandboxError::Internal(
     "the command's output ended but the engine still reports it running".into(),
   ))
-}
-
-/// Restarts a container (one second's grace): kills every process in it, keeps its files.
-pub async fn restart(engine: &Engine, container: &str, limit: Duration) -> bool {
-  let opts = bollard::query_parameters::RestartContainerOptions {
-    t: Some(1),
-    ..Default::default()
-  };
-  engine
-    .within(
-      limit,
-      "restart the sandbox",
-      engine.docker.restart_container(container, Some(opts)),
-    )
-    .await
-    .is_ok()
 }
 
 /// Kills the command's process group and every process carrying its token. Returns whether the
@@ -394,16 +375,19 @@ pub async fn kill_tree(
     ..Default::default()
   };
   let run = async {
-    let created = engine.docker.create_exec(container, opts).await?;
+    let created = engine
+      .create_exec("create the killer exec", container, opts, limit)
+      .await?;
     let mut text = Vec::new();
-    if let StartExecResults::Attached { mut output, .. } =
-      engine.docker.start_exec(&created.id, None).await?
+    if let StartExecResults::Attached { mut output, .. } = engine
+      .start_exec("start the killer exec", &created, None, limit)
+      .await?
     {
       while let Some(Ok(item)) = output.next().await {
         text.extend_from_slice(&item.into_bytes());
       }
     }
-    Ok::<_, bollard::errors::Error>(String::from_utf8_lossy(&text).contains("left=0"))
+    Ok::<_, SandboxError>(String::from_utf8_lossy(&text).contains("left=0"))
   };
   matches!(tokio::time::timeout(limit, run).await, Ok(Ok(true)))
 }

@@ -25,6 +25,7 @@ pub mod output;
 pub mod pool;
 pub mod provider;
 pub mod reaper;
+pub mod shared;
 pub mod ssh;
 pub mod tls;
 pub mod transfer;

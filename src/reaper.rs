@@ -5,13 +5,12 @@
 //! stopped ones: a container running a command is never removed.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
 use serde_json::json;
 
-use crate::client::{status_of, Engine};
+use crate::client::Engine;
 use crate::errors::Result;
 use crate::ids;
 use crate::image::LABEL_PROBE;
@@ -96,15 +95,8 @@ pub async fn reap(
       ],
     ),
   ]);
-  let opts = ListContainersOptions {
-    all: true,
-    filters: Some(filters),
-    ..Default::default()
-  };
   let list = engine
-    .control("list sandbox containers", || {
-      engine.docker.list_containers(Some(opts.clone()))
-    })
+    .list_containers("list sandbox containers", true, false, filters)
     .await?;
   let now = now_secs();
   let mut removed = Vec::new();
@@ -117,15 +109,11 @@ pub async fn reap(
     {
       continue;
     }
-    let info = match engine
-      .control("inspect a stopped sandbox", || {
-        engine.docker.inspect_container(&id, None)
-      })
-      .await
-    {
-      Ok(i) => i,
-      Err(e) if status_of(&e) == Some(404) => continue,
-      Err(e) => return Err(e),
+    let Some(info) = engine
+      .inspect_container("inspect a stopped sandbox", &id)
+      .await?
+    else {
+      continue;
     };
     let state = info.state.unwrap_or_default();
     if state.running == Some(true) || state.restarting == Some(true) || state.paused == Some(true) {
@@ -146,20 +134,8 @@ pub async fn reap(
       .unwrap_or_else(|| id.clone());
     if !dry_run {
       // Not forced: if a call started it again meanwhile, the engine refuses and it stays.
-      let rm = RemoveContainerOptions {
-        force: false,
-        v: true,
-        ..Default::default()
-      };
-      match engine
-        .control("remove a stale sandbox", || {
-          engine.docker.remove_container(&id, Some(rm.clone()))
-        })
-        .await
-      {
-        Ok(()) => {}
-        Err(e) if matches!(status_of(&e), Some(404 | 409)) => continue,
-        Err(e) => return Err(e),
+      if !engine.remove_stopped("remove a stale sandbox", &id).await? {
+        continue;
       }
       if let Ok(name) = crate::lifecycle::name_for(namespace, &sandbox_id) {
         crate::lifecycle::forget(engine, &name);
@@ -179,25 +155,40 @@ pub async fn reap(
   Ok(removed)
 }
 
+/// The standalone reaper (the `reap` command): resolves the engine and the interval as a
+/// provider would, then `reap`s one namespace.
+pub async fn reap_standalone(
+  namespace: Option<&str>,
+  docker_host: Option<&str>,
+  older_than_minutes: Option<f64>,
+  dry_run: bool,
+) -> Result<Vec<String>> {
+  use crate::config;
+  let namespace = config::validate_namespace(namespace.unwrap_or(config::DEFAULT_NAMESPACE))?;
+  let secs = config::minutes(
+    "olderThanMinutes",
+    older_than_minutes.map(serde_json::Value::from),
+    config::DEFAULT_AUTO_DELETE_MINUTES,
+  )?
+  .unwrap_or(0);
+  let endpoint = crate::client::effective_endpoint(docker_host, None)?;
+  let engine = crate::client::engine_for(&endpoint, crate::client::CONTROL_TIMEOUT).await?;
+  reap(
+    &engine,
+    &namespace,
+    Duration::from_secs(secs),
+    dry_run,
+    &Logger::default(),
+  )
+  .await
+}
+
 async fn reap_probes(engine: &Engine, now: u64) {
-  let filters = HashMap::from([(
-    "label".to_string(),
-    vec![
-      format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
-      format!("{LABEL_PROBE}=1"),
-    ],
-  )]);
-  let opts = ListContainersOptions {
-    all: true,
-    filters: Some(filters),
-    ..Default::default()
-  };
-  let Ok(list) = engine
-    .control("list probe containers", || {
-      engine.docker.list_containers(Some(opts.clone()))
-    })
-    .await
-  else {
+  let labels = vec![
+    format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
+    format!("{LABEL_PROBE}=1"),
+  ];
+  let Ok(list) = engine.list_labelled("list probe containers", labels).await else {
     return;
   };
   for c in list {
@@ -214,23 +205,35 @@ async fn reap_probes(engine: &Engine, now: u64) {
 /// Held by live providers; the background reaper runs while any is held.
 pub struct Lease;
 
-fn leases() -> &'static Mutex<HashMap<String, Weak<Lease>>> {
-  static L: OnceLock<Mutex<HashMap<String, Weak<Lease>>>> = OnceLock::new();
-  L.get_or_init(Default::default)
+/// Per-engine state (held in `shared::EngineShared`).
+#[derive(Default)]
+pub struct State {
+  /// The background reaper of each namespace, alive while a provider holds its lease.
+  leases: Mutex<HashMap<String, Weak<Lease>>>,
 }
 
-/// Joins (or starts) the background reaper for this engine and namespace.
+impl State {
+  /// Namespaces with a live background reaper.
+  pub fn leases(&self) -> usize {
+    let mut map = self.leases.lock().expect("leases");
+    map.retain(|_, l| l.strong_count() > 0);
+    map.len()
+  }
+}
+
+/// Joins (or starts) the background reaper for this engine and namespace. It ends when the
+/// last lease is dropped or the engine's background work is stopped.
 pub fn lease(engine: &Engine, namespace: &str, older_than: Duration, log: &Logger) -> Arc<Lease> {
-  let key = format!("{}\n{namespace}", engine.key);
-  let mut map = leases().lock().expect("leases");
-  if let Some(l) = map.get(&key).and_then(Weak::upgrade) {
+  let mut map = engine.shared.reaper.leases.lock().expect("leases");
+  if let Some(l) = map.get(namespace).and_then(Weak::upgrade) {
     return l;
   }
   let lease = Arc::new(Lease);
-  map.insert(key, Arc::downgrade(&lease));
+  map.insert(namespace.to_string(), Arc::downgrade(&lease));
   let weak = Arc::downgrade(&lease);
-  let (engine, namespace, log) = (engine.clone(), namespace.to_string(), log.clone());
-  tokio::spawn(async move {
+  let (task_engine, namespace, log) = (engine.clone(), namespace.to_string(), log.clone());
+  engine.shared.background.spawn_cancellable(async move {
+    let engine = task_engine;
     while weak.upgrade().is_some() {
       if let Err(e) = reap(&engine, &namespace, older_than, false, &log).await {
         log.warn(
