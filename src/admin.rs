@@ -10,9 +10,10 @@ use serde::Serialize;
 
 use crate::client::Engine;
 use crate::errors::{Result, SandboxError};
-use crate::ids;
-use crate::lifecycle::{self, LABEL_POOL, LABEL_TENANT};
-use crate::reaper::parse_time;
+use crate::labels;
+use crate::labels::{LABEL_POOL, LABEL_TENANT};
+use crate::lifecycle;
+use crate::timestamps::parse_time;
 
 /// One sandbox as `ls` shows it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -38,14 +39,14 @@ pub struct SandboxInfo {
 
 fn ours(c: &ContainerSummary, namespace: Option<&str>) -> Option<(String, String, String)> {
   let labels = c.labels.as_ref()?;
-  if labels.get(ids::LABEL_MANAGED_BY).map(String::as_str) != Some(ids::MANAGED_BY) {
+  if labels.get(labels::LABEL_MANAGED_BY).map(String::as_str) != Some(labels::MANAGED_BY) {
     return None;
   }
-  let ns = labels.get(ids::LABEL_NAMESPACE)?;
+  let ns = labels.get(labels::LABEL_NAMESPACE)?;
   if namespace.is_some_and(|n| n != ns) {
     return None;
   }
-  let id = labels.get(ids::LABEL_ID)?;
+  let id = labels.get(labels::LABEL_ID)?;
   let expected = lifecycle::name_for(ns, id).ok()?;
   let name = c
     .names
@@ -64,9 +65,13 @@ async fn list_raw(
   namespace: Option<&str>,
   size: bool,
 ) -> Result<Vec<ContainerSummary>> {
-  let mut label = vec![format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY)];
+  let mut label = vec![format!(
+    "{}={}",
+    labels::LABEL_MANAGED_BY,
+    labels::MANAGED_BY
+  )];
   if let Some(ns) = namespace {
-    label.push(format!("{}={ns}", ids::LABEL_NAMESPACE));
+    label.push(format!("{}={ns}", labels::LABEL_NAMESPACE));
   }
   let filters = HashMap::from([("label".to_string(), label)]);
   engine
@@ -90,7 +95,7 @@ pub async fn list(engine: &Engine, namespace: Option<&str>) -> Result<Vec<Sandbo
       .archive_stat(
         "stat the activity file",
         &container,
-        lifecycle::ACTIVITY_FILE,
+        crate::layout::ACTIVITY_FILE,
       )
       .await
     {
@@ -106,7 +111,7 @@ pub async fn list(engine: &Engine, namespace: Option<&str>) -> Result<Vec<Sandbo
         .map(|s| s.to_string())
         .unwrap_or_else(|| "unknown".into()),
       created: labels
-        .get(ids::LABEL_CREATED_AT)
+        .get(labels::LABEL_CREATED_AT)
         .and_then(|t| parse_time(t))
         .or(c.created.and_then(|t| u64::try_from(t).ok())),
       last_activity,

@@ -186,8 +186,7 @@ fn bad(option: &str, reason: impl Into<String>) -> SandboxError {
   }
 }
 
-/// Label keys we set ourselves; a user label may not shadow them.
-pub const LABEL_PREFIX: &str = "trueforge.sandbox.";
+pub use crate::labels::LABEL_PREFIX;
 
 impl ProviderConfig {
   /// Parses the options object given to the constructor. `undefined` fields arrive as absent,

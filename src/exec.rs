@@ -26,7 +26,7 @@ pub const EXEC_ID_VAR: &str = "TRUEFORGE_EXEC_ID";
 pub const ENGINE_GRACE: Duration = Duration::from_secs(5);
 
 /// $1 = working directory, $2 = command, $3 = token.
-const WRAPPER: &str = r#"exec 2>&1 </dev/null
+pub(crate) const WRAPPER: &str = r#"exec 2>&1 </dev/null
 printf '\036TFX%s:p:%s\036' "$3" "$$"
 : > /trueforge/.activity 2>/dev/null
 TRUEFORGE_EXEC_ID=$3; export TRUEFORGE_EXEC_ID

@@ -25,16 +25,11 @@ use serde_json::{json, Value};
 use crate::client::Engine;
 use crate::config::{Gpus, ProviderConfig};
 use crate::errors::{Result, SandboxError};
-use crate::ids;
+use crate::labels;
+use crate::labels::{LABEL_GPUS, LABEL_GPU_LOCK, LABEL_GPU_LOCK_AT};
 use crate::lifecycle::{self, Target};
 use crate::logging::Logger;
 
-/// The label recording an exclusive sandbox's GPUs, comma-separated.
-pub const LABEL_GPUS: &str = "trueforge.sandbox.gpus";
-/// The label marking the allocation lock; its value is the holder (`host:pid`).
-const LABEL_GPU_LOCK: &str = "trueforge.sandbox.gpu-lock";
-/// When the lock was taken, in milliseconds since the epoch (the holder's clock).
-const LABEL_GPU_LOCK_AT: &str = "trueforge.sandbox.gpu-lock-at";
 /// The lock's container name: one per engine.
 pub const LOCK_NAME: &str = "trueforge-gpu-lock";
 /// A lock older than this belongs to a holder that died. A holder keeps it for one container
@@ -362,7 +357,7 @@ impl Lock {
         image: Some(image.clone()),
         cmd: Some(vec!["/lock".into()]),
         labels: Some(HashMap::from([
-          (ids::LABEL_MANAGED_BY.into(), ids::MANAGED_BY.into()),
+          (labels::LABEL_MANAGED_BY.into(), labels::MANAGED_BY.into()),
           (LABEL_GPU_LOCK.into(), holder()),
           (LABEL_GPU_LOCK_AT.into(), now_ms().to_string()),
         ])),
@@ -447,7 +442,7 @@ pub async fn held(engine: &Engine) -> Result<BTreeMap<String, String>> {
   let filters = HashMap::from([(
     "label".to_string(),
     vec![
-      format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
+      format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
       LABEL_GPUS.to_string(),
     ],
   )]);
@@ -468,7 +463,7 @@ pub async fn held(engine: &Engine) -> Result<BTreeMap<String, String>> {
     }
     let labels = c.labels.unwrap_or_default();
     let who = labels
-      .get(ids::LABEL_ID)
+      .get(labels::LABEL_ID)
       .cloned()
       .unwrap_or_else(|| c.id.clone().unwrap_or_default());
     for g in labels
@@ -638,8 +633,8 @@ async fn nvidia_smi_in_container(engine: &Engine, image: &str) -> Result<(Vec<St
       "NVIDIA_DRIVER_CAPABILITIES={DRIVER_CAPABILITIES}"
     )]),
     labels: Some(HashMap::from([(
-      ids::LABEL_MANAGED_BY.to_string(),
-      ids::MANAGED_BY.to_string(),
+      labels::LABEL_MANAGED_BY.to_string(),
+      labels::MANAGED_BY.to_string(),
     )])),
     host_config: Some(HostConfig {
       device_requests: nvidia_requests(&Gpus::All),

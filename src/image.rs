@@ -17,8 +17,9 @@ use crate::client::Engine;
 use crate::config::{BuildSpec, ProviderConfig, RegistryCredential};
 use crate::context;
 use crate::errors::{Result, SandboxError};
-use crate::ids;
 use crate::imagework::{self, Acquired, Liveness, Record};
+use crate::labels;
+use crate::labels::LABEL_PROBE;
 use crate::logging::Logger;
 use crate::transfer;
 
@@ -56,9 +57,6 @@ pub struct ImageSource {
   pub build: Option<BuildSpec>,
   pub credentials: Option<DockerCredentials>,
 }
-
-/// The label on probe containers, so a crash mid-probe leaves nothing the reaper cannot find.
-pub const LABEL_PROBE: &str = "trueforge.sandbox.probe";
 
 #[derive(Debug, Clone, Default)]
 struct Progress {
@@ -383,8 +381,8 @@ pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe
     entrypoint: Some(vec!["/bin/sh".into(), "-c".into(), PROBE_SCRIPT.into()]),
     labels: Some(HashMap::from([
       (
-        ids::LABEL_MANAGED_BY.to_string(),
-        ids::MANAGED_BY.to_string(),
+        labels::LABEL_MANAGED_BY.to_string(),
+        labels::MANAGED_BY.to_string(),
       ),
       (LABEL_PROBE.to_string(), "1".to_string()),
     ])),
@@ -940,8 +938,8 @@ async fn run_build(
     forcerm: true,
     buildargs: Some(context::build_args(spec)),
     labels: Some(HashMap::from([(
-      ids::LABEL_MANAGED_BY.to_string(),
-      ids::MANAGED_BY.to_string(),
+      labels::LABEL_MANAGED_BY.to_string(),
+      labels::MANAGED_BY.to_string(),
     )])),
     ..Default::default()
   };

@@ -20,10 +20,9 @@ use sha2::{Digest, Sha256};
 
 use crate::client::Engine;
 use crate::errors::{Result, SandboxError};
-use crate::ids;
+use crate::labels;
+use crate::labels::LABEL_IMAGEWORK;
 
-/// The label a lease carries; its value is the image reference the work is for.
-pub const LABEL_IMAGEWORK: &str = "trueforge.sandbox.imagework";
 /// How often a holder rewrites its record.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
 /// A running record older than this belongs to a holder that died (crash, restart, SIGKILL).
@@ -220,8 +219,8 @@ pub async fn acquire(
       cmd: Some(vec!["/lease".into()]),
       labels: Some(HashMap::from([
         (
-          ids::LABEL_MANAGED_BY.to_string(),
-          ids::MANAGED_BY.to_string(),
+          labels::LABEL_MANAGED_BY.to_string(),
+          labels::MANAGED_BY.to_string(),
         ),
         (LABEL_IMAGEWORK.to_string(), image.to_string()),
       ])),
@@ -276,7 +275,7 @@ pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
     .and_then(|c| c.labels.clone())
     .unwrap_or_default();
   // A container of that name that is not our lease for this image is nobody's lease.
-  if labels.get(ids::LABEL_MANAGED_BY).map(String::as_str) != Some(ids::MANAGED_BY)
+  if labels.get(labels::LABEL_MANAGED_BY).map(String::as_str) != Some(labels::MANAGED_BY)
     || labels.get(LABEL_IMAGEWORK).map(String::as_str) != Some(image)
   {
     return Ok(None);
@@ -287,7 +286,7 @@ pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
   let created_ms = info
     .created
     .as_deref()
-    .and_then(crate::reaper::parse_time)
+    .and_then(crate::timestamps::parse_time)
     .map(|s| s * 1000)
     .unwrap_or_else(now_ms);
   let record = match read_record(engine, &container_id).await {
@@ -372,7 +371,7 @@ impl Lease {
 /// waiting on them any more, and a failed one has long been reported.
 pub async fn reap_forgotten(engine: &Engine) -> Result<usize> {
   let labels = vec![
-    format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
+    format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
     LABEL_IMAGEWORK.to_string(),
   ];
   let list = engine

@@ -12,6 +12,8 @@ use crate::client::Engine;
 use crate::config::{Gpus, ProviderConfig};
 use crate::errors::{Result, SandboxError};
 use crate::ids;
+use crate::labels;
+use crate::labels::{LABEL_POOL, LABEL_TENANT};
 use crate::layout;
 use crate::logging::Logger;
 use crate::transfer;
@@ -34,13 +36,6 @@ while :; do
   if [ $((now - last)) -ge "$1" ]; then exit 0; fi
 done
 "#;
-
-/// Where activity is recorded inside the container.
-pub const ACTIVITY_FILE: &str = "/trueforge/.activity";
-/// The label naming the tenant a sandbox belongs to.
-pub const LABEL_TENANT: &str = "trueforge.sandbox.tenant";
-/// The label marking a warm-pool member (its value: the configuration's fingerprint).
-pub const LABEL_POOL: &str = "trueforge.sandbox.pool";
 
 /// A sandbox container we verified as ours.
 #[derive(Debug, Clone)]
@@ -135,9 +130,9 @@ pub fn is_ours(
   let labels = info.config.as_ref().and_then(|c| c.labels.as_ref());
   let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
   info.name.as_deref() == Some(&format!("/{name}"))
-    && label(ids::LABEL_MANAGED_BY) == Some(ids::MANAGED_BY)
-    && label(ids::LABEL_NAMESPACE) == Some(scope.namespace.as_str())
-    && label(ids::LABEL_ID) == Some(sandbox_id)
+    && label(labels::LABEL_MANAGED_BY) == Some(labels::MANAGED_BY)
+    && label(labels::LABEL_NAMESPACE) == Some(scope.namespace.as_str())
+    && label(labels::LABEL_ID) == Some(sandbox_id)
     && label(LABEL_TENANT) == scope.tenant.as_deref()
 }
 
@@ -308,10 +303,13 @@ pub fn container_body_with(
   gpus_picked: Option<&[String]>,
 ) -> ContainerCreateBody {
   let mut labels: HashMap<String, String> = cfg.labels.clone().into_iter().collect();
-  labels.insert(ids::LABEL_MANAGED_BY.into(), ids::MANAGED_BY.into());
-  labels.insert(ids::LABEL_NAMESPACE.into(), cfg.namespace.clone());
-  labels.insert(ids::LABEL_ID.into(), sandbox_id.to_string());
-  labels.insert(ids::LABEL_CREATED_AT.into(), ids::rfc3339_now());
+  labels.insert(labels::LABEL_MANAGED_BY.into(), labels::MANAGED_BY.into());
+  labels.insert(labels::LABEL_NAMESPACE.into(), cfg.namespace.clone());
+  labels.insert(labels::LABEL_ID.into(), sandbox_id.to_string());
+  labels.insert(
+    labels::LABEL_CREATED_AT.into(),
+    crate::timestamps::rfc3339_now(),
+  );
   if let Some(t) = &cfg.tenant {
     labels.insert(LABEL_TENANT.into(), t.clone());
   }
@@ -724,11 +722,11 @@ mod tests {
     .unwrap();
     let b = container_body(&cfg, "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV", "img:1", None);
     let l = b.labels.unwrap();
-    assert_eq!(l[ids::LABEL_MANAGED_BY], ids::MANAGED_BY);
-    assert_eq!(l[ids::LABEL_NAMESPACE], "ns1");
-    assert_eq!(l[ids::LABEL_ID], "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV");
+    assert_eq!(l[labels::LABEL_MANAGED_BY], labels::MANAGED_BY);
+    assert_eq!(l[labels::LABEL_NAMESPACE], "ns1");
+    assert_eq!(l[labels::LABEL_ID], "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV");
     assert_eq!(l["team"], "a");
-    assert!(l.contains_key(ids::LABEL_CREATED_AT));
+    assert!(l.contains_key(labels::LABEL_CREATED_AT));
     let hc = b.host_config.unwrap();
     assert_eq!(hc.init, Some(true));
     assert_eq!(hc.device_requests, None);

@@ -14,8 +14,9 @@ use sha2::{Digest, Sha256};
 use crate::client::Engine;
 use crate::config::ProviderConfig;
 use crate::errors::Result;
-use crate::ids;
-use crate::lifecycle::{self, Scope, Target, LABEL_POOL};
+use crate::labels;
+use crate::labels::LABEL_POOL;
+use crate::lifecycle::{self, Scope, Target};
 use crate::logging::Logger;
 
 /// A stable fingerprint of everything that shapes a sandbox: members are only handed to a
@@ -62,8 +63,8 @@ fn list_filters(scope: &Scope, fp: &str) -> HashMap<String, Vec<String>> {
   HashMap::from([(
     "label".to_string(),
     vec![
-      format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
-      format!("{}={}", ids::LABEL_NAMESPACE, scope.namespace),
+      format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
+      format!("{}={}", labels::LABEL_NAMESPACE, scope.namespace),
       format!("{LABEL_POOL}={fp}"),
     ],
   )])
@@ -80,7 +81,7 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
     let (Some(id), Some(labels)) = (c.id, c.labels) else {
       continue;
     };
-    let Some(sandbox_id) = labels.get(ids::LABEL_ID) else {
+    let Some(sandbox_id) = labels.get(labels::LABEL_ID) else {
       continue;
     };
     let Ok(final_name) = lifecycle::name_for(&scope.namespace, sandbox_id) else {
@@ -95,7 +96,7 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
     if current.trim_start_matches('/') != lifecycle::pool_name(&final_name) {
       continue;
     }
-    if labels.get(lifecycle::LABEL_TENANT) != scope.tenant.as_ref() {
+    if labels.get(labels::LABEL_TENANT) != scope.tenant.as_ref() {
       continue;
     }
     // Not retried: a second attempt could "win" a member the first already took.
@@ -134,8 +135,8 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
 const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(750);
 
 /// Tops the pool up to `cfg.warm_pool_size` running members in the background (one refill per
-/// configuration at a time). Stopped members are removed: they are nobody's session. Stopped
-/// with the engine's background work: a create cut short removes its half-made member.
+/// configuration at a time). Stopped members are removed: they are nobody's session. A stop of
+/// the engine's background work ends it after the create in progress, if any.
 pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log: &Logger) {
   let key = fp.to_string();
   {
@@ -157,7 +158,7 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
   );
   engine.shared.background.spawn(|stop| async move {
     let engine = task_engine;
-    // Cancelled at an await, the task must still let the next refill start.
+    // Ended early by a stop, the task must still let the next refill start.
     let mut entry = RefillEntry(&engine, &key, true);
     // Let the caller's first command run before the refill's creates compete with it for the
     // engine and the CPU.
@@ -194,6 +195,12 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
           }
         }
         for _ in running..cfg.warm_pool_size as usize {
+          // Checked between creates, never inside one: a create dropped halfway could leave
+          // a member nobody finishes or removes. So a stop waits for at most one create,
+          // which its engine deadlines bound.
+          if stop.is_cancelled() {
+            break;
+          }
           let t = lifecycle::create(&engine, &cfg, &image, Some(&fp), &log).await?;
           engine
             .shared
@@ -205,17 +212,11 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
         }
         Ok::<_, crate::errors::SandboxError>(())
       };
-      // A create cut short by the stop has no container id yet or removes its own half-made
-      // member (`lifecycle::create`); a member left stopped is removed by the next refill.
-      let outcome = tokio::select! {
-        o = pass => o,
-        _ = stop.cancelled() => return,
-      };
-      if let Err(e) = outcome {
+      if let Err(e) = pass.await {
         log.warn("warm pool refill failed", json!({ "error": e.to_string() }));
       }
       let mut r = engine.shared.pool.refilling.lock().expect("refilling");
-      if r.get(&key) == Some(&true) {
+      if r.get(&key) == Some(&true) && !stop.is_cancelled() {
         r.insert(key.clone(), false);
         continue;
       }

@@ -12,54 +12,14 @@ use serde_json::json;
 
 use crate::client::Engine;
 use crate::errors::Result;
-use crate::ids;
-use crate::image::LABEL_PROBE;
+use crate::labels;
+use crate::labels::LABEL_PROBE;
 use crate::logging::Logger;
 
 /// How often the background reaper runs.
 pub const REAP_PERIOD: Duration = Duration::from_secs(60);
 /// Probe containers left by a crash are removed after this long.
 const PROBE_GRACE_SECS: u64 = 600;
-
-/// Parses the engine's RFC 3339 timestamps (`2026-11-29T09:00:00.123456789Z`) to epoch
-/// seconds; `None` for the zero time the engine uses for "never".
-pub fn parse_time(s: &str) -> Option<u64> {
-  let b = s.as_bytes();
-  if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' {
-    return None;
-  }
-  let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-  let (y, mo, d, h, mi, se) = (
-    n(0..4)?,
-    n(5..7)?,
-    n(8..10)?,
-    n(11..13)?,
-    n(14..16)?,
-    n(17..19)?,
-  );
-  if y < 1970 {
-    return None;
-  }
-  // Days from civil (Howard Hinnant's algorithm).
-  let y2 = if mo <= 2 { y - 1 } else { y };
-  let era = y2.div_euclid(400);
-  let yoe = y2 - era * 400;
-  let mp = (mo + 9) % 12;
-  let doy = (153 * mp + 2) / 5 + d - 1;
-  let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-  let days = era * 146_097 + doe - 719_468;
-  let mut secs = days * 86_400 + h * 3600 + mi * 60 + se;
-  // A zone offset such as +02:00 after the seconds (and any fraction).
-  let rest = &s[19..];
-  let rest = rest.trim_start_matches(|c: char| c == '.' || c.is_ascii_digit());
-  if let Some(off) = rest.strip_prefix(['+', '-']) {
-    let sign = if rest.starts_with('+') { -1 } else { 1 };
-    let oh = off.get(0..2)?.parse::<i64>().ok()?;
-    let om = off.get(3..5)?.parse::<i64>().ok()?;
-    secs += sign * (oh * 3600 + om * 60);
-  }
-  u64::try_from(secs).ok()
-}
 
 fn now_secs() -> u64 {
   SystemTime::now()
@@ -82,8 +42,8 @@ pub async fn reap(
     (
       "label".to_string(),
       vec![
-        format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
-        format!("{}={namespace}", ids::LABEL_NAMESPACE),
+        format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
+        format!("{}={namespace}", labels::LABEL_NAMESPACE),
       ],
     ),
     (
@@ -104,8 +64,8 @@ pub async fn reap(
     let Some(id) = c.id else { continue };
     let labels = c.labels.unwrap_or_default();
     // Belt and braces: the filter already says so, but never act on a container without both.
-    if labels.get(ids::LABEL_MANAGED_BY).map(String::as_str) != Some(ids::MANAGED_BY)
-      || labels.get(ids::LABEL_NAMESPACE).map(String::as_str) != Some(namespace)
+    if labels.get(labels::LABEL_MANAGED_BY).map(String::as_str) != Some(labels::MANAGED_BY)
+      || labels.get(labels::LABEL_NAMESPACE).map(String::as_str) != Some(namespace)
     {
       continue;
     }
@@ -122,14 +82,19 @@ pub async fn reap(
     let since = state
       .finished_at
       .as_deref()
-      .and_then(parse_time)
-      .or_else(|| info.created.as_deref().and_then(parse_time));
+      .and_then(crate::timestamps::parse_time)
+      .or_else(|| {
+        info
+          .created
+          .as_deref()
+          .and_then(crate::timestamps::parse_time)
+      });
     let Some(since) = since else { continue };
     if now.saturating_sub(since) < older_than.as_secs() {
       continue;
     }
     let sandbox_id = labels
-      .get(ids::LABEL_ID)
+      .get(labels::LABEL_ID)
       .cloned()
       .unwrap_or_else(|| id.clone());
     if !dry_run {
@@ -185,7 +150,7 @@ pub async fn reap_standalone(
 
 async fn reap_probes(engine: &Engine, now: u64) {
   let labels = vec![
-    format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
+    format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
     format!("{LABEL_PROBE}=1"),
   ];
   let Ok(list) = engine.list_labelled("list probe containers", labels).await else {
@@ -245,22 +210,4 @@ pub fn lease(engine: &Engine, namespace: &str, older_than: Duration, log: &Logge
     }
   });
   lease
-}
-
-#[cfg(test)]
-mod tests {
-  use super::*;
-
-  #[test]
-  fn times() {
-    assert_eq!(parse_time("1970-01-01T00:00:00Z"), Some(0));
-    assert_eq!(
-      parse_time("2026-12-31T23:59:59.123456789Z"),
-      Some(1_798_761_599)
-    );
-    assert_eq!(parse_time("2000-02-29T00:00:00Z"), Some(951_782_400));
-    assert_eq!(parse_time("2000-02-29T02:00:00+02:00"), Some(951_782_400));
-    assert_eq!(parse_time("0001-01-01T00:00:00Z"), None);
-    assert_eq!(parse_time("garbage"), None);
-  }
 }

@@ -382,8 +382,8 @@ pub async fn upload(
   // The same archive refreshes the activity file when it lands in the same tree: an upload is
   // activity for the idle timer.
   let activity = match root {
-    "/" => Some("trueforge/.activity"),
-    r if r == crate::layout::LAYOUT_ROOT => Some(".activity"),
+    "/" => Some(crate::layout::ACTIVITY_FILE.trim_start_matches('/')),
+    r if r == crate::layout::LAYOUT_ROOT => Some(crate::layout::ACTIVITY_NAME),
     _ => None,
   };
   let pad = (BLOCK - (size as usize % BLOCK)) % BLOCK;
@@ -465,7 +465,7 @@ async fn missing_parents(engine: &Engine, container: &str, path: &str) -> Result
 
 /// Records activity (the idle timer's clock) with one tiny archive write; best effort.
 pub async fn touch_activity(engine: &Engine, container: &str, owner: Option<(u32, u32)>) {
-  let Ok(mut tar) = entry_header(".activity", 0, 0o644, owner, false) else {
+  let Ok(mut tar) = entry_header(crate::layout::ACTIVITY_NAME, 0, 0o644, owner, false) else {
     return;
   };
   tar.extend_from_slice(&[0u8; 2 * BLOCK]);
@@ -507,7 +507,7 @@ pub async fn make_layout(
   }
   // The activity file is made here, owned by the exec user, so commands can refresh it even
   // when the layout root itself is not theirs.
-  let (root, entry) = extract_point(crate::lifecycle::ACTIVITY_FILE, read_only)?;
+  let (root, entry) = extract_point(crate::layout::ACTIVITY_FILE, read_only)?;
   let header = entry_header(&entry, 0, 0o644, owner, false)?;
   match groups.iter_mut().find(|(r, _)| *r == root) {
     Some((_, tar)) => tar.extend_from_slice(&header),
