@@ -150,7 +150,7 @@ impl Engine {
   /// Runs one idempotent control-plane request under `CONTROL_TIMEOUT`, mapping its error. A
   /// connection that broke before any answer (an engine restart drops pooled connections) is
   /// retried once on a fresh one.
-  pub async fn control<T, F, Fut>(&self, operation: &str, request: F) -> Result<T>
+  async fn control<T, F, Fut>(&self, operation: &str, request: F) -> Result<T>
   where
     F: Fn() -> Fut,
     Fut: Future<Output = std::result::Result<T, BollardError>>,
@@ -161,7 +161,7 @@ impl Engine {
   }
 
   /// `control` with a shorter limit (a caller's own deadline).
-  pub async fn control_within<T, F, Fut>(
+  async fn control_within<T, F, Fut>(
     &self,
     limit: Duration,
     operation: &str,
@@ -188,7 +188,7 @@ impl Engine {
   }
 
   /// Runs one request under `limit`, mapping its error.
-  pub async fn within<T>(
+  async fn within<T>(
     &self,
     limit: Duration,
     operation: &str,
