@@ -50,7 +50,7 @@ afterAll(async () => {
 test('disposing the last provider of an engine stops its background work', async () => {
   const namespace = uniqueNamespace('engst')
   namespaces.push(namespace)
-  const opts = { image: BUSYBOX, namespace, dockerHost: HOST, warmPool: 2, autoDeleteIntervalInMinutes: 60 }
+  const opts = { image: BUSYBOX, namespace, dockerHost: HOST, warmPool: { size: 2 }, autoDeleteIntervalInMinutes: 60 }
   const first = new DockerSandboxProvider(opts)
   const second = new DockerSandboxProvider(opts)
   providers.push(first, second)
@@ -60,6 +60,12 @@ test('disposing the last provider of an engine stops its background work', async
   const before = engineStats(HOST)!
   expect(before.providers).toBe(2)
   expect(before.backgroundTasks).toBeGreaterThanOrEqual(1)
+
+  // Disposed while the refill is making members: the create in progress is finished, not cut
+  // halfway, and nothing starts after it.
+  const deadline = Date.now() + 30_000
+  while (poolMembers(namespace).length === 0 && Date.now() < deadline) await sleep(100)
+  expect(poolMembers(namespace).length).toBeGreaterThan(0)
 
   await first.dispose()
   expect(engineStats(HOST)!.providers).toBe(1)
@@ -73,8 +79,10 @@ test('disposing the last provider of an engine stops its background work', async
   expect(after.reaperLeases).toBe(0)
   // Whatever the refill finished before the stop stays as it was: nothing is created later.
   const members = poolMembers(namespace).sort()
+  expect(members.length).toBeLessThanOrEqual(2)
   await sleep(4000)
   expect(poolMembers(namespace).sort()).toEqual(members)
+  for (const name of members) expect(docker(['inspect', '-f', '{{.State.Status}}', name])).toBe('running')
   expect(engineStats(HOST)!.backgroundTasks).toBe(0)
 })
 
@@ -89,7 +97,7 @@ test('per-container entries go with their containers after 1,000 execs over 50 s
       Array.from({ length: 50 }, (_, i) => i),
       4,
       async () => {
-        ids.push(await p.createSandbox())
+        ids.push((await p.createSandbox()).sandboxId)
       },
     )
     expect(ids).toHaveLength(50)
