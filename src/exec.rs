@@ -155,21 +155,23 @@ pub async fn run(
         e,
         SandboxError::EngineTimeout { .. } | SandboxError::EngineUnreachable { .. }
       ) {
-        // On dispose this is cancelled: the engine is not answering, and the command it may
-        // still start is bounded by the sandbox's own limits and idle stop.
+        // On dispose one last kill is tried within ENGINE_GRACE (dispose awaits it); a command
+        // that starts even later is left to the sandbox's own limits and idle stop.
         let (task_engine, container, token) =
           (engine.clone(), container.to_string(), token.clone());
-        engine.shared.background.spawn_cancellable(async move {
-          for _ in 0..2 {
-            let _ = kill_tree(
-              &task_engine,
-              &container,
-              None,
-              &token,
-              Duration::from_secs(600),
-            )
-            .await;
-            tokio::time::sleep(ENGINE_GRACE).await;
+        engine.shared.background.spawn(|stop| async move {
+          let engine = task_engine;
+          let killing = async {
+            for _ in 0..2 {
+              let _ = kill_tree(&engine, &container, None, &token, Duration::from_secs(600)).await;
+              tokio::time::sleep(ENGINE_GRACE).await;
+            }
+          };
+          tokio::select! {
+            _ = killing => {}
+            _ = stop.cancelled() => {
+              let _ = kill_tree(&engine, &container, None, &token, ENGINE_GRACE).await;
+            }
           }
         });
       }

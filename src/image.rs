@@ -639,10 +639,11 @@ fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
       _ = stop.cancelled() => None,
     };
     let Some(outcome) = finished else {
-      // Disposed: the work is dropped; its lease goes too (within the control deadline, which
-      // dispose awaits), so no other process waits on work nobody does.
+      // Disposed: the work is dropped; its lease goes too (dispose awaits it, for at most a
+      // few seconds), so no other process waits on work nobody does. A lease left behind by a
+      // hung engine stops beating and reads as dead after `imagework::STALE_AFTER`.
       if let Some(lease) = lease {
-        let _ = lease.release(&engine).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), lease.release(&engine)).await;
       }
       works(&engine).lock().expect("works").remove(&k);
       log.info(

@@ -555,8 +555,8 @@ async fn create_inner(
 /// Removes a half-made container in the background once the engine answers again: polls for up
 /// to ten minutes and, once the engine responds, keeps checking for half a minute more (a
 /// request it buffered while hung may land late). When the engine's last provider is disposed
-/// meanwhile, one last removal is tried (within the control deadline, which dispose awaits)
-/// and the rest is left to the reaper: the container carries our labels, so it is found.
+/// meanwhile, one last removal is tried (for at most `STOP_GRACE`, which dispose awaits) and
+/// the rest is left to the reaper: the container carries our labels, so it is found.
 fn remove_later(engine: &Engine, name_or_id: &str, log: &Logger) {
   let (task_engine, target, log) = (engine.clone(), name_or_id.to_string(), log.clone());
   engine.shared.background.spawn(|stop| async move {
@@ -579,7 +579,7 @@ fn remove_later(engine: &Engine, name_or_id: &str, log: &Logger) {
       tokio::select! {
         _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
         _ = stop.cancelled() => {
-          let _ = force_remove(&engine, &target).await;
+          let _ = tokio::time::timeout(STOP_GRACE, force_remove(&engine, &target)).await;
           return;
         }
       }
@@ -590,6 +590,10 @@ fn remove_later(engine: &Engine, name_or_id: &str, log: &Logger) {
     );
   });
 }
+
+/// How long a stopped clean-up still tries: dispose waits for it, so it stays short even when
+/// the engine does not answer.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The name a pool member carries until it is claimed.
 pub fn pool_name(final_name: &str) -> String {
