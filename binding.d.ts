@@ -46,11 +46,6 @@ export declare class NativeProvider {
    * resolves once that work has stopped. Never deletes sandboxes.
    */
   dispose(): Promise<void>
-  /**
-   * Counts of what this provider's engine holds (see `engineStats`); null before its first
-   * engine call.
-   */
-  engineStats(): NativeEngineStats | null
   /** Removes this namespace's sandboxes stopped for longer than the delete interval. */
   reapStale(): Promise<Array<string>>
   /** Starts filling the warm pool (a no-op without `warmPool`). */
@@ -76,8 +71,8 @@ export declare function describeEndpoint(dockerHost?: string | undefined | null)
 export declare function engineReport(options: NativeAdminOptions): Promise<any>
 
 /**
- * What the engine at `dockerHost` (default: as a provider without one picks it) holds in this
- * process; null when this process has not connected to it.
+ * What the engine at `dockerHost` (default: as a provider without one picks it; reached
+ * without TLS options) holds in this process; null when this process has not connected to it.
  */
 export declare function engineStats(dockerHost?: string | undefined | null): NativeEngineStats | null
 

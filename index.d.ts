@@ -277,7 +277,8 @@ export interface EngineStats {
 
 /**
  * What this process holds for the engine at `dockerHost` (default: as a provider without one
- * picks it); null when it has not connected to that engine.
+ * picks it; an engine reached with `tls` options is not found this way); null when the process
+ * has not connected to that engine.
  */
 export declare function engineStats(dockerHost?: string): EngineStats | null
 

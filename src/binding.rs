@@ -215,13 +215,6 @@ impl NativeProvider {
     self.inner.dispose().await
   }
 
-  /// Counts of what this provider's engine holds (see `engineStats`); null before its first
-  /// engine call.
-  #[napi]
-  pub fn engine_stats(&self) -> Option<NativeEngineStats> {
-    self.inner.engine_stats().map(Into::into)
-  }
-
   /// Removes this namespace's sandboxes stopped for longer than the delete interval.
   #[napi]
   pub async fn reap_stale(&self) -> napi::Result<Vec<String>> {
@@ -344,8 +337,8 @@ impl From<crate::shared::Stats> for NativeEngineStats {
   }
 }
 
-/// What the engine at `dockerHost` (default: as a provider without one picks it) holds in this
-/// process; null when this process has not connected to it.
+/// What the engine at `dockerHost` (default: as a provider without one picks it; reached
+/// without TLS options) holds in this process; null when this process has not connected to it.
 #[napi]
 pub fn engine_stats(docker_host: Option<String>) -> napi::Result<Option<NativeEngineStats>> {
   let endpoint = crate::client::effective_endpoint(docker_host.as_deref(), None).map_err(to_js)?;

@@ -43,9 +43,6 @@ pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Engine {
   docker: Docker,
   pub host: Arc<str>,
-  /// The connection's identity (address plus TLS identity, `Endpoint::key`): what caches and
-  /// process-wide maps key by, so two engines are never confused.
-  pub key: Arc<str>,
   /// The engine is Podman (its Docker-compatible API differs in places; see docs/podman.md).
   pub podman: bool,
   /// A TLS client certificate in use (TLS errors then say whether one was missing).
@@ -71,7 +68,8 @@ pub fn effective_endpoint(
   crate::endpoint::resolve(configured, tls, &crate::endpoint::ProcessEnv)
 }
 
-/// The shared engine for `endpoint`, connecting (and negotiating) on first use. A failed
+/// The shared engine for `endpoint` (one per connection identity, `Endpoint::key`, so state of
+/// two engines is never mixed), connecting (and negotiating) on first use. A failed
 /// attempt is not cached: the next call tries again, so an engine that comes back is picked up.
 pub async fn engine_for(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
   let slot = {
@@ -106,13 +104,11 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
   } else {
     return Err(unreachable("unsupported address".into()));
   };
-  let key: Arc<str> = endpoint.key().into();
   let client_cert = endpoint.tls.as_ref().is_some_and(|t| t.cert.is_some());
   let shared = Arc::new(EngineShared::default());
   let engine = Engine {
     docker: docker.clone(),
     host: host.into(),
-    key: key.clone(),
     podman: false,
     client_cert,
     control_timeout: limit,
@@ -138,7 +134,6 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
   Ok(Engine {
     docker: negotiated,
     host: host.into(),
-    key,
     podman,
     client_cert,
     control_timeout: CONTROL_TIMEOUT,

@@ -21,7 +21,7 @@ use crate::lifecycle::{self, Scope, Target};
 use crate::logging::Logger;
 use crate::pool;
 use crate::reaper;
-use crate::shared::{Hold, Stats};
+use crate::shared::Hold;
 use crate::transfer;
 
 /// How long `createSandbox()` waits for an absent image to be pulled or built.
@@ -86,11 +86,6 @@ impl Provider {
     if let Some(hold) = hold {
       hold.release().await;
     }
-  }
-
-  /// What the engine of this provider holds now; `None` before it first connected.
-  pub fn engine_stats(&self) -> Option<Stats> {
-    client::connected(&self.endpoint).map(|e| e.shared.stats())
   }
 
   pub fn config(&self) -> &ProviderConfig {
