@@ -337,7 +337,7 @@ pub async fn launch(
   let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
 
   // Writer: replies into the relay's stdin; closing the channel closes the stream. Both tasks
-  // end with the engine's background work: a dropped stream ends the relay in the sandbox.
+  // end with the engine's background work: a closed stream ends the relay in the sandbox.
   engine.shared.background.spawn_cancellable(async move {
     let mut input = input;
     while let Some(frame) = rx.recv().await {
@@ -356,7 +356,7 @@ pub async fn launch(
     let alive = alive.clone();
     let log = log.clone();
     let sandbox_id = target.sandbox_id.clone();
-    engine.shared.background.spawn_cancellable(async move {
+    engine.shared.background.spawn(|stop| async move {
       let mut why = "the stream closed".to_string();
       // Hands on every complete frame; false when the stream cannot be trusted any more.
       let drain = |decoder: &mut Decoder, why: &mut String| loop {
@@ -373,7 +373,15 @@ pub async fn launch(
       // Requests that came in the same chunk as READY are already in the decoder.
       let mut ok = drain(&mut decoder, &mut why);
       while ok {
-        let Some(item) = output.next().await else {
+        // A stop still ends the relay as a closed stream does, so its session sees it gone.
+        let next = tokio::select! {
+          next = output.next() => next,
+          _ = stop.cancelled() => {
+            why = "the engine's last provider was disposed".to_string();
+            break;
+          }
+        };
+        let Some(item) = next else {
           break;
         };
         match item {
