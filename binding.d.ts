@@ -41,8 +41,11 @@ export declare class NativeProvider {
   uploadFile(sandboxId: string, remotePath: string, content: Buffer): Promise<void>
   downloadFile(sandboxId: string, path: string): Promise<Buffer>
   removeSandbox(sandboxId: string): Promise<boolean>
-  /** Ends this instance's background work; never deletes sandboxes. */
-  dispose(): void
+  /**
+   * Ends this instance's background work (the engine's, when it is its last provider);
+   * resolves once that work has stopped. Never deletes sandboxes.
+   */
+  dispose(): Promise<void>
   /** Removes this namespace's sandboxes stopped for longer than the delete interval. */
   reapStale(): Promise<Array<string>>
   /** Starts filling the warm pool (a no-op without `warmPool`). */
@@ -66,6 +69,12 @@ export declare function describeEndpoint(dockerHost?: string | undefined | null)
  * `doctor`: `{ endpoint: { host, source, tls, verify, clientCert, describe }, version, info }`.
  */
 export declare function engineReport(options: NativeAdminOptions): Promise<any>
+
+/**
+ * What the engine at `dockerHost` (default: as a provider without one picks it; reached
+ * without TLS options) holds in this process; null when this process has not connected to it.
+ */
+export declare function engineStats(dockerHost?: string | undefined | null): NativeEngineStats | null
 
 /** This package's sandboxes (`admin::SandboxInfo` objects). */
 export declare function listSandboxes(options: NativeAdminOptions): Promise<any>
@@ -92,6 +101,28 @@ export interface NativeBuild {
 export interface NativeCodeModeClient {
   content: string
   remotePath: string
+}
+
+/** Counts of what one engine connection holds in this process, for tests and diagnostics. */
+export interface NativeEngineStats {
+  /** Providers that made a call on the engine and are not disposed. */
+  providers: number
+  /** Background tasks running (pool refills, image work, reapers, clean-ups …). */
+  backgroundTasks: number
+  /** Containers with a start in progress or waited for. */
+  startLocks: number
+  /** Images with a probe in progress or waited for. */
+  probeLocks: number
+  /** Containers cached as ours. */
+  cachedTargets: number
+  /** Images probed. */
+  probes: number
+  /** Pulls and builds remembered (running or failed). */
+  imageWorks: number
+  /** Warm-pool refills in flight. */
+  poolRefills: number
+  /** Namespaces with a live background reaper. */
+  reaperLeases: number
 }
 
 /** Parameters of one exec. */

@@ -840,6 +840,7 @@ module.exports.NativeProvider = nativeBinding.NativeProvider
 module.exports.codeModeClient = nativeBinding.codeModeClient
 module.exports.describeEndpoint = nativeBinding.describeEndpoint
 module.exports.engineReport = nativeBinding.engineReport
+module.exports.engineStats = nativeBinding.engineStats
 module.exports.listSandboxes = nativeBinding.listSandboxes
 module.exports.reapSandboxes = nativeBinding.reapSandboxes
 module.exports.removeSandboxes = nativeBinding.removeSandboxes

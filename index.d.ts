@@ -191,8 +191,11 @@ export declare class DockerSandboxProvider {
   reapStale(): Promise<{ removed: string[] }>
   /** Starts filling the warm pool now (a no-op without `warmPool`). */
   warmUp(): Promise<void>
-  /** Ends this instance's background work; never deletes sandboxes. */
-  dispose(): void
+  /**
+   * Ends this instance's background work (every background task on the engine when it is the
+   * engine's last provider); resolves once it has stopped. Never deletes sandboxes.
+   */
+  dispose(): Promise<void>
   /** A Code Mode transport for one turn: MCP tools callable from inside the sandbox. */
   createCodeModeTransport(): CodeModeTransport
 }
@@ -248,6 +251,35 @@ export declare class SandboxGpuError extends SandboxError {
   readonly holders: string[]
 }
 export declare const CONTRACT_ERROR_NAMES: readonly string[]
+
+/** Counts of what this process holds for one engine; for tests and diagnostics. */
+export interface EngineStats {
+  /** Providers that made a call on the engine and are not disposed. */
+  providers: number
+  /** Background tasks running (pool refills, image work, reapers, clean-ups …). */
+  backgroundTasks: number
+  /** Containers with a start in progress or waited for. */
+  startLocks: number
+  /** Images with a probe in progress or waited for. */
+  probeLocks: number
+  /** Containers cached as ours. */
+  cachedTargets: number
+  /** Images probed. */
+  probes: number
+  /** Pulls and builds remembered (running or failed). */
+  imageWorks: number
+  /** Warm-pool refills in flight. */
+  poolRefills: number
+  /** Namespaces with a live background reaper. */
+  reaperLeases: number
+}
+
+/**
+ * What this process holds for the engine at `dockerHost` (default: as a provider without one
+ * picks it; an engine reached with `tls` options is not found this way); null when the process
+ * has not connected to that engine.
+ */
+export declare function engineStats(dockerHost?: string): EngineStats | null
 
 /** Removes sandboxes of one namespace stopped for at least `olderThanMinutes` (default 7200), without a provider. */
 export declare function reapSandboxes(options?: {

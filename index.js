@@ -5,7 +5,7 @@
 // it is checked in validate.js, and the binding's coded errors become the contract's classes (the
 // host's own when injected) in errors.js.
 
-const { NativeProvider, reapSandboxes: nativeReap } = require('./loader.js')
+const { NativeProvider, reapSandboxes: nativeReap, engineStats: nativeEngineStats } = require('./loader.js')
 const {
   SandboxError,
   SandboxNotAvailableError,
@@ -163,9 +163,13 @@ class DockerSandboxProvider {
     await this.#call(() => this.#native.warmUp())
   }
 
-  /** Ends this instance's background work (the reaper it keeps alive). Never deletes sandboxes. */
+  /**
+   * Ends this instance's background work (the reaper it keeps alive; every background task on
+   * the engine when it is the engine's last provider). The promise resolves once that work has
+   * stopped; awaiting it is optional. Never deletes sandboxes.
+   */
   dispose() {
-    this.#native.dispose()
+    return this.#native.dispose()
   }
 
   /** A Code Mode transport for one turn: MCP tools callable from inside the sandbox. */
@@ -222,10 +226,19 @@ async function reapSandboxes(options = {}) {
   return { removed }
 }
 
+/**
+ * Counts of what this process holds for one engine (background tasks, lock and cache entries),
+ * for tests and diagnostics; null when the process has not connected to that engine.
+ */
+function engineStats(dockerHost) {
+  return nativeEngineStats(dockerHost ?? null)
+}
+
 // Listed name by name (not spread) so that ESM importers see every export statically.
 module.exports = {
   DockerSandboxProvider,
   reapSandboxes,
+  engineStats,
   fromTrueForgeManifest,
   SandboxError,
   SandboxNotAvailableError,

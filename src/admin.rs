@@ -6,14 +6,14 @@
 use std::collections::HashMap;
 
 use bollard::models::ContainerSummary;
-use bollard::query_parameters::{ContainerArchiveInfoOptions, ListContainersOptions};
 use serde::Serialize;
 
-use crate::client::{status_of, Engine};
-use crate::errors::Result;
-use crate::ids;
-use crate::lifecycle::{self, LABEL_POOL, LABEL_TENANT};
-use crate::reaper::parse_time;
+use crate::client::Engine;
+use crate::errors::{Result, SandboxError};
+use crate::labels;
+use crate::labels::{LABEL_POOL, LABEL_TENANT};
+use crate::lifecycle;
+use crate::timestamps::parse_time;
 
 /// One sandbox as `ls` shows it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -39,14 +39,14 @@ pub struct SandboxInfo {
 
 fn ours(c: &ContainerSummary, namespace: Option<&str>) -> Option<(String, String, String)> {
   let labels = c.labels.as_ref()?;
-  if labels.get(ids::LABEL_MANAGED_BY).map(String::as_str) != Some(ids::MANAGED_BY) {
+  if labels.get(labels::LABEL_MANAGED_BY).map(String::as_str) != Some(labels::MANAGED_BY) {
     return None;
   }
-  let ns = labels.get(ids::LABEL_NAMESPACE)?;
+  let ns = labels.get(labels::LABEL_NAMESPACE)?;
   if namespace.is_some_and(|n| n != ns) {
     return None;
   }
-  let id = labels.get(ids::LABEL_ID)?;
+  let id = labels.get(labels::LABEL_ID)?;
   let expected = lifecycle::name_for(ns, id).ok()?;
   let name = c
     .names
@@ -65,20 +65,17 @@ async fn list_raw(
   namespace: Option<&str>,
   size: bool,
 ) -> Result<Vec<ContainerSummary>> {
-  let mut label = vec![format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY)];
+  let mut label = vec![format!(
+    "{}={}",
+    labels::LABEL_MANAGED_BY,
+    labels::MANAGED_BY
+  )];
   if let Some(ns) = namespace {
-    label.push(format!("{}={ns}", ids::LABEL_NAMESPACE));
+    label.push(format!("{}={ns}", labels::LABEL_NAMESPACE));
   }
-  let opts = ListContainersOptions {
-    all: true,
-    size,
-    filters: Some(HashMap::from([("label".to_string(), label)])),
-    ..Default::default()
-  };
+  let filters = HashMap::from([("label".to_string(), label)]);
   engine
-    .control("list sandbox containers", || {
-      engine.docker.list_containers(Some(opts.clone()))
-    })
+    .list_containers("list sandbox containers", true, size, filters)
     .await
 }
 
@@ -92,19 +89,18 @@ pub async fn list(engine: &Engine, namespace: Option<&str>) -> Result<Vec<Sandbo
     };
     let labels = c.labels.clone().unwrap_or_default();
     let container = c.id.clone().unwrap_or_default();
-    let opts = ContainerArchiveInfoOptions {
-      path: lifecycle::ACTIVITY_FILE.to_string(),
-    };
+    // Any answer but a stat (the file or the container is gone, a stopped container on an
+    // engine that cannot stat those) means "unknown", not a failed listing.
     let last_activity = match engine
-      .control("stat the activity file", || {
-        engine
-          .docker
-          .get_container_archive_info(&container, Some(opts.clone()))
-      })
+      .archive_stat(
+        "stat the activity file",
+        &container,
+        crate::layout::ACTIVITY_FILE,
+      )
       .await
     {
-      Ok(s) => s.modification_time.as_deref().and_then(parse_time),
-      Err(e) if status_of(&e).is_some() => None,
+      Ok(s) => s.and_then(|s| s.modification_time.as_deref().and_then(parse_time)),
+      Err(SandboxError::Engine { .. }) => None,
       Err(e) => return Err(e),
     };
     out.push(SandboxInfo {
@@ -115,7 +111,7 @@ pub async fn list(engine: &Engine, namespace: Option<&str>) -> Result<Vec<Sandbo
         .map(|s| s.to_string())
         .unwrap_or_else(|| "unknown".into()),
       created: labels
-        .get(ids::LABEL_CREATED_AT)
+        .get(labels::LABEL_CREATED_AT)
         .and_then(|t| parse_time(t))
         .or(c.created.and_then(|t| u64::try_from(t).ok())),
       last_activity,

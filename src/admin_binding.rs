@@ -132,15 +132,11 @@ pub fn engine_report(
   promise(env, async move {
     let ep = endpoint_json(options.docker_host.as_deref())?;
     let e = engine(&options).await?;
-    let version = e
-      .control("read the engine version", || e.docker.version())
-      .await?;
-    let info = e
-      .control("read the engine info", || e.docker.info())
-      .await?;
+    let version = e.version().await?;
+    let info = e.info().await?;
     Ok(json!({
       "endpoint": ep,
-      "apiVersion": e.docker.client_version().to_string(),
+      "apiVersion": e.api_version(),
       "version": version,
       "info": info,
     }))

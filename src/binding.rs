@@ -254,10 +254,11 @@ impl NativeProvider {
     promise(env, async move { inner.remove_sandbox(&sandbox_id).await })
   }
 
-  /// Ends this instance's background work; never deletes sandboxes.
+  /// Ends this instance's background work (the engine's, when it is its last provider);
+  /// resolves once that work has stopped. Never deletes sandboxes.
   #[napi]
-  pub fn dispose(&self) {
-    self.inner.dispose()
+  pub async fn dispose(&self) {
+    self.inner.dispose().await
   }
 
   /// Removes this namespace's sandboxes stopped for longer than the delete interval.
@@ -332,33 +333,67 @@ pub fn reap_sandboxes(
   env: &Env,
   options: NativeReapOptions,
 ) -> napi::Result<PromiseRaw<'_, Vec<String>>> {
-  use crate::config;
   promise(env, async move {
-    let namespace = config::validate_namespace(
-      options
-        .namespace
-        .as_deref()
-        .unwrap_or(config::DEFAULT_NAMESPACE),
-    )?;
-    let host = options.docker_host.clone();
-    let minutes = options.older_than_minutes.map(Value::from);
-    let secs = config::minutes(
-      "olderThanMinutes",
-      minutes,
-      config::DEFAULT_AUTO_DELETE_MINUTES,
-    )?
-    .unwrap_or(0);
-    let endpoint = crate::client::effective_endpoint(host.as_deref(), None)?;
-    let engine = crate::client::engine_for(&endpoint, crate::client::CONTROL_TIMEOUT).await?;
-    crate::reaper::reap(
-      &engine,
-      &namespace,
-      std::time::Duration::from_secs(secs),
+    crate::reaper::reap_standalone(
+      options.namespace.as_deref(),
+      options.docker_host.as_deref(),
+      options.older_than_minutes,
       options.dry_run.unwrap_or(false),
-      &Logger::default(),
     )
     .await
   })
+}
+
+/// Counts of what one engine connection holds in this process, for tests and diagnostics.
+#[napi(object)]
+pub struct NativeEngineStats {
+  /// Providers that made a call on the engine and are not disposed.
+  pub providers: u32,
+  /// Background tasks running (pool refills, image work, reapers, clean-ups …).
+  pub background_tasks: u32,
+  /// Containers with a start in progress or waited for.
+  pub start_locks: u32,
+  /// Images with a probe in progress or waited for.
+  pub probe_locks: u32,
+  /// Containers cached as ours.
+  pub cached_targets: u32,
+  /// Images probed.
+  pub probes: u32,
+  /// Pulls and builds remembered (running or failed).
+  pub image_works: u32,
+  /// Warm-pool refills in flight.
+  pub pool_refills: u32,
+  /// Namespaces with a live background reaper.
+  pub reaper_leases: u32,
+}
+
+impl From<crate::shared::Stats> for NativeEngineStats {
+  fn from(s: crate::shared::Stats) -> Self {
+    let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    Self {
+      providers: n(s.providers),
+      background_tasks: n(s.background_tasks),
+      start_locks: n(s.start_locks),
+      probe_locks: n(s.probe_locks),
+      cached_targets: n(s.cached_targets),
+      probes: n(s.probes),
+      image_works: n(s.image_works),
+      pool_refills: n(s.pool_refills),
+      reaper_leases: n(s.reaper_leases),
+    }
+  }
+}
+
+/// What the engine at `dockerHost` (default: as a provider without one picks it; reached
+/// without TLS options) holds in this process; null when this process has not connected to it.
+#[napi]
+pub fn engine_stats(
+  env: &Env,
+  docker_host: Option<String>,
+) -> napi::Result<Option<NativeEngineStats>> {
+  let endpoint =
+    crate::client::effective_endpoint(docker_host.as_deref(), None).map_err(|e| to_js(env, e))?;
+  Ok(crate::client::connected(&endpoint).map(|e| e.shared.stats().into()))
 }
 
 /// One Code Mode transport's relay session (see `codemode::Session`).

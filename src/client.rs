@@ -1,38 +1,56 @@
 //! One bollard client per Docker host per process, created on first use with the API version
-//! negotiated once. Every engine call goes through `Engine`, which names the operation in its
-//! errors and bounds control-plane calls by a deadline so a hung engine cannot hang a caller.
+//! negotiated once, with the engine's shared state (`shared::EngineShared`). This is the only
+//! module that calls bollard: `Engine` offers one typed method per operation, which names the
+//! operation in its errors, turns "no such container" into a value where callers expect it, and
+//! bounds control-plane calls by a deadline so a hung engine cannot hang a caller.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use bollard::auth::DockerCredentials;
+use bollard::container::LogOutput;
+use bollard::container::PathStatResponse;
 use bollard::errors::Error as BollardError;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::models::{
+  BuildInfo, ContainerCreateBody, ContainerInspectResponse, ContainerSummary, CreateImageInfo,
+  ExecInspectResponse, ImageInspect, SystemInfo, SystemVersion,
+};
+use bollard::query_parameters::{
+  BuildImageOptions, ContainerArchiveInfoOptions, CreateContainerOptions, CreateImageOptions,
+  DownloadFromContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions,
+  RenameContainerOptions, RestartContainerOptions, UploadToContainerOptions,
+};
 use bollard::{Docker, API_DEFAULT_VERSION};
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
 use tokio::sync::OnceCell;
 
 use crate::endpoint::Endpoint;
 use crate::errors::{Result, SandboxError};
+use crate::shared::EngineShared;
 
 /// The socket used when neither `dockerHost` nor `DOCKER_HOST` nor a context says otherwise.
 pub const DEFAULT_DOCKER_HOST: &str = crate::endpoint::DEFAULT_DOCKER_HOST;
 /// Default deadline for one control-plane request (inspect, create, start, archive stat …).
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A connected engine: the client plus the address it was made for (for error messages).
+/// A connected engine: the client, the address it was made for (for error messages) and the
+/// state every provider on it shares. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
-  pub docker: Docker,
+  docker: Docker,
   pub host: Arc<str>,
-  /// The connection's identity (address plus TLS identity, `Endpoint::key`): what caches and
-  /// process-wide maps key by, so two engines are never confused.
-  pub key: Arc<str>,
   /// The engine is Podman (its Docker-compatible API differs in places; see docs/podman.md).
   pub podman: bool,
   /// A TLS client certificate in use (TLS errors then say whether one was missing).
   pub client_cert: bool,
   /// Deadline for one control-plane request; a provider sets its own (`engineTimeoutMs`).
   pub control_timeout: Duration,
+  /// Caches, locks and background tasks of this engine, shared by every clone.
+  pub shared: Arc<EngineShared>,
 }
 
 type Slot = Arc<OnceCell<Engine>>;
@@ -50,7 +68,8 @@ pub fn effective_endpoint(
   crate::endpoint::resolve(configured, tls, &crate::endpoint::ProcessEnv)
 }
 
-/// The shared engine for `endpoint`, connecting (and negotiating) on first use. A failed
+/// The shared engine for `endpoint` (one per connection identity, `Endpoint::key`, so state of
+/// two engines is never mixed), connecting (and negotiating) on first use. A failed
 /// attempt is not cached: the next call tries again, so an engine that comes back is picked up.
 pub async fn engine_for(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
   let slot = {
@@ -85,15 +104,15 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
   } else {
     return Err(unreachable("unsupported address".into()));
   };
-  let key: Arc<str> = endpoint.key().into();
   let client_cert = endpoint.tls.as_ref().is_some_and(|t| t.cert.is_some());
+  let shared = Arc::new(EngineShared::default());
   let engine = Engine {
     docker: docker.clone(),
     host: host.into(),
-    key: key.clone(),
     podman: false,
     client_cert,
     control_timeout: limit,
+    shared: shared.clone(),
   };
   let negotiated = engine
     .within(
@@ -115,10 +134,10 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
   Ok(Engine {
     docker: negotiated,
     host: host.into(),
-    key,
     podman,
     client_cert,
     control_timeout: CONTROL_TIMEOUT,
+    shared,
   })
 }
 
@@ -126,7 +145,7 @@ impl Engine {
   /// Runs one idempotent control-plane request under `CONTROL_TIMEOUT`, mapping its error. A
   /// connection that broke before any answer (an engine restart drops pooled connections) is
   /// retried once on a fresh one.
-  pub async fn control<T, F, Fut>(&self, operation: &str, request: F) -> Result<T>
+  async fn control<T, F, Fut>(&self, operation: &str, request: F) -> Result<T>
   where
     F: Fn() -> Fut,
     Fut: Future<Output = std::result::Result<T, BollardError>>,
@@ -137,7 +156,7 @@ impl Engine {
   }
 
   /// `control` with a shorter limit (a caller's own deadline).
-  pub async fn control_within<T, F, Fut>(
+  async fn control_within<T, F, Fut>(
     &self,
     limit: Duration,
     operation: &str,
@@ -164,7 +183,7 @@ impl Engine {
   }
 
   /// Runs one request under `limit`, mapping its error.
-  pub async fn within<T>(
+  async fn within<T>(
     &self,
     limit: Duration,
     operation: &str,
@@ -174,6 +193,18 @@ impl Engine {
       Ok(r) => r.map_err(|e| self.map_error(operation, e)),
       Err(_) => Err(self.timeout(operation, limit)),
     }
+  }
+
+  /// Runs several requests under one `limit` (their errors already mapped).
+  pub async fn bounded<T>(
+    &self,
+    limit: Duration,
+    operation: &str,
+    fut: impl Future<Output = Result<T>>,
+  ) -> Result<T> {
+    tokio::time::timeout(limit, fut)
+      .await
+      .unwrap_or_else(|_| Err(self.timeout(operation, limit)))
   }
 
   pub fn timeout(&self, operation: &str, limit: Duration) -> SandboxError {
@@ -212,9 +243,417 @@ impl Engine {
 }
 
 /// The HTTP status of an engine error, when the engine answered.
-pub fn status_of(e: &SandboxError) -> Option<u16> {
+fn status_of(e: &SandboxError) -> Option<u16> {
   match e {
     SandboxError::Engine { status, .. } => Some(*status),
     _ => None,
+  }
+}
+
+/// `Ok(None)` for the statuses listed, so callers match values, not errors.
+fn absent_on<T>(r: Result<T>, statuses: &[u16]) -> Result<Option<T>> {
+  match r {
+    Ok(v) => Ok(Some(v)),
+    Err(e) if status_of(&e).is_some_and(|s| statuses.contains(&s)) => Ok(None),
+    Err(e) => Err(e),
+  }
+}
+
+/// An upload's 404 (the directory, or the container, is missing) as `FileNotFound`.
+fn missing_dir(r: Result<()>, dir: String) -> Result<()> {
+  match r {
+    Err(e) if status_of(&e) == Some(404) => Err(SandboxError::FileNotFound { path: dir }),
+    other => other,
+  }
+}
+
+/// The engine already connected for `endpoint` in this process, if any (connects nothing).
+pub fn connected(endpoint: &Endpoint) -> Option<Engine> {
+  let reg = registry().lock().expect("engine registry poisoned");
+  reg
+    .get(&endpoint.key())
+    .and_then(|slot| slot.get().cloned())
+}
+
+/// Typed operations: each names itself in its errors and keeps the deadlines above. Creates,
+/// renames and starts of an exec are never retried, since a repeat could act twice.
+impl Engine {
+  /// The API version negotiated with the engine.
+  pub fn api_version(&self) -> String {
+    self.docker.client_version().to_string()
+  }
+
+  pub async fn version(&self) -> Result<SystemVersion> {
+    self
+      .control("read the engine version", || self.docker.version())
+      .await
+  }
+
+  pub async fn info(&self) -> Result<SystemInfo> {
+    self
+      .control("read the engine info", || self.docker.info())
+      .await
+  }
+
+  /// A container's inspect data; `None` when there is no such container.
+  pub async fn inspect_container(
+    &self,
+    operation: &str,
+    container: &str,
+  ) -> Result<Option<ContainerInspectResponse>> {
+    let r = self
+      .control(operation, || self.docker.inspect_container(container, None))
+      .await;
+    absent_on(r, &[404])
+  }
+
+  /// Creates a container (named when `name` is given); returns its id.
+  pub async fn create_container(
+    &self,
+    operation: &str,
+    name: Option<&str>,
+    body: ContainerCreateBody,
+  ) -> Result<String> {
+    let opts = name.map(|n| CreateContainerOptions {
+      name: Some(n.to_string()),
+      ..Default::default()
+    });
+    self
+      .within(
+        self.control_timeout,
+        operation,
+        self.docker.create_container(opts, body),
+      )
+      .await
+      .map(|c| c.id)
+  }
+
+  /// Creates a container under `name`; `None` when that name is taken.
+  pub async fn create_named(
+    &self,
+    operation: &str,
+    name: &str,
+    body: ContainerCreateBody,
+  ) -> Result<Option<String>> {
+    absent_on(
+      self.create_container(operation, Some(name), body).await,
+      &[409],
+    )
+  }
+
+  /// Starts a container; `false` when there is no such container.
+  pub async fn start_container(&self, operation: &str, container: &str) -> Result<bool> {
+    let r = self
+      .control(operation, || self.docker.start_container(container, None))
+      .await;
+    absent_on(r, &[404]).map(|r| r.is_some())
+  }
+
+  pub async fn unpause_container(&self, operation: &str, container: &str) -> Result<()> {
+    self
+      .control(operation, || self.docker.unpause_container(container))
+      .await
+  }
+
+  /// Restarts a container with `grace_secs` before the kill, within `limit`.
+  pub async fn restart_container(
+    &self,
+    container: &str,
+    grace_secs: i32,
+    limit: Duration,
+  ) -> Result<()> {
+    let opts = RestartContainerOptions {
+      t: Some(grace_secs),
+      ..Default::default()
+    };
+    self
+      .within(
+        limit,
+        "restart the sandbox",
+        self.docker.restart_container(container, Some(opts)),
+      )
+      .await
+  }
+
+  pub async fn rename_container(&self, operation: &str, container: &str, name: &str) -> Result<()> {
+    let opts = RenameContainerOptions {
+      name: name.to_string(),
+    };
+    self
+      .within(
+        self.control_timeout,
+        operation,
+        self.docker.rename_container(container, opts),
+      )
+      .await
+  }
+
+  /// Removes a container (and its anonymous volumes) whatever its state. `false` when it was
+  /// already gone or another removal of it is under way.
+  pub async fn force_remove(&self, container: &str) -> Result<bool> {
+    let opts = RemoveContainerOptions {
+      force: true,
+      v: true,
+      ..Default::default()
+    };
+    match self
+      .control("remove the sandbox container", || {
+        self.docker.remove_container(container, Some(opts.clone()))
+      })
+      .await
+    {
+      Ok(()) => Ok(true),
+      Err(e) if status_of(&e) == Some(404) => Ok(false),
+      Err(e) if status_of(&e) == Some(409) && e.to_string().contains("already in progress") => {
+        Ok(false)
+      }
+      Err(e) => Err(e),
+    }
+  }
+
+  /// Removes a stopped container (and its anonymous volumes). `false` when it is gone, or
+  /// running again: the engine refuses to remove a running container unforced.
+  pub async fn remove_stopped(&self, operation: &str, container: &str) -> Result<bool> {
+    let opts = RemoveContainerOptions {
+      force: false,
+      v: true,
+      ..Default::default()
+    };
+    let r = self
+      .control(operation, || {
+        self.docker.remove_container(container, Some(opts.clone()))
+      })
+      .await;
+    absent_on(r, &[404, 409]).map(|r| r.is_some())
+  }
+
+  /// Containers (stopped ones too with `all`) matching the engine's list `filters`.
+  pub async fn list_containers(
+    &self,
+    operation: &str,
+    all: bool,
+    size: bool,
+    filters: HashMap<String, Vec<String>>,
+  ) -> Result<Vec<ContainerSummary>> {
+    let opts = ListContainersOptions {
+      all,
+      size,
+      filters: Some(filters),
+      ..Default::default()
+    };
+    self
+      .control(operation, || {
+        self.docker.list_containers(Some(opts.clone()))
+      })
+      .await
+  }
+
+  /// Containers carrying every label in `labels` (`key=value` or just `key`), in any state.
+  pub async fn list_labelled(
+    &self,
+    operation: &str,
+    labels: Vec<String>,
+  ) -> Result<Vec<ContainerSummary>> {
+    let filters = HashMap::from([("label".to_string(), labels)]);
+    self.list_containers(operation, true, false, filters).await
+  }
+
+  /// A container's output so far (or, with `follow`, until it exits), as raw bytes.
+  pub fn logs(&self, container: &str, follow: bool) -> impl Stream<Item = Result<Bytes>> + '_ {
+    let opts = LogsOptions {
+      follow,
+      stdout: true,
+      stderr: true,
+      tail: "all".into(),
+      ..Default::default()
+    };
+    self.docker.logs(container, Some(opts)).map(|r| {
+      r.map(LogOutput::into_bytes)
+        .map_err(|e| self.map_error("read container logs", e))
+    })
+  }
+
+  /// Waits up to `limit` for a container to exit; whether it did.
+  pub async fn wait_exit(&self, container: &str, limit: Duration) -> bool {
+    let mut wait = self.docker.wait_container(container, None);
+    matches!(tokio::time::timeout(limit, wait.next()).await, Ok(Some(_)))
+  }
+
+  /// Creates an exec within `limit`; returns its id.
+  pub async fn create_exec(
+    &self,
+    operation: &str,
+    container: &str,
+    opts: CreateExecOptions<String>,
+    limit: Duration,
+  ) -> Result<String> {
+    self
+      .control_within(limit, operation, || {
+        self.docker.create_exec(container, opts.clone())
+      })
+      .await
+      .map(|c| c.id)
+  }
+
+  /// Starts an exec with its streams attached (`capacity`: the output buffer), within `limit`.
+  pub async fn start_exec(
+    &self,
+    operation: &str,
+    exec_id: &str,
+    capacity: Option<usize>,
+    limit: Duration,
+  ) -> Result<StartExecResults> {
+    let opts = StartExecOptions {
+      detach: false,
+      tty: false,
+      output_capacity: capacity,
+    };
+    self
+      .within(
+        limit,
+        operation,
+        self.docker.start_exec(exec_id, Some(opts)),
+      )
+      .await
+  }
+
+  pub async fn inspect_exec(
+    &self,
+    operation: &str,
+    exec_id: &str,
+    limit: Duration,
+  ) -> Result<ExecInspectResponse> {
+    self
+      .control_within(limit, operation, || self.docker.inspect_exec(exec_id))
+      .await
+  }
+
+  /// The archive stat of `path` in a container; `None` on 404 (the path or the container is
+  /// missing: the caller tells which).
+  pub async fn archive_stat(
+    &self,
+    operation: &str,
+    container: &str,
+    path: &str,
+  ) -> Result<Option<PathStatResponse>> {
+    let opts = ContainerArchiveInfoOptions {
+      path: path.to_string(),
+    };
+    let r = self
+      .control(operation, || {
+        self
+          .docker
+          .get_container_archive_info(container, Some(opts.clone()))
+      })
+      .await;
+    absent_on(r, &[404])
+  }
+
+  /// A tar of `path` in a container, streamed. A missing path (or container) arrives as the
+  /// stream's first item, `FileNotFound`.
+  pub fn download_tar(
+    &self,
+    operation: &'static str,
+    container: &str,
+    path: &str,
+  ) -> impl Stream<Item = Result<Bytes>> + '_ {
+    let opts = DownloadFromContainerOptions {
+      path: path.to_string(),
+    };
+    let path = path.to_string();
+    self
+      .docker
+      .download_from_container(container, Some(opts))
+      .map(move |r| {
+        r.map_err(|e| match self.map_error(operation, e) {
+          SandboxError::Engine { status: 404, .. } => {
+            SandboxError::FileNotFound { path: path.clone() }
+          }
+          other => other,
+        })
+      })
+  }
+
+  /// Extracts a tar held in memory into `opts.path`, within `limit`; with `retry`, a connection
+  /// that broke before any answer is retried once (extracting twice is harmless).
+  pub async fn upload_tar(
+    &self,
+    operation: &str,
+    container: &str,
+    opts: UploadToContainerOptions,
+    tar: Bytes,
+    limit: Duration,
+    retry: bool,
+  ) -> Result<()> {
+    let dir = opts.path.clone();
+    let request = || {
+      self.docker.upload_to_container(
+        container,
+        Some(opts.clone()),
+        bollard::body_full(tar.clone()),
+      )
+    };
+    let r = if retry {
+      self.control_within(limit, operation, request).await
+    } else {
+      self.within(limit, operation, request()).await
+    };
+    missing_dir(r, dir)
+  }
+
+  /// Extracts a streamed tar into `opts.path`, within `limit` (the whole body included).
+  pub async fn upload_tar_stream(
+    &self,
+    operation: &str,
+    container: &str,
+    opts: UploadToContainerOptions,
+    tar: impl Stream<Item = Bytes> + Send + 'static,
+    limit: Duration,
+  ) -> Result<()> {
+    let dir = opts.path.clone();
+    let r = self
+      .within(
+        limit,
+        operation,
+        self
+          .docker
+          .upload_to_container(container, Some(opts), bollard::body_stream(tar)),
+      )
+      .await;
+    missing_dir(r, dir)
+  }
+
+  /// An image's inspect data; `None` when the engine does not have it.
+  pub async fn inspect_image(&self, image: &str) -> Result<Option<ImageInspect>> {
+    let r = self
+      .control("inspect the image", || self.docker.inspect_image(image))
+      .await;
+    absent_on(r, &[404])
+  }
+
+  /// Pulls (or, with a `root_fs` tar, imports) an image; the engine's progress, streamed.
+  pub fn create_image(
+    &self,
+    operation: &'static str,
+    opts: CreateImageOptions,
+    root_fs: Option<Bytes>,
+    credentials: Option<DockerCredentials>,
+  ) -> impl Stream<Item = Result<CreateImageInfo>> + '_ {
+    self
+      .docker
+      .create_image(Some(opts), root_fs.map(bollard::body_full), credentials)
+      .map(move |r| r.map_err(|e| self.map_error(operation, e)))
+  }
+
+  /// Builds an image from a context tar; the engine's progress, streamed.
+  pub fn build_image(
+    &self,
+    opts: BuildImageOptions,
+    context: Bytes,
+  ) -> impl Stream<Item = Result<BuildInfo>> + '_ {
+    self
+      .docker
+      .build_image(opts, None, Some(bollard::body_full(context)))
+      .map(move |r| r.map_err(|e| self.map_error("build the image", e)))
   }
 }

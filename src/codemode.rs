@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::exec::{CreateExecOptions, StartExecResults};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::StreamExt;
 use rand::Rng;
@@ -170,18 +170,18 @@ impl Relay {
       ..Default::default()
     };
     let engine = &self.engine;
+    let limit = engine.control_timeout;
+    let kill = async {
+      let created = engine
+        .create_exec("kill the Code Mode relay", &self.container, opts, limit)
+        .await?;
+      engine
+        .start_exec("kill the Code Mode relay", &created, None, limit)
+        .await
+        .map(|_| ())
+    };
     let _ = engine
-      .control("kill the Code Mode relay", || async {
-        let created = engine
-          .docker
-          .create_exec(&self.container, opts.clone())
-          .await?;
-        engine
-          .docker
-          .start_exec(&created.id, None)
-          .await
-          .map(|_| ())
-      })
+      .bounded(limit, "kill the Code Mode relay", kill)
       .await;
     for _ in 0..20 {
       if !self.exec_running().await {
@@ -194,9 +194,11 @@ impl Relay {
   async fn exec_running(&self) -> bool {
     let engine = &self.engine;
     match engine
-      .control("inspect the Code Mode relay", || {
-        engine.docker.inspect_exec(&self.exec_id)
-      })
+      .inspect_exec(
+        "inspect the Code Mode relay",
+        &self.exec_id,
+        engine.control_timeout,
+      )
       .await
     {
       Ok(info) => info.running == Some(true),
@@ -212,6 +214,8 @@ impl Drop for Relay {
   }
 }
 
+/// Process-wide, not per engine: a generation names one relay to the JavaScript side, which
+/// sees relays of every engine through one callback, so numbers must never repeat across them.
 static GENERATION: AtomicU32 = AtomicU32::new(0);
 
 /// Uploads the relay and starts it in `target`, listening on `socket`. Returns once it
@@ -257,21 +261,20 @@ pub async fn launch(
     ..Default::default()
   };
   let created = engine
-    .control("create the Code Mode relay exec", || {
-      engine.docker.create_exec(container, opts.clone())
-    })
+    .create_exec(
+      "create the Code Mode relay exec",
+      container,
+      opts,
+      engine.control_timeout,
+    )
     .await
     .map_err(classify)?;
-  let start = StartExecOptions {
-    detach: false,
-    tty: false,
-    output_capacity: Some(1024 * 1024),
-  };
   let started = engine
-    .within(
-      engine.control_timeout,
+    .start_exec(
       "start the Code Mode relay",
-      engine.docker.start_exec(&created.id, Some(start)),
+      &created,
+      Some(1024 * 1024),
+      engine.control_timeout,
     )
     .await
     .map_err(classify)?;
@@ -333,8 +336,9 @@ pub async fn launch(
   let (ended_tx, ended_rx) = watch::channel(false);
   let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
 
-  // Writer: replies into the relay's stdin; closing the channel closes the stream.
-  tokio::spawn(async move {
+  // Writer: replies into the relay's stdin; closing the channel closes the stream. Both tasks
+  // end with the engine's background work: a closed stream ends the relay in the sandbox.
+  engine.shared.background.spawn_cancellable(async move {
     let mut input = input;
     while let Some(frame) = rx.recv().await {
       if input.write_all(&frame).await.is_err() {
@@ -352,7 +356,7 @@ pub async fn launch(
     let alive = alive.clone();
     let log = log.clone();
     let sandbox_id = target.sandbox_id.clone();
-    tokio::spawn(async move {
+    engine.shared.background.spawn(|stop| async move {
       let mut why = "the stream closed".to_string();
       // Hands on every complete frame; false when the stream cannot be trusted any more.
       let drain = |decoder: &mut Decoder, why: &mut String| loop {
@@ -369,7 +373,15 @@ pub async fn launch(
       // Requests that came in the same chunk as READY are already in the decoder.
       let mut ok = drain(&mut decoder, &mut why);
       while ok {
-        let Some(item) = output.next().await else {
+        // A stop still ends the relay as a closed stream does, so its session sees it gone.
+        let next = tokio::select! {
+          next = output.next() => next,
+          _ = stop.cancelled() => {
+            why = "the engine's last provider was disposed".to_string();
+            break;
+          }
+        };
+        let Some(item) = next else {
           break;
         };
         match item {
@@ -406,7 +418,7 @@ pub async fn launch(
     alive,
     ended: ended_rx,
     pid,
-    exec_id: created.id,
+    exec_id: created,
     container: container.to_string(),
     socket: socket.to_string(),
     engine: engine.clone(),

@@ -150,8 +150,7 @@ fn bad(option: &str, reason: impl Into<String>) -> SandboxError {
   }
 }
 
-/// Label keys we set ourselves; a user label may not shadow them.
-pub const LABEL_PREFIX: &str = "trueforge.sandbox.";
+pub use crate::labels::LABEL_PREFIX;
 
 impl ProviderConfig {
   /// Parses the options object given to the constructor (less `errors` and `logger`).

@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::exec::{CreateExecOptions, StartExecResults};
 use futures_util::{Stream, StreamExt};
 use rand::Rng;
 use tokio::io::AsyncWrite;
@@ -28,7 +28,7 @@ pub const EXEC_ID_VAR: &str = "TRUEFORGE_EXEC_ID";
 pub const ENGINE_GRACE: Duration = Duration::from_secs(5);
 
 /// $1 = working directory, $2 = command, $3 = token.
-const WRAPPER: &str = r#"exec 2>&1 </dev/null
+pub(crate) const WRAPPER: &str = r#"exec 2>&1 </dev/null
 printf '\036TFX%s:p:%s\036' "$3" "$$"
 : > /trueforge/.activity 2>/dev/null
 TRUEFORGE_EXEC_ID=$3; export TRUEFORGE_EXEC_ID
@@ -176,22 +176,11 @@ async fn start(
   let setup_end = Instant::now() + (req.timeout + ENGINE_GRACE).min(engine.control_timeout);
   let left = || setup_end.saturating_duration_since(Instant::now());
   let created = engine
-    .control_within(left(), "create an exec", || {
-      engine.docker.create_exec(container, opts.clone())
-    })
+    .create_exec("create an exec", container, opts, left())
     .await
     .map_err(classify_start)?;
-  let start = StartExecOptions {
-    detach: false,
-    tty: false,
-    output_capacity: Some(64 * 1024),
-  };
   let started = match engine
-    .within(
-      left(),
-      "start an exec",
-      engine.docker.start_exec(&created.id, Some(start)),
-    )
+    .start_exec("start an exec", &created, Some(64 * 1024), left())
     .await
   {
     Ok(s) => s,
@@ -202,11 +191,23 @@ async fn start(
         e,
         SandboxError::EngineTimeout { .. } | SandboxError::EngineUnreachable { .. }
       ) {
-        let (engine, container, token) = (engine.clone(), container.to_string(), token.to_string());
-        tokio::spawn(async move {
-          for _ in 0..2 {
-            let _ = kill_tree(&engine, &container, None, &token, Duration::from_secs(600)).await;
-            tokio::time::sleep(ENGINE_GRACE).await;
+        // On dispose one last kill is tried within ENGINE_GRACE (dispose awaits it); a command
+        // that starts even later is left to the sandbox's own limits and idle stop.
+        let (task_engine, container, token) =
+          (engine.clone(), container.to_string(), token.to_string());
+        engine.shared.background.spawn(|stop| async move {
+          let engine = task_engine;
+          let killing = async {
+            for _ in 0..2 {
+              let _ = kill_tree(&engine, &container, None, &token, Duration::from_secs(600)).await;
+              tokio::time::sleep(ENGINE_GRACE).await;
+            }
+          };
+          tokio::select! {
+            _ = killing => {}
+            _ = stop.cancelled() => {
+              let _ = kill_tree(&engine, &container, None, &token, ENGINE_GRACE).await;
+            }
           }
         });
       }
@@ -239,7 +240,7 @@ async fn start(
     }
   };
   Ok(Started {
-    exec_id: created.id,
+    exec_id: created,
     output,
     input,
     reader,
@@ -319,7 +320,7 @@ async fn kill_after_timeout(
   }
   // Out of processes (a fork bomb), the killer itself cannot start: restarting the container
   // is then the only way to kill everything. Files are kept.
-  if !left().is_zero() && restart(engine, container, left()).await {
+  if !left().is_zero() && crate::lifecycle::restart(engine, container, left()).await {
     return Ok(());
   }
   // Never claim a kill that did not happen.
@@ -390,9 +391,7 @@ fn classify_start(e: SandboxError) -> StartError {
 async fn exit_from_inspect(engine: &Engine, exec_id: &str) -> Result<i32> {
   for _ in 0..50 {
     let info = engine
-      .control_within(ENGINE_GRACE, "inspect an exec", || {
-        engine.docker.inspect_exec(exec_id)
-      })
+      .inspect_exec("inspect an exec", exec_id, ENGINE_GRACE)
       .await?;
     if info.running != Some(true) {
       return Ok(info.exit_code.unwrap_or(-1) as i32);
@@ -402,22 +401,6 @@ async fn exit_from_inspect(engine: &Engine, exec_id: &str) -> Result<i32> {
   Err(SandboxError::Internal(
     "the command's output ended but the engine still reports it running".into(),
   ))
-}
-
-/// Restarts a container (one second's grace): kills every process in it, keeps its files.
-pub async fn restart(engine: &Engine, container: &str, limit: Duration) -> bool {
-  let opts = bollard::query_parameters::RestartContainerOptions {
-    t: Some(1),
-    ..Default::default()
-  };
-  engine
-    .within(
-      limit,
-      "restart the sandbox",
-      engine.docker.restart_container(container, Some(opts)),
-    )
-    .await
-    .is_ok()
 }
 
 /// Kills the command's process group and every process carrying its token. Returns whether the
@@ -445,16 +428,19 @@ pub async fn kill_tree(
     ..Default::default()
   };
   let run = async {
-    let created = engine.docker.create_exec(container, opts).await?;
+    let created = engine
+      .create_exec("create the killer exec", container, opts, limit)
+      .await?;
     let mut text = Vec::new();
-    if let StartExecResults::Attached { mut output, .. } =
-      engine.docker.start_exec(&created.id, None).await?
+    if let StartExecResults::Attached { mut output, .. } = engine
+      .start_exec("start the killer exec", &created, None, limit)
+      .await?
     {
       while let Some(Ok(item)) = output.next().await {
         text.extend_from_slice(&item.into_bytes());
       }
     }
-    Ok::<_, bollard::errors::Error>(String::from_utf8_lossy(&text).contains("left=0"))
+    Ok::<_, SandboxError>(String::from_utf8_lossy(&text).contains("left=0"))
   };
   matches!(tokio::time::timeout(limit, run).await, Ok(Ok(true)))
 }

@@ -12,30 +12,24 @@
 //! broken by anyone once it is older than `LOCK_STALE` (its holder died).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bollard::models::{
   ContainerCreateBody, ContainerInspectResponse, ContainerSummaryStateEnum, DeviceRequest,
   HostConfig,
 };
-use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, LogsOptions};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use crate::client::{status_of, Engine};
+use crate::client::Engine;
 use crate::config::{Gpus, ProviderConfig};
 use crate::errors::{Result, SandboxError};
-use crate::ids;
+use crate::labels;
+use crate::labels::{LABEL_GPUS, LABEL_GPU_LOCK, LABEL_GPU_LOCK_AT};
 use crate::lifecycle::{self, Target};
 use crate::logging::Logger;
 
-/// The label recording an exclusive sandbox's GPUs, comma-separated.
-pub const LABEL_GPUS: &str = "trueforge.sandbox.gpus";
-/// The label marking the allocation lock; its value is the holder (`host:pid`).
-const LABEL_GPU_LOCK: &str = "trueforge.sandbox.gpu-lock";
-/// When the lock was taken, in milliseconds since the epoch (the holder's clock).
-const LABEL_GPU_LOCK_AT: &str = "trueforge.sandbox.gpu-lock-at";
 /// The lock's container name: one per engine.
 pub const LOCK_NAME: &str = "trueforge-gpu-lock";
 /// A lock older than this belongs to a holder that died. A holder keeps it for one container
@@ -132,18 +126,23 @@ pub fn needs_cdi(cfg: &ProviderConfig, picked: Option<&[String]>) -> bool {
   matches!(cfg.gpus, Some(Gpus::Cdi(_))) || picked.is_some_and(|p| p.iter().any(|d| is_cdi_name(d)))
 }
 
+/// Per-engine state (held in `shared::EngineShared`), each learnt once per engine.
+#[derive(Default)]
+pub struct State {
+  /// `Some(None)`: asked, and the engine is not Podman.
+  podman_version: Mutex<Option<Option<(u32, u32)>>>,
+  /// The GPUs exclusive allocation hands out, once discovered.
+  inventory: Mutex<Option<Vec<String>>>,
+}
+
 /// The engine's Podman version (major, minor) when it is Podman (its version lists a "Podman
 /// Engine" component), else `None`. Asked once per engine address per process.
 pub async fn podman_version(engine: &Engine) -> Result<Option<(u32, u32)>> {
-  type Versions = Mutex<HashMap<String, Option<(u32, u32)>>>;
-  static SEEN: OnceLock<Versions> = OnceLock::new();
-  let seen = SEEN.get_or_init(Default::default);
-  if let Some(p) = seen.lock().expect("seen").get(&*engine.host) {
-    return Ok(*p);
+  let seen = &engine.shared.gpu.podman_version;
+  if let Some(p) = *seen.lock().expect("seen") {
+    return Ok(p);
   }
-  let v = engine
-    .control("read the engine version", || engine.docker.version())
-    .await?;
+  let v = engine.version().await?;
   let podman = v
     .components
     .unwrap_or_default()
@@ -156,10 +155,7 @@ pub async fn podman_version(engine: &Engine) -> Result<Option<(u32, u32)>> {
         .map(|p| p.parse::<u32>().unwrap_or(0));
       (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
     });
-  seen
-    .lock()
-    .expect("seen")
-    .insert(engine.host.to_string(), podman);
+  *seen.lock().expect("seen") = Some(podman);
   Ok(podman)
 }
 
@@ -361,7 +357,7 @@ impl Lock {
         image: Some(image.clone()),
         cmd: Some(vec!["/lock".into()]),
         labels: Some(HashMap::from([
-          (ids::LABEL_MANAGED_BY.into(), ids::MANAGED_BY.into()),
+          (labels::LABEL_MANAGED_BY.into(), labels::MANAGED_BY.into()),
           (LABEL_GPU_LOCK.into(), holder()),
           (LABEL_GPU_LOCK_AT.into(), now_ms().to_string()),
         ])),
@@ -372,36 +368,22 @@ impl Lock {
         }),
         ..Default::default()
       };
-      let opts = CreateContainerOptions {
-        name: Some(LOCK_NAME.into()),
-        ..Default::default()
-      };
       // Not retried on a broken connection: a second create could find our own first one.
-      match engine
-        .within(
-          engine.control_timeout,
-          "create the GPU allocation lock",
-          engine.docker.create_container(Some(opts), body),
-        )
-        .await
+      if let Some(container_id) = engine
+        .create_named("create the GPU allocation lock", LOCK_NAME, body)
+        .await?
       {
-        Ok(c) => {
-          return Ok(Lock {
-            engine: engine.clone(),
-            container_id: c.id,
-          })
-        }
-        Err(e) if status_of(&e) == Some(409) => {}
-        Err(e) => return Err(e),
+        return Ok(Lock {
+          engine: engine.clone(),
+          container_id,
+        });
       }
       // Held: break it if its holder is gone, else wait.
       match engine
-        .control("inspect the GPU allocation lock", || {
-          engine.docker.inspect_container(LOCK_NAME, None)
-        })
-        .await
+        .inspect_container("inspect the GPU allocation lock", LOCK_NAME)
+        .await?
       {
-        Ok(info) => {
+        Some(info) => {
           let labels = info
             .config
             .as_ref()
@@ -428,8 +410,7 @@ impl Lock {
             give_up = Instant::now() + patience;
           }
         }
-        Err(e) if status_of(&e) == Some(404) => continue,
-        Err(e) => return Err(e),
+        None => continue,
       }
       if Instant::now() > give_up {
         return Err(SandboxError::Internal(format!(
@@ -461,19 +442,12 @@ pub async fn held(engine: &Engine) -> Result<BTreeMap<String, String>> {
   let filters = HashMap::from([(
     "label".to_string(),
     vec![
-      format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
+      format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
       LABEL_GPUS.to_string(),
     ],
   )]);
-  let opts = ListContainersOptions {
-    all: true,
-    filters: Some(filters),
-    ..Default::default()
-  };
   let list = engine
-    .control("list the sandboxes holding GPUs", || {
-      engine.docker.list_containers(Some(opts.clone()))
-    })
+    .list_containers("list the sandboxes holding GPUs", true, false, filters)
     .await?;
   let mut out = BTreeMap::new();
   for c in list {
@@ -489,7 +463,7 @@ pub async fn held(engine: &Engine) -> Result<BTreeMap<String, String>> {
     }
     let labels = c.labels.unwrap_or_default();
     let who = labels
-      .get(ids::LABEL_ID)
+      .get(labels::LABEL_ID)
       .cloned()
       .unwrap_or_else(|| c.id.clone().unwrap_or_default());
     for g in labels
@@ -551,9 +525,8 @@ pub async fn inventory(engine: &Engine, cfg: &ProviderConfig, image: &str) -> Re
   if !cfg.gpu_devices.is_empty() {
     return Ok(cfg.gpu_devices.clone());
   }
-  static FOUND: OnceLock<Mutex<HashMap<String, Vec<String>>>> = OnceLock::new();
-  let found = FOUND.get_or_init(Default::default);
-  if let Some(v) = found.lock().expect("found").get(&*engine.host) {
+  let found = &engine.shared.gpu.inventory;
+  if let Some(v) = found.lock().expect("found").as_ref() {
     return Ok(v.clone());
   }
   let mut devices = Vec::new();
@@ -575,10 +548,7 @@ pub async fn inventory(engine: &Engine, cfg: &ProviderConfig, image: &str) -> Re
       ),
     });
   }
-  found
-    .lock()
-    .expect("found")
-    .insert(engine.host.to_string(), devices.clone());
+  *found.lock().expect("found") = Some(devices.clone());
   Ok(devices)
 }
 
@@ -663,8 +633,8 @@ async fn nvidia_smi_in_container(engine: &Engine, image: &str) -> Result<(Vec<St
       "NVIDIA_DRIVER_CAPABILITIES={DRIVER_CAPABILITIES}"
     )]),
     labels: Some(HashMap::from([(
-      ids::LABEL_MANAGED_BY.to_string(),
-      ids::MANAGED_BY.to_string(),
+      labels::LABEL_MANAGED_BY.to_string(),
+      labels::MANAGED_BY.to_string(),
     )])),
     host_config: Some(HostConfig {
       device_requests: nvidia_requests(&Gpus::All),
@@ -673,14 +643,8 @@ async fn nvidia_smi_in_container(engine: &Engine, image: &str) -> Result<(Vec<St
     }),
     ..Default::default()
   };
-  let created = engine
-    .within(
-      engine.control_timeout,
-      "create the GPU discovery container",
-      engine
-        .docker
-        .create_container(None::<CreateContainerOptions>, body),
-    )
+  let id = engine
+    .create_container("create the GPU discovery container", None, body)
     .await
     .map_err(|e| match e {
       // The caller pulls or builds the image and tries again, as for a sandbox.
@@ -694,24 +658,16 @@ async fn nvidia_smi_in_container(engine: &Engine, image: &str) -> Result<(Vec<St
       },
       other => other,
     })?;
-  let id = created.id;
   let run = async {
     engine
-      .control("start the GPU discovery container", || {
-        engine.docker.start_container(&id, None)
-      })
+      .start_container("start the GPU discovery container", &id)
       .await?;
-    let opts = LogsOptions {
-      follow: true,
-      stdout: true,
-      stderr: true,
-      ..Default::default()
-    };
     let mut out = String::new();
-    let mut logs = engine.docker.logs(&id, Some(opts));
+    let logs = engine.logs(&id, true);
+    futures_util::pin_mut!(logs);
     let read = async {
       while let Some(Ok(chunk)) = logs.next().await {
-        out.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
+        out.push_str(&String::from_utf8_lossy(&chunk));
         if out.len() > 64 * 1024 {
           break;
         }

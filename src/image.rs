@@ -3,22 +3,23 @@
 //! `getImageBuildStatus()` only reads: the engine's images, the work this process has in flight,
 //! and its outcome. A ready image is probed once for what TrueForge's skill init needs.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, OnceLock};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bollard::auth::DockerCredentials;
 use bollard::models::{ContainerCreateBody, HostConfig, ImageInspect};
-use bollard::query_parameters::{BuildImageOptions, CreateImageOptions, LogsOptions};
+use bollard::query_parameters::{BuildImageOptions, CreateImageOptions};
 use futures_util::StreamExt;
 use serde_json::json;
 
-use crate::client::{status_of, Engine};
+use crate::client::Engine;
 use crate::config::{BuildSpec, ProviderConfig, RegistryCredential};
 use crate::context;
 use crate::errors::{Result, SandboxError};
-use crate::ids;
 use crate::imagework::{self, Acquired, Liveness, Record};
+use crate::labels;
+use crate::labels::LABEL_PROBE;
 use crate::logging::Logger;
 use crate::transfer;
 
@@ -56,9 +57,6 @@ pub struct ImageSource {
   pub build: Option<BuildSpec>,
   pub credentials: Option<DockerCredentials>,
 }
-
-/// The label on probe containers, so a crash mid-probe leaves nothing the reaper cannot find.
-pub const LABEL_PROBE: &str = "trueforge.sandbox.probe";
 
 #[derive(Debug, Clone, Default)]
 struct Progress {
@@ -100,13 +98,37 @@ enum Work {
   Failed(String),
 }
 
-fn works() -> &'static Mutex<HashMap<String, Work>> {
-  static W: OnceLock<Mutex<HashMap<String, Work>>> = OnceLock::new();
-  W.get_or_init(Default::default)
+/// Per-engine state (held in `shared::EngineShared`).
+#[derive(Default)]
+pub struct State {
+  /// Pulls and builds this process runs or ran, by image reference.
+  works: Mutex<HashMap<String, Work>>,
+  /// Probe results by image id (an image id never changes content).
+  probes: Mutex<HashMap<String, Probe>>,
+  /// One probe at a time per image id; entries go when the probe is done.
+  pub probe_locks: crate::shared::KeyedLocks<String>,
+  /// (reference, image id) pairs whose shortcomings were logged already.
+  warned: Mutex<HashSet<(String, String)>>,
 }
 
-fn key(engine: &Engine, image: &str) -> String {
-  format!("{}\n{image}", engine.key)
+impl State {
+  /// Pulls and builds remembered (running or failed).
+  pub fn works(&self) -> usize {
+    self.works.lock().expect("works").len()
+  }
+
+  /// Images probed.
+  pub fn probes(&self) -> usize {
+    self.probes.lock().expect("probes").len()
+  }
+}
+
+fn works(engine: &Engine) -> &Mutex<HashMap<String, Work>> {
+  &engine.shared.image.works
+}
+
+fn key(image: &str) -> String {
+  image.to_string()
 }
 
 /// Splits a reference into what the pull endpoint wants; a missing tag means `latest` (an
@@ -188,14 +210,7 @@ pub async fn source(cfg: &ProviderConfig) -> Result<ImageSource> {
 
 /// The image's inspect data when present; `None` when the engine does not have it.
 pub async fn present(engine: &Engine, image: &str) -> Result<Option<ImageInspect>> {
-  match engine
-    .control("inspect the image", || engine.docker.inspect_image(image))
-    .await
-  {
-    Ok(i) => Ok(Some(i)),
-    Err(e) if status_of(&e) == Some(404) => Ok(None),
-    Err(e) => Err(e),
-  }
+  engine.inspect_image(image).await
 }
 
 /// What the probe found in an image: for each tool its version (`""` when it is there but its
@@ -351,27 +366,14 @@ fn warning(image: &str, p: &Probe) -> Option<String> {
   (!parts.is_empty()).then(|| parts.join("; "))
 }
 
-fn probes() -> &'static Mutex<HashMap<String, Probe>> {
-  static P: OnceLock<Mutex<HashMap<String, Probe>>> = OnceLock::new();
-  P.get_or_init(Default::default)
-}
-
 /// Probes an image once per image id per process: a throwaway container (no network) runs a
 /// short script; `/bin/sh` is checked first through the archive stat, since without it nothing
 /// can run at all.
 pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe> {
   // One probe per image at a time: racing first reads wait for it instead of probing again.
-  static LOCKS: OnceLock<Mutex<HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>> =
-    OnceLock::new();
-  let lock = LOCKS
-    .get_or_init(Default::default)
-    .lock()
-    .expect("probe locks")
-    .entry(image_id.to_string())
-    .or_default()
-    .clone();
-  let _guard = lock.lock().await;
-  if let Some(p) = probes().lock().expect("probes").get(image_id) {
+  let state = &engine.shared.image;
+  let _guard = state.probe_locks.lock(image_id.to_string()).await;
+  if let Some(p) = state.probes.lock().expect("probes").get(image_id) {
     return Ok(p.clone());
   }
   let body = ContainerCreateBody {
@@ -379,8 +381,8 @@ pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe
     entrypoint: Some(vec!["/bin/sh".into(), "-c".into(), PROBE_SCRIPT.into()]),
     labels: Some(HashMap::from([
       (
-        ids::LABEL_MANAGED_BY.to_string(),
-        ids::MANAGED_BY.to_string(),
+        labels::LABEL_MANAGED_BY.to_string(),
+        labels::MANAGED_BY.to_string(),
       ),
       (LABEL_PROBE.to_string(), "1".to_string()),
     ])),
@@ -391,43 +393,29 @@ pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe
     }),
     ..Default::default()
   };
-  let created = engine
-    .within(
-      engine.control_timeout,
-      "create a probe container",
-      engine.docker.create_container(None, body),
-    )
+  let id = engine
+    .create_container("create a probe container", None, body)
     .await?;
-  let id = created.id;
   let run = async {
     let sh = transfer::stat(engine, &id, "/bin/sh").await?.is_some();
     if !sh {
       return Ok(Probe::default());
     }
-    engine
-      .control("start the probe", || {
-        engine.docker.start_container(&id, None)
-      })
-      .await?;
-    let mut wait = engine.docker.wait_container(&id, None);
-    let _ = tokio::time::timeout(Duration::from_secs(60), wait.next()).await;
-    let opts = LogsOptions {
-      stdout: true,
-      stderr: true,
-      tail: "all".into(),
-      ..Default::default()
-    };
-    let mut logs = engine.docker.logs(&id, Some(opts));
+    engine.start_container("start the probe", &id).await?;
+    engine.wait_exit(&id, Duration::from_secs(60)).await;
+    let logs = engine.logs(&id, false);
+    futures_util::pin_mut!(logs);
     let mut text = String::new();
     while let Some(Ok(chunk)) = logs.next().await {
-      text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
+      text.push_str(&String::from_utf8_lossy(&chunk));
     }
     Ok::<_, SandboxError>(parse_probe(&text))
   };
   let outcome = tokio::time::timeout(Duration::from_secs(90), run).await;
   let _ = crate::lifecycle::force_remove(engine, &id).await;
   let p = outcome.map_err(|_| engine.timeout("probe the image", Duration::from_secs(90)))??;
-  probes()
+  state
+    .probes
     .lock()
     .expect("probes")
     .insert(image_id.to_string(), p.clone());
@@ -492,12 +480,13 @@ async fn ready(
   // Ready means ready (`reason: null`): what the image lacks is a warning, in the metadata and
   // in the log (once per image per process, not on every poll of the settings page).
   if let Some(w) = warning(&src.reference, &p) {
-    static WARNED: OnceLock<Mutex<std::collections::HashSet<String>>> = OnceLock::new();
-    let first = WARNED
-      .get_or_init(Default::default)
+    let first = engine
+      .shared
+      .image
+      .warned
       .lock()
       .expect("warned")
-      .insert(format!("{}\n{id}", src.reference));
+      .insert((src.reference.clone(), id.clone()));
     if first {
       log.warn(
         &w,
@@ -528,10 +517,10 @@ pub async fn status(engine: &Engine, src: &ImageSource, log: &Logger) -> Result<
   if let Some(info) = present(engine, &src.reference).await? {
     return ready(engine, src, info, log).await;
   }
-  let work = works()
+  let work = works(engine)
     .lock()
     .expect("works")
-    .get(&key(engine, &src.reference))
+    .get(&key(&src.reference))
     .cloned();
   let what = if src.build.is_some() { "build" } else { "pull" };
   let build = |status, reason: String| Build {
@@ -599,9 +588,9 @@ pub async fn build(engine: &Engine, src: &ImageSource, log: &Logger) -> Result<B
 /// where the engine's lease is taken: when another process holds it, this one leaves the work
 /// to it and reports the lease.
 fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
-  let k = key(engine, &src.reference);
+  let k = key(&src.reference);
   let first = {
-    let mut w = works().lock().expect("works");
+    let mut w = works(engine).lock().expect("works");
     if matches!(w.get(&k), Some(Work::Pulling(_) | Work::Building(_))) {
       return;
     }
@@ -612,14 +601,15 @@ fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
     w.insert(k.clone(), first.clone());
     first
   };
-  let (engine, src, log) = (engine.clone(), src.clone(), log.clone());
-  tokio::spawn(async move {
+  let (task_engine, src, log) = (engine.clone(), src.clone(), log.clone());
+  engine.shared.background.spawn(|stop| async move {
+    let engine = task_engine;
     let what = if src.build.is_some() { "build" } else { "pull" };
     let progress = describe(&first, &src.reference);
     let lease = match imagework::acquire(&engine, &src.reference, what, progress).await {
       Ok(Acquired::Held(lease)) => Some(lease),
       Ok(Acquired::Elsewhere(seen)) => {
-        works().lock().expect("works").remove(&k);
+        works(&engine).lock().expect("works").remove(&k);
         log.info(
           &format!("image {what} already running in another server process"),
           json!({ "image": src.reference, "holder": seen.record.holder }),
@@ -644,7 +634,24 @@ fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
         None => pull(&engine, &src, &k, &log).await,
       }
     };
-    let outcome = with_heartbeat(&engine, lease.as_ref(), what, &k, &src.reference, work).await;
+    let finished = tokio::select! {
+      o = with_heartbeat(&engine, lease.as_ref(), what, &k, &src.reference, work) => Some(o),
+      _ = stop.cancelled() => None,
+    };
+    let Some(outcome) = finished else {
+      // Disposed: the work is dropped; its lease goes too (dispose awaits it, for at most a
+      // few seconds), so no other process waits on work nobody does. A lease left behind by a
+      // hung engine stops beating and reads as dead after `imagework::STALE_AFTER`.
+      if let Some(lease) = lease {
+        let _ = tokio::time::timeout(Duration::from_secs(5), lease.release(&engine)).await;
+      }
+      works(&engine).lock().expect("works").remove(&k);
+      log.info(
+        &format!("image {what} stopped: the provider was disposed"),
+        json!({ "image": src.reference }),
+      );
+      return;
+    };
     match &outcome {
       Ok(()) => {
         if let Some(lease) = lease {
@@ -667,7 +674,7 @@ fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
         );
       }
     }
-    let mut w = works().lock().expect("works");
+    let mut w = works(&engine).lock().expect("works");
     match outcome {
       Ok(()) => w.remove(&k),
       Err(reason) => w.insert(k, Work::Failed(reason)),
@@ -695,7 +702,7 @@ async fn with_heartbeat(
     tokio::select! {
       outcome = &mut work => return outcome,
       _ = tick.tick() => {
-        let current = works().lock().expect("works").get(k).cloned();
+        let current = works(engine).lock().expect("works").get(k).cloned();
         let progress = current.map(|w| describe(&w, image)).unwrap_or_default();
         // A missed beat is not fatal: the next one follows, and the work goes on regardless.
         let _ = lease.write(engine, &Record::running(what, progress)).await;
@@ -719,20 +726,20 @@ pub async fn ensure(
     "image absent; fetching it before creating the sandbox",
     json!({ "image": src.reference }),
   );
-  let k = key(engine, &src.reference);
+  let k = key(&src.reference);
   // A failure from an earlier attempt is retried once here.
   if matches!(
-    works().lock().expect("works").get(&k),
+    works(engine).lock().expect("works").get(&k),
     Some(Work::Failed(_))
   ) {
-    works().lock().expect("works").remove(&k);
+    works(engine).lock().expect("works").remove(&k);
   }
   start(engine, src, log);
   let deadline = Instant::now() + limit;
   let mut last_reason = String::new();
   let mut takeovers = 0;
   loop {
-    let work = works().lock().expect("works").get(&k).cloned();
+    let work = works(engine).lock().expect("works").get(&k).cloned();
     match work {
       None => {
         if present(engine, &src.reference).await?.is_some() {
@@ -797,7 +804,7 @@ pub async fn ensure(
       });
     }
     // Work elsewhere is followed through the engine: poll it less often than our own.
-    let elsewhere = works().lock().expect("works").get(&k).is_none();
+    let elsewhere = works(engine).lock().expect("works").get(&k).is_none();
     tokio::time::sleep(Duration::from_millis(if elsewhere { 1000 } else { 200 })).await;
   }
 }
@@ -848,10 +855,11 @@ async fn pull(
     }
     None => None,
   };
-  let mut stream = engine.docker.create_image(Some(opts), None, credentials);
+  let stream = engine.create_image("pull the image", opts, None, credentials);
+  futures_util::pin_mut!(stream);
   let mut last_log = Instant::now();
   while let Some(item) = next_or_stall(&mut stream, image).await? {
-    let info = item.map_err(|e| match engine.map_error("pull the image", e) {
+    let info = item.map_err(|e| match e {
       SandboxError::Engine { detail, .. } => format!("pulling {image} failed: {detail}"),
       other => other.to_string(),
     })?;
@@ -875,7 +883,7 @@ async fn pull(
       .any(|p| st.starts_with(p))
     };
     if let (Some(id), Some(status)) = (info.id, info.status.filter(|s| is_layer(s))) {
-      let mut w = works().lock().expect("works");
+      let mut w = works(engine).lock().expect("works");
       if let Some(Work::Pulling(p)) = w.get_mut(k) {
         let entry = p.layers.entry(id).or_insert((0, 0, false));
         if let Some(d) = info.progress_detail {
@@ -931,21 +939,19 @@ async fn run_build(
     forcerm: true,
     buildargs: Some(context::build_args(spec)),
     labels: Some(HashMap::from([(
-      ids::LABEL_MANAGED_BY.to_string(),
-      ids::MANAGED_BY.to_string(),
+      labels::LABEL_MANAGED_BY.to_string(),
+      labels::MANAGED_BY.to_string(),
     )])),
     ..Default::default()
   };
-  let mut stream =
-    engine
-      .docker
-      .build_image(opts, None, Some(bollard::body_full(prepared.tar.into())));
+  let stream = engine.build_image(opts, prepared.tar.into());
+  futures_util::pin_mut!(stream);
   let mut log_lines: Vec<String> = Vec::new();
   while let Some(item) = next_or_stall(&mut stream, tag).await? {
     let info = match item {
       Ok(i) => i,
       Err(e) => {
-        let detail = match engine.map_error("build the image", e) {
+        let detail = match e {
           SandboxError::Engine { detail, .. } => detail,
           other => other.to_string(),
         };
@@ -959,7 +965,7 @@ async fn run_build(
     if let Some(line) = info.stream {
       if let Some(step) = line.lines().find(|l| l.starts_with("Step ")) {
         let step = step.split(" : ").next().unwrap_or(step).to_string();
-        let mut w = works().lock().expect("works");
+        let mut w = works(engine).lock().expect("works");
         if let Some(Work::Building(s)) = w.get_mut(k) {
           *s = format!("building {tag}: {step}");
         }

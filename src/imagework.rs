@@ -13,20 +13,16 @@ use std::io::Read;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters::{
-  CreateContainerOptions, CreateImageOptions, DownloadFromContainerOptions, ListContainersOptions,
-  UploadToContainerOptions,
-};
+use bollard::query_parameters::{CreateImageOptions, UploadToContainerOptions};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::client::{status_of, Engine};
+use crate::client::Engine;
 use crate::errors::{Result, SandboxError};
-use crate::ids;
+use crate::labels;
+use crate::labels::LABEL_IMAGEWORK;
 
-/// The label a lease carries; its value is the image reference the work is for.
-pub const LABEL_IMAGEWORK: &str = "trueforge.sandbox.imagework";
 /// How often a holder rewrites its record.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
 /// A running record older than this belongs to a holder that died (crash, restart, SIGKILL).
@@ -182,24 +178,23 @@ pub(crate) async fn ensure_lease_image(engine: &Engine) -> Result<()> {
     tag: Some(LEASE_IMAGE_TAG.into()),
     ..Default::default()
   };
+  let operation = "import the image-work lease image";
   let import = async {
-    let mut stream =
-      engine
-        .docker
-        .create_image(Some(opts), Some(bollard::body_full(tar.into())), None);
+    let stream = engine.create_image(operation, opts, Some(tar.into()), None);
+    futures_util::pin_mut!(stream);
     while let Some(item) = stream.next().await {
-      let info = item?;
-      if let Some(message) = info.error_detail.and_then(|d| d.message) {
-        return Err(bollard::errors::Error::DockerResponseServerError {
-          status_code: 500,
-          message,
+      if let Some(detail) = item?.error_detail.and_then(|d| d.message) {
+        return Err(SandboxError::Engine {
+          operation: operation.to_string(),
+          status: 500,
+          detail,
         });
       }
     }
     Ok(())
   };
   engine
-    .within(
+    .bounded(
       engine.control_timeout,
       "import the image-work lease image",
       import,
@@ -224,8 +219,8 @@ pub async fn acquire(
       cmd: Some(vec!["/lease".into()]),
       labels: Some(HashMap::from([
         (
-          ids::LABEL_MANAGED_BY.to_string(),
-          ids::MANAGED_BY.to_string(),
+          labels::LABEL_MANAGED_BY.to_string(),
+          labels::MANAGED_BY.to_string(),
         ),
         (LABEL_IMAGEWORK.to_string(), image.to_string()),
       ])),
@@ -236,32 +231,23 @@ pub async fn acquire(
       }),
       ..Default::default()
     };
-    let opts = CreateContainerOptions {
-      name: Some(name.clone()),
-      ..Default::default()
-    };
     // Not retried on a broken connection: a second create could find our own first one.
     let created = engine
-      .within(
-        engine.control_timeout,
-        "create the image-work lease",
-        engine.docker.create_container(Some(opts), body),
-      )
-      .await;
+      .create_named("create the image-work lease", &name, body)
+      .await?;
     match created {
-      Ok(c) => {
-        let lease = Lease { container_id: c.id };
+      Some(container_id) => {
+        let lease = Lease { container_id };
         lease
           .write(engine, &Record::running(kind, progress))
           .await?;
         return Ok(Acquired::Held(lease));
       }
-      Err(e) if status_of(&e) == Some(409) => match observe(engine, image).await? {
+      None => match observe(engine, image).await? {
         Some(seen) if seen.liveness() == Liveness::Alive => return Ok(Acquired::Elsewhere(seen)),
         Some(seen) => remove(engine, &seen.container_id).await?,
         None => {}
       },
-      Err(e) => return Err(e),
     }
   }
   Err(SandboxError::Internal(format!(
@@ -270,26 +256,18 @@ pub async fn acquire(
 }
 
 async fn remove(engine: &Engine, container_id: &str) -> Result<()> {
-  match crate::lifecycle::force_remove(engine, container_id).await {
-    Ok(_) => Ok(()),
-    Err(e) if matches!(status_of(&e), Some(404 | 409)) => Ok(()),
-    Err(e) => Err(e),
-  }
+  engine.force_remove(container_id).await.map(|_| ())
 }
 
 /// Reads the lease for `image`, if any. A lease whose record is not written yet (it was created
 /// a moment ago) counts as running since its creation.
 pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
   let name = lease_name(image);
-  let info = match engine
-    .control("inspect the image-work lease", || {
-      engine.docker.inspect_container(&name, None)
-    })
-    .await
-  {
-    Ok(i) => i,
-    Err(e) if status_of(&e) == Some(404) => return Ok(None),
-    Err(e) => return Err(e),
+  let Some(info) = engine
+    .inspect_container("inspect the image-work lease", &name)
+    .await?
+  else {
+    return Ok(None);
   };
   let labels = info
     .config
@@ -297,7 +275,7 @@ pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
     .and_then(|c| c.labels.clone())
     .unwrap_or_default();
   // A container of that name that is not our lease for this image is nobody's lease.
-  if labels.get(ids::LABEL_MANAGED_BY).map(String::as_str) != Some(ids::MANAGED_BY)
+  if labels.get(labels::LABEL_MANAGED_BY).map(String::as_str) != Some(labels::MANAGED_BY)
     || labels.get(LABEL_IMAGEWORK).map(String::as_str) != Some(image)
   {
     return Ok(None);
@@ -308,7 +286,7 @@ pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
   let created_ms = info
     .created
     .as_deref()
-    .and_then(crate::reaper::parse_time)
+    .and_then(crate::timestamps::parse_time)
     .map(|s| s * 1000)
     .unwrap_or_else(now_ms);
   let record = match read_record(engine, &container_id).await {
@@ -317,7 +295,8 @@ pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
       beat_ms: created_ms,
       ..Record::running("pull", String::new())
     },
-    Err(e) if status_of(&e) == Some(404) => return Ok(None),
+    // Removed since the inspect: the lease is gone.
+    Err(SandboxError::FileNotFound { .. }) => return Ok(None),
     Err(e) => return Err(e),
   };
   Ok(Some(Observed {
@@ -327,13 +306,10 @@ pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
 }
 
 async fn read_record(engine: &Engine, container_id: &str) -> Result<Option<Record>> {
-  let opts = DownloadFromContainerOptions {
-    path: format!("/{RECORD_FILE}"),
-  };
+  let path = format!("/{RECORD_FILE}");
   let fetch = async {
-    let mut stream = engine
-      .docker
-      .download_from_container(container_id, Some(opts));
+    let stream = engine.download_tar("read the image-work lease", container_id, &path);
+    futures_util::pin_mut!(stream);
     let mut bytes = Vec::new();
     while let Some(chunk) = stream.next().await {
       bytes.extend_from_slice(&chunk?);
@@ -344,7 +320,7 @@ async fn read_record(engine: &Engine, container_id: &str) -> Result<Option<Recor
     Ok(bytes)
   };
   let tar = engine
-    .within(engine.control_timeout, "read the image-work lease", fetch)
+    .bounded(engine.control_timeout, "read the image-work lease", fetch)
     .await?;
   let mut archive = tar::Archive::new(tar.as_slice());
   let Ok(mut entries) = archive.entries() else {
@@ -374,14 +350,13 @@ impl Lease {
       ..Default::default()
     };
     engine
-      .within(
-        engine.control_timeout,
+      .upload_tar(
         "write the image-work lease",
-        engine.docker.upload_to_container(
-          &self.container_id,
-          Some(opts),
-          bollard::body_full(tar.into()),
-        ),
+        &self.container_id,
+        opts,
+        tar.into(),
+        engine.control_timeout,
+        false,
       )
       .await
   }
@@ -395,22 +370,12 @@ impl Lease {
 /// Removes leases that are dead or failed and were last written over an hour ago: nobody is
 /// waiting on them any more, and a failed one has long been reported.
 pub async fn reap_forgotten(engine: &Engine) -> Result<usize> {
-  let filters = HashMap::from([(
-    "label".to_string(),
-    vec![
-      format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
-      LABEL_IMAGEWORK.to_string(),
-    ],
-  )]);
-  let opts = ListContainersOptions {
-    all: true,
-    filters: Some(filters),
-    ..Default::default()
-  };
+  let labels = vec![
+    format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
+    LABEL_IMAGEWORK.to_string(),
+  ];
   let list = engine
-    .control("list image-work leases", || {
-      engine.docker.list_containers(Some(opts.clone()))
-    })
+    .list_labelled("list image-work leases", labels)
     .await?;
   let mut removed = 0;
   for c in list {

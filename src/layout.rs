@@ -12,6 +12,12 @@ pub const TOOL_RESULTS_DIR: &str = "/trueforge/tool-results";
 pub const BIN_DIR: &str = "/trueforge/bin";
 pub const GIT_DOWNLOADER_PATH: &str = "/trueforge/bin/git_downloader.py";
 pub const GIT_CREDENTIALS_PATH: &str = "/trueforge/.git-credentials";
+/// The activity file's name in `LAYOUT_ROOT`: its mtime is the idle timer's clock (touched by
+/// every exec, upload and download).
+pub const ACTIVITY_NAME: &str = ".activity";
+/// Where activity is recorded inside the container. The init and exec scripts spell it out
+/// (they are string constants); tests check they agree.
+pub const ACTIVITY_FILE: &str = "/trueforge/.activity";
 
 /// Directories made at create time (relative to `/`, as tar entries want them).
 pub const LAYOUT_DIRS: [&str; 5] = [
@@ -109,6 +115,13 @@ mod tests {
   use super::*;
 
   const ROOT: &str = "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV";
+
+  #[test]
+  fn the_scripts_record_activity_where_the_layout_says() {
+    assert_eq!(ACTIVITY_FILE, format!("{LAYOUT_ROOT}/{ACTIVITY_NAME}"));
+    assert!(crate::lifecycle::INIT_SCRIPT.contains(&format!("act={ACTIVITY_FILE}\n")));
+    assert!(crate::exec::WRAPPER.contains(&format!(": > {ACTIVITY_FILE} ")));
+  }
 
   #[test]
   fn relative_and_absolute() {

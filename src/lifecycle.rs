@@ -3,16 +3,17 @@
 //! name derives from the id and its labels (managed-by, namespace, id) match.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Mutex;
 
 use bollard::models::{ContainerCreateBody, ContainerInspectResponse, DeviceRequest, HostConfig};
-use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
 use serde_json::json;
 
-use crate::client::{status_of, Engine};
+use crate::client::Engine;
 use crate::config::{Gpus, ProviderConfig};
 use crate::errors::{Result, SandboxError};
 use crate::ids;
+use crate::labels;
+use crate::labels::{LABEL_POOL, LABEL_TENANT};
 use crate::layout;
 use crate::logging::Logger;
 use crate::transfer;
@@ -36,13 +37,6 @@ while :; do
 done
 "#;
 
-/// Where activity is recorded inside the container.
-pub const ACTIVITY_FILE: &str = "/trueforge/.activity";
-/// The label naming the tenant a sandbox belongs to.
-pub const LABEL_TENANT: &str = "trueforge.sandbox.tenant";
-/// The label marking a warm-pool member (its value: the configuration's fingerprint).
-pub const LABEL_POOL: &str = "trueforge.sandbox.pool";
-
 /// A sandbox container we verified as ours.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -55,29 +49,46 @@ pub struct Target {
   pub tenant: Option<String>,
 }
 
-fn cache() -> &'static Mutex<HashMap<String, Target>> {
-  static C: OnceLock<Mutex<HashMap<String, Target>>> = OnceLock::new();
-  C.get_or_init(|| Mutex::new(HashMap::new()))
+/// Per-engine state (held in `shared::EngineShared`).
+#[derive(Default)]
+pub struct State {
+  /// Containers verified as ours, by container name.
+  targets: Mutex<HashMap<String, Target>>,
+  /// One start at a time per container id; entries go when the start is done.
+  pub start_locks: crate::shared::KeyedLocks<String>,
 }
 
-fn cache_key(engine: &Engine, name: &str) -> String {
-  format!("{}\n{name}", engine.key)
+impl State {
+  /// Containers cached as ours.
+  pub fn cached(&self) -> usize {
+    self.targets.lock().expect("targets").len()
+  }
+
+  fn get(&self, name: &str) -> Option<Target> {
+    self.targets.lock().expect("targets").get(name).cloned()
+  }
 }
 
 /// Records a container as ours (a claimed pool member).
 pub fn remember(engine: &Engine, target: &Target) {
-  cache()
+  engine
+    .shared
+    .lifecycle
+    .targets
     .lock()
-    .expect("cache")
-    .insert(cache_key(engine, &target.name), target.clone());
+    .expect("targets")
+    .insert(target.name.clone(), target.clone());
 }
 
 /// Forgets a container (it was removed, or its id 404s): the next call looks it up again.
 pub fn forget(engine: &Engine, name: &str) {
-  cache()
+  engine
+    .shared
+    .lifecycle
+    .targets
     .lock()
-    .expect("cache")
-    .remove(&cache_key(engine, name));
+    .expect("targets")
+    .remove(name);
 }
 
 fn not_available(sandbox_id: &str) -> SandboxError {
@@ -119,33 +130,25 @@ pub fn is_ours(
   let labels = info.config.as_ref().and_then(|c| c.labels.as_ref());
   let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
   info.name.as_deref() == Some(&format!("/{name}"))
-    && label(ids::LABEL_MANAGED_BY) == Some(ids::MANAGED_BY)
-    && label(ids::LABEL_NAMESPACE) == Some(scope.namespace.as_str())
-    && label(ids::LABEL_ID) == Some(sandbox_id)
+    && label(labels::LABEL_MANAGED_BY) == Some(labels::MANAGED_BY)
+    && label(labels::LABEL_NAMESPACE) == Some(scope.namespace.as_str())
+    && label(labels::LABEL_ID) == Some(sandbox_id)
     && label(LABEL_TENANT) == scope.tenant.as_deref()
 }
 
 /// Finds our container for `sandbox_id`, from the process cache or one inspect.
 pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result<Target> {
   let name = name_for(&scope.namespace, sandbox_id)?;
-  if let Some(t) = cache()
-    .lock()
-    .expect("cache")
-    .get(&cache_key(engine, &name))
-  {
+  if let Some(t) = engine.shared.lifecycle.get(&name) {
     if t.tenant == scope.tenant {
-      return Ok(t.clone());
+      return Ok(t);
     }
   }
-  let info = match engine
-    .control("inspect the sandbox container", || {
-      engine.docker.inspect_container(&name, None)
-    })
-    .await
-  {
-    Ok(i) => i,
-    Err(e) if status_of(&e) == Some(404) => return Err(not_available(sandbox_id)),
-    Err(e) => return Err(e),
+  let Some(info) = engine
+    .inspect_container("inspect the sandbox container", &name)
+    .await?
+  else {
+    return Err(not_available(sandbox_id));
   };
   if !is_ours(&info, &name, scope, sandbox_id) {
     return Err(not_available(sandbox_id));
@@ -167,10 +170,7 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
     owner,
     tenant: scope.tenant.clone(),
   };
-  cache()
-    .lock()
-    .expect("cache")
-    .insert(cache_key(engine, &name), t.clone());
+  remember(engine, &t);
   Ok(t)
 }
 
@@ -178,44 +178,32 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
 /// container after a 404).
 pub async fn still_exists(engine: &Engine, scope: &Scope, target: &Target) -> Result<bool> {
   match engine
-    .control("inspect the sandbox container", || {
-      engine.docker.inspect_container(&target.container_id, None)
-    })
-    .await
+    .inspect_container("inspect the sandbox container", &target.container_id)
+    .await?
   {
-    Ok(info) => Ok(is_ours(&info, &target.name, scope, &target.sandbox_id)),
-    Err(e) if status_of(&e) == Some(404) => {
+    Some(info) => Ok(is_ours(&info, &target.name, scope, &target.sandbox_id)),
+    None => {
       forget(engine, &target.name);
       Ok(false)
     }
-    Err(e) => Err(e),
   }
 }
 
 /// Starts a stopped container. Concurrent callers in this process share one start; other
 /// processes racing us get the engine's "already started", which is success too.
 pub async fn ensure_started(engine: &Engine, target: &Target, log: &Logger) -> Result<()> {
-  static LOCKS: OnceLock<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
-  let lock = LOCKS
-    .get_or_init(Default::default)
-    .lock()
-    .expect("locks")
-    .entry(target.container_id.clone())
-    .or_default()
-    .clone();
-  let _guard = lock.lock().await;
-  let info = match engine
-    .control("inspect the sandbox container", || {
-      engine.docker.inspect_container(&target.container_id, None)
-    })
-    .await
-  {
-    Ok(i) => i,
-    Err(e) if status_of(&e) == Some(404) => {
-      forget(engine, &target.name);
-      return Err(not_available(&target.sandbox_id));
-    }
-    Err(e) => return Err(e),
+  let _guard = engine
+    .shared
+    .lifecycle
+    .start_locks
+    .lock(target.container_id.clone())
+    .await;
+  let Some(info) = engine
+    .inspect_container("inspect the sandbox container", &target.container_id)
+    .await?
+  else {
+    forget(engine, &target.name);
+    return Err(not_available(&target.sandbox_id));
   };
   let state = info.state.clone().unwrap_or_default();
   if state.running == Some(true) && state.paused != Some(true) && state.restarting != Some(true) {
@@ -227,9 +215,7 @@ pub async fn ensure_started(engine: &Engine, target: &Target, log: &Logger) -> R
       json!({ "sandboxId": target.sandbox_id }),
     );
     return engine
-      .control("unpause the sandbox", || {
-        engine.docker.unpause_container(&target.container_id)
-      })
+      .unpause_container("unpause the sandbox", &target.container_id)
       .await;
   }
   // An exclusive GPU sandbox starts only while its GPUs are free; the lock is held until the
@@ -243,21 +229,16 @@ pub async fn ensure_started(engine: &Engine, target: &Target, log: &Logger) -> R
     json!({ "sandboxId": target.sandbox_id }),
   );
   let started = engine
-    .control("start the sandbox container", || {
-      engine.docker.start_container(&target.container_id, None)
-    })
+    .start_container("start the sandbox container", &target.container_id)
     .await;
   if let Some(lock) = gpu_lock {
     lock.release(log).await;
   }
-  match started {
-    Ok(()) => Ok(()),
-    Err(e) if status_of(&e) == Some(404) => {
-      forget(engine, &target.name);
-      Err(not_available(&target.sandbox_id))
-    }
-    Err(e) => Err(e),
+  if !started? {
+    forget(engine, &target.name);
+    return Err(not_available(&target.sandbox_id));
   }
+  Ok(())
 }
 
 /// The engine's device requests for the NVIDIA forms of `gpus`, as `docker run --gpus` builds
@@ -283,12 +264,13 @@ fn non_root(user: Option<&str>) -> bool {
 
 /// The `USER` an image runs as, if it names one.
 async fn image_user(engine: &Engine, image: &str) -> Result<Option<String>> {
-  let info = engine
-    .control("inspect the sandbox image", || {
-      engine.docker.inspect_image(image)
-    })
-    .await?;
-  Ok(info.config.and_then(|c| c.user).filter(|u| !u.is_empty()))
+  let info = engine.inspect_image(image).await?;
+  Ok(
+    info
+      .and_then(|i| i.config)
+      .and_then(|c| c.user)
+      .filter(|u| !u.is_empty()),
+  )
 }
 
 /// Where Podman's Docker API differs in ways that matter for security (docs/podman.md):
@@ -338,10 +320,13 @@ pub fn container_body_with(
   gpus_picked: Option<&[String]>,
 ) -> ContainerCreateBody {
   let mut labels: HashMap<String, String> = cfg.labels.clone().into_iter().collect();
-  labels.insert(ids::LABEL_MANAGED_BY.into(), ids::MANAGED_BY.into());
-  labels.insert(ids::LABEL_NAMESPACE.into(), cfg.namespace.clone());
-  labels.insert(ids::LABEL_ID.into(), sandbox_id.to_string());
-  labels.insert(ids::LABEL_CREATED_AT.into(), ids::rfc3339_now());
+  labels.insert(labels::LABEL_MANAGED_BY.into(), labels::MANAGED_BY.into());
+  labels.insert(labels::LABEL_NAMESPACE.into(), cfg.namespace.clone());
+  labels.insert(labels::LABEL_ID.into(), sandbox_id.to_string());
+  labels.insert(
+    labels::LABEL_CREATED_AT.into(),
+    crate::timestamps::rfc3339_now(),
+  );
   if let Some(t) = &cfg.tenant {
     labels.insert(LABEL_TENANT.into(), t.clone());
   }
@@ -466,10 +451,6 @@ async fn create_inner(
   } else {
     final_name
   };
-  let opts = CreateContainerOptions {
-    name: Some(name.clone()),
-    ..Default::default()
-  };
   let mut body = container_body_with(cfg, &sandbox_id, image, pool, gpus_picked);
   if engine.podman {
     // One more request, on Podman only: who the image runs as decides its capabilities there.
@@ -481,11 +462,7 @@ async fn create_inner(
   }
   // Not retried: a create that reached the engine would collide with its own name.
   let created = engine
-    .within(
-      engine.control_timeout,
-      "create the sandbox container",
-      engine.docker.create_container(Some(opts), body),
-    )
+    .create_container("create the sandbox container", Some(&name), body)
     .await
     .map_err(|e| match e {
       SandboxError::Engine {
@@ -526,13 +503,15 @@ async fn create_inner(
       return Err(e);
     }
   };
-  let container_id = created.id;
+  let container_id = created;
   let finish = async {
     let info = engine
-      .control("inspect the new sandbox", || {
-        engine.docker.inspect_container(&container_id, None)
-      })
-      .await?;
+      .inspect_container("inspect the new sandbox", &container_id)
+      .await?
+      .ok_or_else(|| SandboxError::CreateFailed {
+        step: "inspect the new container".into(),
+        detail: "it was removed while it was being made".into(),
+      })?;
     let user = info
       .config
       .as_ref()
@@ -552,12 +531,16 @@ async fn create_inner(
     transfer::make_layout(engine, &container_id, &dirs, owner, cfg.read_only_rootfs)
       .await
       .map_err(|e| step_failed("create the sandbox layout", e))?;
-    engine
-      .control("start the sandbox container", || {
-        engine.docker.start_container(&container_id, None)
-      })
+    let started = engine
+      .start_container("start the sandbox container", &container_id)
       .await
       .map_err(|e| step_failed("start the container", e))?;
+    if !started {
+      return Err(SandboxError::CreateFailed {
+        step: "start the container".into(),
+        detail: "it was removed while it was being made".into(),
+      });
+    }
     Ok::<_, SandboxError>(Target {
       sandbox_id: sandbox_id.clone(),
       name: name.clone(),
@@ -593,10 +576,13 @@ async fn create_inner(
 
 /// Removes a half-made container in the background once the engine answers again: polls for up
 /// to ten minutes and, once the engine responds, keeps checking for half a minute more (a
-/// request it buffered while hung may land late).
+/// request it buffered while hung may land late). When the engine's last provider is disposed
+/// meanwhile, one last removal is tried (for at most `STOP_GRACE`, which dispose awaits) and
+/// the rest is left to the reaper: the container carries our labels, so it is found.
 fn remove_later(engine: &Engine, name_or_id: &str, log: &Logger) {
-  let (engine, target, log) = (engine.clone(), name_or_id.to_string(), log.clone());
-  tokio::spawn(async move {
+  let (task_engine, target, log) = (engine.clone(), name_or_id.to_string(), log.clone());
+  engine.shared.background.spawn(|stop| async move {
+    let engine = task_engine;
     let started = std::time::Instant::now();
     let mut answered_at: Option<std::time::Instant> = None;
     while started.elapsed() < std::time::Duration::from_secs(600) {
@@ -612,7 +598,13 @@ fn remove_later(engine: &Engine, name_or_id: &str, log: &Logger) {
           json!({ "container": target, "error": e.to_string() }),
         ),
       }
-      tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+      tokio::select! {
+        _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+        _ = stop.cancelled() => {
+          let _ = tokio::time::timeout(STOP_GRACE, force_remove(&engine, &target)).await;
+          return;
+        }
+      }
     }
     log.warn(
       "gave up removing a half-made sandbox; the reaper will",
@@ -620,6 +612,10 @@ fn remove_later(engine: &Engine, name_or_id: &str, log: &Logger) {
     );
   });
 }
+
+/// How long a stopped clean-up still tries: dispose waits for it, so it stays short even when
+/// the engine does not answer.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The name a pool member carries until it is claimed.
 pub fn pool_name(final_name: &str) -> String {
@@ -639,26 +635,13 @@ fn step_failed(step: &str, e: SandboxError) -> SandboxError {
 /// Removes a container (and its anonymous volumes) whatever its state. `Ok(false)` when it was
 /// already gone.
 pub async fn force_remove(engine: &Engine, container: &str) -> Result<bool> {
-  let opts = RemoveContainerOptions {
-    force: true,
-    v: true,
-    ..Default::default()
-  };
-  match engine
-    .control("remove the sandbox container", || {
-      engine
-        .docker
-        .remove_container(container, Some(opts.clone()))
-    })
-    .await
-  {
-    Ok(()) => Ok(true),
-    Err(e) if status_of(&e) == Some(404) => Ok(false),
-    Err(e) if status_of(&e) == Some(409) && e.to_string().contains("already in progress") => {
-      Ok(false)
-    }
-    Err(e) => Err(e),
-  }
+  engine.force_remove(container).await
+}
+
+/// Restarts a container (one second's grace): kills every process in it, keeps its files.
+/// Whether the engine did so within `limit`.
+pub async fn restart(engine: &Engine, container: &str, limit: std::time::Duration) -> bool {
+  engine.restart_container(container, 1, limit).await.is_ok()
 }
 
 /// Removes one sandbox; a sandbox that is already gone (or was never ours) is not an error.
@@ -782,11 +765,11 @@ mod tests {
     .unwrap();
     let b = container_body(&cfg, "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV", "img:1", None);
     let l = b.labels.unwrap();
-    assert_eq!(l[ids::LABEL_MANAGED_BY], ids::MANAGED_BY);
-    assert_eq!(l[ids::LABEL_NAMESPACE], "ns1");
-    assert_eq!(l[ids::LABEL_ID], "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV");
+    assert_eq!(l[labels::LABEL_MANAGED_BY], labels::MANAGED_BY);
+    assert_eq!(l[labels::LABEL_NAMESPACE], "ns1");
+    assert_eq!(l[labels::LABEL_ID], "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV");
     assert_eq!(l["team"], "a");
-    assert!(l.contains_key(ids::LABEL_CREATED_AT));
+    assert!(l.contains_key(labels::LABEL_CREATED_AT));
     let hc = b.host_config.unwrap();
     assert_eq!(hc.init, Some(true));
     assert_eq!(hc.device_requests, None);

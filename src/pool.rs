@@ -5,18 +5,18 @@
 //! race for a member exactly one rename succeeds.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use bollard::models::ContainerSummaryStateEnum;
-use bollard::query_parameters::{ListContainersOptions, RenameContainerOptions};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::client::Engine;
 use crate::config::ProviderConfig;
 use crate::errors::Result;
-use crate::ids;
-use crate::lifecycle::{self, Scope, Target, LABEL_POOL};
+use crate::labels;
+use crate::labels::LABEL_POOL;
+use crate::lifecycle::{self, Scope, Target};
 use crate::logging::Logger;
 
 /// A stable fingerprint of everything that shapes a sandbox: members are only handed to a
@@ -43,20 +43,28 @@ pub fn fingerprint(cfg: &ProviderConfig, image: &str) -> String {
     .collect()
 }
 
-type Owners = Mutex<HashMap<String, Option<(u32, u32)>>>;
+/// Per-engine state (held in `shared::EngineShared`), by configuration fingerprint.
+#[derive(Default)]
+pub struct State {
+  /// uid:gid of members, learnt when this process made them, so a claim needs no inspect.
+  owners: Mutex<HashMap<String, Option<(u32, u32)>>>,
+  /// Refills in flight; `true` means "asked again meanwhile".
+  refilling: Mutex<HashMap<String, bool>>,
+}
 
-/// uid:gid of members, learnt when this process made them, so a claim needs no inspect.
-fn owners() -> &'static Owners {
-  static O: OnceLock<Owners> = OnceLock::new();
-  O.get_or_init(Default::default)
+impl State {
+  /// Refills in flight.
+  pub fn refills(&self) -> usize {
+    self.refilling.lock().expect("refilling").len()
+  }
 }
 
 fn list_filters(scope: &Scope, fp: &str) -> HashMap<String, Vec<String>> {
   HashMap::from([(
     "label".to_string(),
     vec![
-      format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
-      format!("{}={}", ids::LABEL_NAMESPACE, scope.namespace),
+      format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
+      format!("{}={}", labels::LABEL_NAMESPACE, scope.namespace),
       format!("{LABEL_POOL}={fp}"),
     ],
   )])
@@ -66,21 +74,14 @@ fn list_filters(scope: &Scope, fp: &str) -> HashMap<String, Vec<String>> {
 pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Target>> {
   let mut filters = list_filters(scope, fp);
   filters.insert("status".to_string(), vec!["running".to_string()]);
-  let opts = ListContainersOptions {
-    all: false,
-    filters: Some(filters),
-    ..Default::default()
-  };
   let list = engine
-    .control("list pool members", || {
-      engine.docker.list_containers(Some(opts.clone()))
-    })
+    .list_containers("list pool members", false, false, filters)
     .await?;
   for c in list {
     let (Some(id), Some(labels)) = (c.id, c.labels) else {
       continue;
     };
-    let Some(sandbox_id) = labels.get(ids::LABEL_ID) else {
+    let Some(sandbox_id) = labels.get(labels::LABEL_ID) else {
       continue;
     };
     let Ok(final_name) = lifecycle::name_for(&scope.namespace, sandbox_id) else {
@@ -95,25 +96,25 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
     if current.trim_start_matches('/') != lifecycle::pool_name(&final_name) {
       continue;
     }
-    if labels.get(lifecycle::LABEL_TENANT) != scope.tenant.as_ref() {
+    if labels.get(labels::LABEL_TENANT) != scope.tenant.as_ref() {
       continue;
     }
-    let rename = RenameContainerOptions {
-      name: final_name.clone(),
-    };
     // Not retried: a second attempt could "win" a member the first already took.
     if engine
-      .within(
-        engine.control_timeout,
-        "claim a pool member",
-        engine.docker.rename_container(&id, rename),
-      )
+      .rename_container("claim a pool member", &id, &final_name)
       .await
       .is_err()
     {
       continue;
     }
-    let owner = owners().lock().expect("owners").get(fp).copied();
+    let owner = engine
+      .shared
+      .pool
+      .owners
+      .lock()
+      .expect("owners")
+      .get(fp)
+      .copied();
     let target = match owner {
       Some(owner) => Target {
         sandbox_id: sandbox_id.clone(),
@@ -130,21 +131,16 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
   Ok(None)
 }
 
-/// Refills in flight, by engine and configuration; `true` means "asked again meanwhile".
-fn refilling() -> &'static Mutex<HashMap<String, bool>> {
-  static R: OnceLock<Mutex<HashMap<String, bool>>> = OnceLock::new();
-  R.get_or_init(Default::default)
-}
-
 /// How long a refill waits after a claim before it starts creating.
 const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(750);
 
 /// Tops the pool up to `cfg.warm_pool_size` running members in the background (one refill per
-/// configuration at a time). Stopped members are removed: they are nobody's session.
+/// configuration at a time). Stopped members are removed: they are nobody's session. A stop of
+/// the engine's background work ends it after the create in progress, if any.
 pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log: &Logger) {
-  let key = format!("{}\n{fp}", engine.key);
+  let key = fp.to_string();
   {
-    let mut r = refilling().lock().expect("refilling");
+    let mut r = engine.shared.pool.refilling.lock().expect("refilling");
     if let Some(again) = r.get_mut(&key) {
       // One is running: it makes another pass when it is done, so claims made meanwhile are
       // replaced too.
@@ -153,29 +149,28 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
     }
     r.insert(key.clone(), false);
   }
-  let (engine, cfg, image, fp, log) = (
+  let (task_engine, cfg, image, fp, log) = (
     engine.clone(),
     cfg.clone(),
     image.to_string(),
     fp.to_string(),
     log.clone(),
   );
-  tokio::spawn(async move {
+  engine.shared.background.spawn(|stop| async move {
+    let engine = task_engine;
+    // Ended early by a stop, the task must still let the next refill start.
+    let mut entry = RefillEntry(&engine, &key, true);
     // Let the caller's first command run before the refill's creates compete with it for the
     // engine and the CPU.
-    tokio::time::sleep(REFILL_DELAY).await;
+    tokio::select! {
+      _ = tokio::time::sleep(REFILL_DELAY) => {}
+      _ = stop.cancelled() => return,
+    }
     loop {
-      let outcome = async {
+      let pass = async {
         let scope = Scope::of(&cfg);
-        let opts = ListContainersOptions {
-          all: true,
-          filters: Some(list_filters(&scope, &fp)),
-          ..Default::default()
-        };
         let list = engine
-          .control("list pool members", || {
-            engine.docker.list_containers(Some(opts.clone()))
-          })
+          .list_containers("list pool members", true, false, list_filters(&scope, &fp))
           .await?;
         let mut running = 0usize;
         for c in list {
@@ -200,22 +195,53 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
           }
         }
         for _ in running..cfg.warm_pool_size as usize {
+          // Checked between creates, never inside one: a create dropped halfway could leave
+          // a member nobody finishes or removes. So a stop waits for at most one create,
+          // which its engine deadlines bound.
+          if stop.is_cancelled() {
+            break;
+          }
           let t = lifecycle::create(&engine, &cfg, &image, Some(&fp), &log).await?;
-          owners().lock().expect("owners").insert(fp.clone(), t.owner);
+          engine
+            .shared
+            .pool
+            .owners
+            .lock()
+            .expect("owners")
+            .insert(fp.clone(), t.owner);
         }
         Ok::<_, crate::errors::SandboxError>(())
-      }
-      .await;
-      if let Err(e) = outcome {
+      };
+      if let Err(e) = pass.await {
         log.warn("warm pool refill failed", json!({ "error": e.to_string() }));
       }
-      let mut r = refilling().lock().expect("refilling");
-      if r.get(&key) == Some(&true) {
+      let mut r = engine.shared.pool.refilling.lock().expect("refilling");
+      if r.get(&key) == Some(&true) && !stop.is_cancelled() {
         r.insert(key.clone(), false);
         continue;
       }
       r.remove(&key);
+      entry.2 = false;
       break;
     }
   });
+}
+
+/// A refill's entry, removed on drop while still armed (its task was cancelled).
+struct RefillEntry<'a>(&'a Engine, &'a str, bool);
+
+impl Drop for RefillEntry<'_> {
+  fn drop(&mut self) {
+    if !self.2 {
+      return;
+    }
+    self
+      .0
+      .shared
+      .pool
+      .refilling
+      .lock()
+      .expect("refilling")
+      .remove(self.1);
+  }
 }

@@ -21,6 +21,7 @@ use crate::lifecycle::{self, Scope, Target};
 use crate::logging::Logger;
 use crate::pool;
 use crate::reaper;
+use crate::shared::Hold;
 use crate::transfer;
 
 /// How long `createSandbox()` waits for an absent image to be pulled or built.
@@ -52,6 +53,8 @@ pub struct Provider {
   /// Keeps the process's background reaper for this engine and namespace alive; `None` before
   /// the first call and after `dispose()`.
   lease: Mutex<Option<Arc<reaper::Lease>>>,
+  /// This provider's claim on its engine, taken on the first call; `dispose()` gives it back.
+  hold: Mutex<Option<Hold>>,
   disposed: std::sync::atomic::AtomicBool,
 }
 
@@ -65,16 +68,24 @@ impl Provider {
       endpoint,
       log,
       lease: Mutex::new(None),
+      hold: Mutex::new(None),
       disposed: Default::default(),
     })
   }
 
-  /// Ends this instance's background work. Sandboxes are never deleted by it.
-  pub fn dispose(&self) {
+  /// Ends this instance's background work; when it was the engine's last provider, every
+  /// background task on the engine (pool refills, image work, the reaper …) is cancelled and
+  /// awaited. Sandboxes are never deleted by it. Calls made after it still work, but start
+  /// no reaper and are not counted as the engine's providers.
+  pub async fn dispose(&self) {
     self
       .disposed
       .store(true, std::sync::atomic::Ordering::SeqCst);
     self.lease.lock().expect("lease").take();
+    let hold = self.hold.lock().expect("hold").take();
+    if let Some(hold) = hold {
+      hold.release().await;
+    }
   }
 
   pub fn config(&self) -> &ProviderConfig {
@@ -94,6 +105,13 @@ impl Provider {
     let limit = Duration::from_millis(self.cfg.engine_timeout_ms);
     let mut engine = client::engine_for(&self.endpoint, limit).await?;
     engine.control_timeout = limit;
+    {
+      // Checked under the lock `dispose` takes, so a racing dispose never misses a claim.
+      let mut hold = self.hold.lock().expect("hold");
+      if hold.is_none() && !self.disposed.load(std::sync::atomic::Ordering::SeqCst) {
+        *hold = Some(Hold::new(&engine.shared));
+      }
+    }
     if let Some(older_than) = self.cfg.auto_delete_secs {
       if !self.disposed.load(std::sync::atomic::Ordering::SeqCst) {
         let mut lease = self.lease.lock().expect("lease");
@@ -277,7 +295,7 @@ impl Provider {
             json!({ "sandboxId": p.sandbox_id, "engine": text }),
           );
           restarted = true;
-          if !exec::restart(&engine, &target.container_id, engine.control_timeout).await {
+          if !lifecycle::restart(&engine, &target.container_id, engine.control_timeout).await {
             return Err(SandboxError::Internal(format!(
               "the sandbox is out of processes and could not be restarted: {text}"
             )));
@@ -363,7 +381,7 @@ impl Provider {
     )
     .await
     {
-      Err(e) if client::status_of(&e) == Some(404) => {
+      Err(e @ SandboxError::FileNotFound { .. }) => {
         if lifecycle::still_exists(&engine, &self.scope, &target).await? {
           Err(e)
         } else {
@@ -396,8 +414,11 @@ impl Provider {
     };
     // A download is activity too; recording it must not delay the caller.
     if out.is_ok() && self.cfg.auto_stop_secs.is_some() {
-      let (engine, container, owner) = (engine.clone(), target.container_id.clone(), target.owner);
-      tokio::spawn(async move { transfer::touch_activity(&engine, &container, owner).await });
+      let (task_engine, container, owner) =
+        (engine.clone(), target.container_id.clone(), target.owner);
+      engine.shared.background.spawn_cancellable(async move {
+        transfer::touch_activity(&task_engine, &container, owner).await
+      });
     }
     out
   }

@@ -5,62 +5,21 @@
 //! stopped ones: a container running a command is never removed.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
 use serde_json::json;
 
-use crate::client::{status_of, Engine};
+use crate::client::Engine;
 use crate::errors::Result;
-use crate::ids;
-use crate::image::LABEL_PROBE;
+use crate::labels;
+use crate::labels::LABEL_PROBE;
 use crate::logging::Logger;
 
 /// How often the background reaper runs.
 pub const REAP_PERIOD: Duration = Duration::from_secs(60);
 /// Probe containers left by a crash are removed after this long.
 const PROBE_GRACE_SECS: u64 = 600;
-
-/// Parses the engine's RFC 3339 timestamps (`2026-11-29T09:00:00.123456789Z`) to epoch
-/// seconds; `None` for the zero time the engine uses for "never".
-pub fn parse_time(s: &str) -> Option<u64> {
-  let b = s.as_bytes();
-  if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' {
-    return None;
-  }
-  let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-  let (y, mo, d, h, mi, se) = (
-    n(0..4)?,
-    n(5..7)?,
-    n(8..10)?,
-    n(11..13)?,
-    n(14..16)?,
-    n(17..19)?,
-  );
-  if y < 1970 {
-    return None;
-  }
-  // Days from civil (Howard Hinnant's algorithm).
-  let y2 = if mo <= 2 { y - 1 } else { y };
-  let era = y2.div_euclid(400);
-  let yoe = y2 - era * 400;
-  let mp = (mo + 9) % 12;
-  let doy = (153 * mp + 2) / 5 + d - 1;
-  let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-  let days = era * 146_097 + doe - 719_468;
-  let mut secs = days * 86_400 + h * 3600 + mi * 60 + se;
-  // A zone offset such as +02:00 after the seconds (and any fraction).
-  let rest = &s[19..];
-  let rest = rest.trim_start_matches(|c: char| c == '.' || c.is_ascii_digit());
-  if let Some(off) = rest.strip_prefix(['+', '-']) {
-    let sign = if rest.starts_with('+') { -1 } else { 1 };
-    let oh = off.get(0..2)?.parse::<i64>().ok()?;
-    let om = off.get(3..5)?.parse::<i64>().ok()?;
-    secs += sign * (oh * 3600 + om * 60);
-  }
-  u64::try_from(secs).ok()
-}
 
 fn now_secs() -> u64 {
   SystemTime::now()
@@ -83,8 +42,8 @@ pub async fn reap(
     (
       "label".to_string(),
       vec![
-        format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
-        format!("{}={namespace}", ids::LABEL_NAMESPACE),
+        format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
+        format!("{}={namespace}", labels::LABEL_NAMESPACE),
       ],
     ),
     (
@@ -96,15 +55,8 @@ pub async fn reap(
       ],
     ),
   ]);
-  let opts = ListContainersOptions {
-    all: true,
-    filters: Some(filters),
-    ..Default::default()
-  };
   let list = engine
-    .control("list sandbox containers", || {
-      engine.docker.list_containers(Some(opts.clone()))
-    })
+    .list_containers("list sandbox containers", true, false, filters)
     .await?;
   let now = now_secs();
   let mut removed = Vec::new();
@@ -112,20 +64,16 @@ pub async fn reap(
     let Some(id) = c.id else { continue };
     let labels = c.labels.unwrap_or_default();
     // Belt and braces: the filter already says so, but never act on a container without both.
-    if labels.get(ids::LABEL_MANAGED_BY).map(String::as_str) != Some(ids::MANAGED_BY)
-      || labels.get(ids::LABEL_NAMESPACE).map(String::as_str) != Some(namespace)
+    if labels.get(labels::LABEL_MANAGED_BY).map(String::as_str) != Some(labels::MANAGED_BY)
+      || labels.get(labels::LABEL_NAMESPACE).map(String::as_str) != Some(namespace)
     {
       continue;
     }
-    let info = match engine
-      .control("inspect a stopped sandbox", || {
-        engine.docker.inspect_container(&id, None)
-      })
-      .await
-    {
-      Ok(i) => i,
-      Err(e) if status_of(&e) == Some(404) => continue,
-      Err(e) => return Err(e),
+    let Some(info) = engine
+      .inspect_container("inspect a stopped sandbox", &id)
+      .await?
+    else {
+      continue;
     };
     let state = info.state.unwrap_or_default();
     if state.running == Some(true) || state.restarting == Some(true) || state.paused == Some(true) {
@@ -134,32 +82,25 @@ pub async fn reap(
     let since = state
       .finished_at
       .as_deref()
-      .and_then(parse_time)
-      .or_else(|| info.created.as_deref().and_then(parse_time));
+      .and_then(crate::timestamps::parse_time)
+      .or_else(|| {
+        info
+          .created
+          .as_deref()
+          .and_then(crate::timestamps::parse_time)
+      });
     let Some(since) = since else { continue };
     if now.saturating_sub(since) < older_than.as_secs() {
       continue;
     }
     let sandbox_id = labels
-      .get(ids::LABEL_ID)
+      .get(labels::LABEL_ID)
       .cloned()
       .unwrap_or_else(|| id.clone());
     if !dry_run {
       // Not forced: if a call started it again meanwhile, the engine refuses and it stays.
-      let rm = RemoveContainerOptions {
-        force: false,
-        v: true,
-        ..Default::default()
-      };
-      match engine
-        .control("remove a stale sandbox", || {
-          engine.docker.remove_container(&id, Some(rm.clone()))
-        })
-        .await
-      {
-        Ok(()) => {}
-        Err(e) if matches!(status_of(&e), Some(404 | 409)) => continue,
-        Err(e) => return Err(e),
+      if !engine.remove_stopped("remove a stale sandbox", &id).await? {
+        continue;
       }
       if let Ok(name) = crate::lifecycle::name_for(namespace, &sandbox_id) {
         crate::lifecycle::forget(engine, &name);
@@ -179,25 +120,40 @@ pub async fn reap(
   Ok(removed)
 }
 
+/// The standalone reaper (the `reap` command): resolves the engine and the interval as a
+/// provider would, then `reap`s one namespace.
+pub async fn reap_standalone(
+  namespace: Option<&str>,
+  docker_host: Option<&str>,
+  older_than_minutes: Option<f64>,
+  dry_run: bool,
+) -> Result<Vec<String>> {
+  use crate::config;
+  let namespace = config::validate_namespace(namespace.unwrap_or(config::DEFAULT_NAMESPACE))?;
+  let secs = config::minutes(
+    "olderThanMinutes",
+    older_than_minutes.map(serde_json::Value::from),
+    config::DEFAULT_AUTO_DELETE_MINUTES,
+  )?
+  .unwrap_or(0);
+  let endpoint = crate::client::effective_endpoint(docker_host, None)?;
+  let engine = crate::client::engine_for(&endpoint, crate::client::CONTROL_TIMEOUT).await?;
+  reap(
+    &engine,
+    &namespace,
+    Duration::from_secs(secs),
+    dry_run,
+    &Logger::default(),
+  )
+  .await
+}
+
 async fn reap_probes(engine: &Engine, now: u64) {
-  let filters = HashMap::from([(
-    "label".to_string(),
-    vec![
-      format!("{}={}", ids::LABEL_MANAGED_BY, ids::MANAGED_BY),
-      format!("{LABEL_PROBE}=1"),
-    ],
-  )]);
-  let opts = ListContainersOptions {
-    all: true,
-    filters: Some(filters),
-    ..Default::default()
-  };
-  let Ok(list) = engine
-    .control("list probe containers", || {
-      engine.docker.list_containers(Some(opts.clone()))
-    })
-    .await
-  else {
+  let labels = vec![
+    format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
+    format!("{LABEL_PROBE}=1"),
+  ];
+  let Ok(list) = engine.list_labelled("list probe containers", labels).await else {
     return;
   };
   for c in list {
@@ -214,23 +170,35 @@ async fn reap_probes(engine: &Engine, now: u64) {
 /// Held by live providers; the background reaper runs while any is held.
 pub struct Lease;
 
-fn leases() -> &'static Mutex<HashMap<String, Weak<Lease>>> {
-  static L: OnceLock<Mutex<HashMap<String, Weak<Lease>>>> = OnceLock::new();
-  L.get_or_init(Default::default)
+/// Per-engine state (held in `shared::EngineShared`).
+#[derive(Default)]
+pub struct State {
+  /// The background reaper of each namespace, alive while a provider holds its lease.
+  leases: Mutex<HashMap<String, Weak<Lease>>>,
 }
 
-/// Joins (or starts) the background reaper for this engine and namespace.
+impl State {
+  /// Namespaces with a live background reaper.
+  pub fn leases(&self) -> usize {
+    let mut map = self.leases.lock().expect("leases");
+    map.retain(|_, l| l.strong_count() > 0);
+    map.len()
+  }
+}
+
+/// Joins (or starts) the background reaper for this engine and namespace. It ends when the
+/// last lease is dropped or the engine's background work is stopped.
 pub fn lease(engine: &Engine, namespace: &str, older_than: Duration, log: &Logger) -> Arc<Lease> {
-  let key = format!("{}\n{namespace}", engine.key);
-  let mut map = leases().lock().expect("leases");
-  if let Some(l) = map.get(&key).and_then(Weak::upgrade) {
+  let mut map = engine.shared.reaper.leases.lock().expect("leases");
+  if let Some(l) = map.get(namespace).and_then(Weak::upgrade) {
     return l;
   }
   let lease = Arc::new(Lease);
-  map.insert(key, Arc::downgrade(&lease));
+  map.insert(namespace.to_string(), Arc::downgrade(&lease));
   let weak = Arc::downgrade(&lease);
-  let (engine, namespace, log) = (engine.clone(), namespace.to_string(), log.clone());
-  tokio::spawn(async move {
+  let (task_engine, namespace, log) = (engine.clone(), namespace.to_string(), log.clone());
+  engine.shared.background.spawn_cancellable(async move {
+    let engine = task_engine;
     while weak.upgrade().is_some() {
       if let Err(e) = reap(&engine, &namespace, older_than, false, &log).await {
         log.warn(
@@ -242,22 +210,4 @@ pub fn lease(engine: &Engine, namespace: &str, older_than: Duration, log: &Logge
     }
   });
   lease
-}
-
-#[cfg(test)]
-mod tests {
-  use super::*;
-
-  #[test]
-  fn times() {
-    assert_eq!(parse_time("1970-01-01T00:00:00Z"), Some(0));
-    assert_eq!(
-      parse_time("2026-12-31T23:59:59.123456789Z"),
-      Some(1_798_761_599)
-    );
-    assert_eq!(parse_time("2000-02-29T00:00:00Z"), Some(951_782_400));
-    assert_eq!(parse_time("2000-02-29T02:00:00+02:00"), Some(951_782_400));
-    assert_eq!(parse_time("0001-01-01T00:00:00Z"), None);
-    assert_eq!(parse_time("garbage"), None);
-  }
 }

@@ -146,6 +146,7 @@ impl tower_service::Service<hyper::Uri> for Connector {
       else {
         return Err(std::io::Error::other("ssh without stdio"));
       };
+      // Not one of the engine's background tasks: it ends with this connection's ssh process.
       tokio::spawn(async move {
         let mut text = String::new();
         let _ = (&mut err).take(16 << 10).read_to_string(&mut text).await;

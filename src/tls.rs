@@ -151,7 +151,7 @@ pub fn not_after(cert: &[u8]) -> Option<u64> {
     f(10..12)?,
     f(12..14)?
   );
-  crate::reaper::parse_time(&iso)
+  crate::timestamps::parse_time(&iso)
 }
 
 /// A bollard client speaking HTTPS to `host` (`tcp://h:p`) with `tls`.

@@ -2,13 +2,11 @@
 //! argv, no base64. Size, type and link target come from the archive stat (a HEAD request)
 //! before any body is read, so refusals cost one round trip and never stream a large body.
 
-use bollard::query_parameters::{
-  ContainerArchiveInfoOptions, DownloadFromContainerOptions, UploadToContainerOptions,
-};
+use bollard::query_parameters::UploadToContainerOptions;
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 
-use crate::client::{status_of, Engine};
+use crate::client::Engine;
 use crate::errors::{Result, SandboxError};
 
 const BLOCK: usize = 512;
@@ -56,23 +54,15 @@ pub fn special_kind(mode: u32) -> Option<&'static str> {
 /// Archive stat of `path`; `Ok(None)` when the engine answers 404 (the path, or the container,
 /// is missing: the caller tells which).
 pub async fn stat(engine: &Engine, container: &str, path: &str) -> Result<Option<PathStat>> {
-  let opts = ContainerArchiveInfoOptions {
-    path: path.to_string(),
-  };
   match engine
-    .control("stat a path in the sandbox", || {
-      engine
-        .docker
-        .get_container_archive_info(container, Some(opts.clone()))
-    })
+    .archive_stat("stat a path in the sandbox", container, path)
     .await
   {
-    Ok(s) => Ok(Some(PathStat {
+    Ok(s) => Ok(s.map(|s| PathStat {
       size: s.size.max(0) as u64,
       mode: s.file_mode,
       link_target: s.link_target,
     })),
-    Err(e) if status_of(&e) == Some(404) => Ok(None),
     // The engine answers 500 with no detail when it cannot resolve the path (a symlink loop).
     Err(SandboxError::Engine {
       status: 500,
@@ -137,18 +127,14 @@ pub async fn download(
       max,
     });
   }
-  let opts = DownloadFromContainerOptions {
-    path: target.clone(),
-  };
-  let body = engine.docker.download_from_container(container, Some(opts));
-  let body = body.map(|r| r.map_err(|e| engine.map_error("read a file from the sandbox", e)));
+  let body = engine.download_tar("read a file from the sandbox", container, &target);
   match tokio::time::timeout(
     transfer_deadline(engine, max),
     read_single_file(body, shown, max),
   )
   .await
   {
-    Ok(Err(e)) if status_of(&e) == Some(404) => Err(SandboxError::FileNotFound {
+    Ok(Err(SandboxError::FileNotFound { .. })) => Err(SandboxError::FileNotFound {
       path: shown.to_string(),
     }),
     Ok(r) => r,
@@ -396,8 +382,8 @@ pub async fn upload(
   // The same archive refreshes the activity file when it lands in the same tree: an upload is
   // activity for the idle timer.
   let activity = match root {
-    "/" => Some("trueforge/.activity"),
-    r if r == crate::layout::LAYOUT_ROOT => Some(".activity"),
+    "/" => Some(crate::layout::ACTIVITY_FILE.trim_start_matches('/')),
+    r if r == crate::layout::LAYOUT_ROOT => Some(crate::layout::ACTIVITY_NAME),
     _ => None,
   };
   let pad = (BLOCK - (size as usize % BLOCK)) % BLOCK;
@@ -424,14 +410,12 @@ pub async fn upload(
         .chain(std::iter::once(tail.clone())),
     );
     let res = engine
-      .within(
-        deadline,
+      .upload_tar_stream(
         "write a file into the sandbox",
-        engine.docker.upload_to_container(
-          container,
-          Some(upload_options(root)),
-          bollard::body_stream(parts),
-        ),
+        container,
+        upload_options(root),
+        parts,
+        deadline,
       )
       .await;
     match res {
@@ -481,19 +465,18 @@ async fn missing_parents(engine: &Engine, container: &str, path: &str) -> Result
 
 /// Records activity (the idle timer's clock) with one tiny archive write; best effort.
 pub async fn touch_activity(engine: &Engine, container: &str, owner: Option<(u32, u32)>) {
-  let Ok(mut tar) = entry_header(".activity", 0, 0o644, owner, false) else {
+  let Ok(mut tar) = entry_header(crate::layout::ACTIVITY_NAME, 0, 0o644, owner, false) else {
     return;
   };
   tar.extend_from_slice(&[0u8; 2 * BLOCK]);
   let _ = engine
-    .within(
-      std::time::Duration::from_secs(10),
+    .upload_tar(
       "record activity",
-      engine.docker.upload_to_container(
-        container,
-        Some(upload_options(crate::layout::LAYOUT_ROOT)),
-        bollard::body_full(tar.into()),
-      ),
+      container,
+      upload_options(crate::layout::LAYOUT_ROOT),
+      tar.into(),
+      std::time::Duration::from_secs(10),
+      false,
     )
     .await;
 }
@@ -524,7 +507,7 @@ pub async fn make_layout(
   }
   // The activity file is made here, owned by the exec user, so commands can refresh it even
   // when the layout root itself is not theirs.
-  let (root, entry) = extract_point(crate::lifecycle::ACTIVITY_FILE, read_only)?;
+  let (root, entry) = extract_point(crate::layout::ACTIVITY_FILE, read_only)?;
   let header = entry_header(&entry, 0, 0o644, owner, false)?;
   match groups.iter_mut().find(|(r, _)| *r == root) {
     Some((_, tar)) => tar.extend_from_slice(&header),
@@ -534,13 +517,14 @@ pub async fn make_layout(
     tar.extend_from_slice(&[0u8; 2 * BLOCK]);
     let tar = Bytes::from(tar);
     engine
-      .control("create the sandbox layout", || {
-        engine.docker.upload_to_container(
-          container,
-          Some(upload_options(root)),
-          bollard::body_full(tar.clone()),
-        )
-      })
+      .upload_tar(
+        "create the sandbox layout",
+        container,
+        upload_options(root),
+        tar,
+        engine.control_timeout,
+        true,
+      )
       .await?;
   }
   Ok(())

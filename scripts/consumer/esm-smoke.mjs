@@ -3,6 +3,7 @@
 import {
   CONTRACT_ERROR_NAMES,
   DockerSandboxProvider,
+  engineStats,
   fromTrueForgeManifest,
   reapSandboxes,
   SandboxEngineError,
@@ -21,6 +22,7 @@ import { createRequire } from 'node:module'
 const named = {
   CONTRACT_ERROR_NAMES,
   DockerSandboxProvider,
+  engineStats,
   fromTrueForgeManifest,
   reapSandboxes,
   SandboxEngineError,

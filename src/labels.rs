@@ -1,0 +1,54 @@
+//! Every label key we put on containers, in one place: what marks a container as ours, whose it
+//! is, and what kind of helper container it is. Only containers carrying `LABEL_MANAGED_BY` with
+//! `MANAGED_BY` are ever touched.
+
+/// Label keys we set ourselves; a user label may not shadow them.
+pub const LABEL_PREFIX: &str = "trueforge.sandbox.";
+
+/// Labels every container of ours carries.
+pub const LABEL_MANAGED_BY: &str = "trueforge.sandbox.managed-by";
+pub const LABEL_NAMESPACE: &str = "trueforge.sandbox.namespace";
+pub const LABEL_ID: &str = "trueforge.sandbox.id";
+pub const LABEL_CREATED_AT: &str = "trueforge.sandbox.created-at";
+/// The value of `LABEL_MANAGED_BY`.
+pub const MANAGED_BY: &str = "trueforge-docker-sandbox";
+
+/// The label naming the tenant a sandbox belongs to.
+pub const LABEL_TENANT: &str = "trueforge.sandbox.tenant";
+/// The label marking a warm-pool member (its value: the configuration's fingerprint).
+pub const LABEL_POOL: &str = "trueforge.sandbox.pool";
+/// The label recording an exclusive sandbox's GPUs, comma-separated.
+pub const LABEL_GPUS: &str = "trueforge.sandbox.gpus";
+
+/// The label on probe containers, so a crash mid-probe leaves nothing the reaper cannot find.
+pub const LABEL_PROBE: &str = "trueforge.sandbox.probe";
+/// The label an image-work lease carries; its value is the image reference the work is for.
+pub const LABEL_IMAGEWORK: &str = "trueforge.sandbox.imagework";
+/// The label marking the GPU allocation lock; its value is the holder (`host:pid`).
+pub const LABEL_GPU_LOCK: &str = "trueforge.sandbox.gpu-lock";
+/// When the GPU lock was taken, in milliseconds since the epoch (the holder's clock).
+pub const LABEL_GPU_LOCK_AT: &str = "trueforge.sandbox.gpu-lock-at";
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn every_key_is_under_the_reserved_prefix() {
+    for key in [
+      LABEL_MANAGED_BY,
+      LABEL_NAMESPACE,
+      LABEL_ID,
+      LABEL_CREATED_AT,
+      LABEL_TENANT,
+      LABEL_POOL,
+      LABEL_GPUS,
+      LABEL_PROBE,
+      LABEL_IMAGEWORK,
+      LABEL_GPU_LOCK,
+      LABEL_GPU_LOCK_AT,
+    ] {
+      assert!(key.starts_with(LABEL_PREFIX), "{key}");
+    }
+  }
+}
