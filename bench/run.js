@@ -25,7 +25,7 @@
 const os = require('node:os')
 const fs = require('node:fs')
 const path = require('node:path')
-const { fork } = require('node:child_process')
+const { fork, execFile } = require('node:child_process')
 
 const common = require('./impl/common')
 const addonImpl = require('./impl/addon')
@@ -716,11 +716,52 @@ function evaluateTargets(rows, mem) {
   return targets
 }
 
+/** Runs bench/codemode.js in a child process and returns its JSON (or `{ error }`). */
+function codeModeBench() {
+  const args = [
+    path.join(__dirname, 'codemode.js'),
+    process.env.BENCH_CM_API || '300',
+    process.env.BENCH_CM_CLI || '60',
+    process.env.BENCH_CM_ROUNDS || '3',
+  ]
+  return new Promise((resolve) => {
+    execFile(process.execPath, args, { maxBuffer: 16 * MiB, timeout: 600_000 }, (err, stdout, stderr) => {
+      if (err) return resolve({ error: (stderr || err.message).trim().split('\n').slice(-3).join(' ') })
+      try {
+        resolve(JSON.parse(stdout.slice(stdout.indexOf('{'))))
+      } catch (e) {
+        resolve({ error: `unreadable output: ${e.message}` })
+      }
+    })
+  })
+}
+
+/** The issue's bounds: the relay within 1.2× the floor's round trip, plus the client's own start-up for the CLI. */
+function codeModeTargets(cm) {
+  const name = (what) =>
+    `Code Mode ${what}: p50 ≤ 1.2 × the bind-mounted socket's round trip${what === 'CLI' ? ' plus its start-up' : ''}`
+  if (cm.error) return [{ name: name('Python API'), status: 'N/A', detail: cm.error }]
+  const api = cm.relay.api_p50 <= cm.target_api_p50_ms
+  const cli = cm.relay.cli_p50 <= cm.target_cli_p50_ms
+  return [
+    {
+      name: name('Python API'),
+      status: api ? 'MET' : 'MISSED',
+      detail: `relay ${cm.relay.api_p50} ms, floor ${cm.floor.api_p50} ms, bound ${cm.target_api_p50_ms} ms (${cm.ratio.api_p50}×)`,
+    },
+    {
+      name: name('CLI'),
+      status: cli ? 'MET' : 'MISSED',
+      detail: `relay ${cm.relay.cli_p50} ms, floor ${cm.floor.cli_p50} ms, bound ${cm.target_cli_p50_ms} ms`,
+    },
+  ]
+}
+
 function fmtLoad(l) {
   return l.map((x) => x.toFixed(2)).join(' / ')
 }
 
-function renderMarkdown({ env, presetName, reps, rows, mem, reqs, targets, notes, wallMs }) {
+function renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, targets, notes, wallMs }) {
   const L = []
   L.push('# Benchmark results')
   L.push('')
@@ -802,6 +843,36 @@ function renderMarkdown({ env, presetName, reps, rows, mem, reqs, targets, notes
       rrows.push([name, ...['create', 'exec', 'upload', 'download'].map((k) => `${r[k].length}: ${r[k].join(', ')}`)])
     }
     L.push(mdTable(['impl', 'create', 'exec', 'upload', 'download'], rrows))
+    L.push('')
+  }
+  if (codemode) {
+    L.push('## Code Mode round trip (`call_tool` from inside the sandbox)')
+    L.push('')
+    if (codemode.error) L.push(`Could not run: ${codemode.error}`)
+    else {
+      const { relay, floor } = codemode
+      L.push(
+        mdTable(
+          ['client', 'relay p50', 'relay p99', 'floor p50', 'floor p99', 'relay/floor p50'],
+          [
+            ['Python API', relay.api_p50, relay.api_p99, floor.api_p50, floor.api_p99, `${codemode.ratio.api_p50}×`],
+            [
+              'CLI (`mcp-client call-tool`)',
+              relay.cli_p50,
+              relay.cli_p99,
+              floor.cli_p50,
+              floor.cli_p99,
+              `${codemode.ratio.cli_p50}×`,
+            ],
+          ],
+          [1, 2, 3, 4, 5],
+        ),
+      )
+      L.push('')
+      L.push(
+        `Image ${codemode.image}; ${codemode.apiCalls} API and ${codemode.cliCalls} CLI calls per round, best of ${codemode.rounds} rounds. Relay: the provider's transport (a relay in the sandbox on the engine's attached exec stream). Floor: the same client and dispatcher over a Unix socket bind-mounted from the host. Python start-up alone (\`import mcp_client\`): ${relay.startup_p50} ms.`,
+      )
+    }
     L.push('')
   }
   L.push('## Targets')
@@ -889,6 +960,7 @@ async function bench() {
   const works = new Map()
   let mem = null
   let reqs = null
+  let codemode = null
   try {
     // One long-lived sandbox per implementation for the exec and transfer operations.
     if (opsRun.some((op) => op.uses === 'work')) {
@@ -949,6 +1021,12 @@ async function bench() {
       mem = await memoryProbes(impls, reps.mem, log)
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
+    if (process.env.BENCH_SKIP_CODEMODE !== '1' && (!wantOps || wantOps.includes('codemode'))) {
+      const t0 = performance.now()
+      log('Code Mode round trip (bench/codemode.js: relay vs a bind-mounted socket) …')
+      codemode = await codeModeBench()
+      log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
+    }
     if (process.env.BENCH_SKIP_REQS !== '1') {
       reqs = await requestCounts(
         impls.map((im) => im.name),
@@ -971,6 +1049,7 @@ async function bench() {
     }
   }
   const targets = evaluateTargets(rows, mem)
+  if (codemode) targets.push(...codeModeTargets(codemode))
   const wallMs = performance.now() - started
 
   log('')
@@ -996,7 +1075,10 @@ async function bench() {
   }
 
   const out = process.env.BENCH_RESULTS || path.join(__dirname, 'RESULTS.md')
-  fs.writeFileSync(out, renderMarkdown({ env, presetName, reps, rows, mem, reqs, targets, notes, wallMs }) + '\n')
+  fs.writeFileSync(
+    out,
+    renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, targets, notes, wallMs }) + '\n',
+  )
   log('')
   log(`wrote ${path.relative(process.cwd(), out) || out}; total ${(wallMs / 1000).toFixed(1)} s`)
 }
