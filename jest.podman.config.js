@@ -1,11 +1,13 @@
 'use strict'
 
-// The contract, exec, transfer and lifecycle suites against Podman's Docker-compatible API
-// (scripts/podman-engine.sh: rootful, its own socket and network namespace; scripts/podman-rootless-engine.sh: rootless, as its own user): run as
+// The contract, exec, transfer, lifecycle and security suites against Podman's Docker-compatible
+// API: rootful (scripts/podman-engine.sh, its own socket and network namespace) and rootless
+// (scripts/podman-rootless-engine.sh, its own user). Run as
 // `DOCKER_HOST=unix:///run/tf-podman/podman.sock npx jest -c jest.podman.config.js` (the provider
-// and the tests' docker CLI both follow DOCKER_HOST). Security on Podman is checked by
-// __test__/engines/podman.test.ts instead of security.test.ts, whose inspect-format
-// assertions are Docker's spellings; what differs on Podman is listed in docs/podman.md.
+// and the tests' docker CLI both follow DOCKER_HOST). security.test.ts skips, saying why, its
+// checks of Docker's inspect spellings (and, where a rootless Podman on cgroup v1 ignores them,
+// of resource limits); __test__/engines/podman.test.ts checks the effective result on Podman
+// instead. What differs on Podman is listed in docs/podman.md.
 
 /** @type {import('jest').Config} */
 module.exports = {
@@ -18,7 +20,7 @@ module.exports = {
     '^.+\\.(t|j)sx?$': ['@swc/jest'],
   },
   testMatch: [
-    '<rootDir>/__test__/{contract,exec,transfer,lifecycle}.test.ts',
+    '<rootDir>/__test__/{contract,exec,transfer,lifecycle,security}.test.ts',
     '<rootDir>/__test__/engines/podman.test.ts',
   ],
 }

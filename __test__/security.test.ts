@@ -27,6 +27,17 @@ import {
   uniqueNamespace,
 } from './helpers'
 
+// Also run against Podman (jest.podman.config.js). There the in-sandbox checks are the same; the
+// `docker inspect` spellings differ (docs/podman.md; __test__/engines/podman.test.ts checks the
+// effective result instead), and a rootless Podman on cgroup v1 enforces no resource limit.
+const onPodman = /podman\.sock$/.test(process.env.DOCKER_HOST ?? '')
+const limitsIgnored =
+  onPodman && (process.env.DOCKER_HOST ?? '').startsWith('unix:///run/user/') && dockerTry(['info', '--format', '{{.CgroupVersion}}']).stdout === '1'
+const INIT = onPodman ? 'podman-init' : 'docker-init'
+/** Docker's inspect spellings only: skipped on Podman, saying why. */
+const dockerSpellings = onPodman ? describe.skip : describe
+const withLimits = limitsIgnored ? test.skip : test
+
 const namespace = uniqueNamespace('t-sec')
 /** Only the unknown-runtime test uses it: it must stay empty. */
 const runtimeNamespace = `${namespace}-rt`
@@ -184,7 +195,9 @@ describe('from inside a default sandbox', () => {
       expect(sockets.trim()).toBe('')
     }
     // The engine's TCP ports on the bridge gateway (the host) do not answer.
-    const gw = inspectContainer(containerNameFor(namespace, bbId)).NetworkSettings.Networks.bridge.Gateway as string
+    const networks = inspectContainer(containerNameFor(namespace, bbId)).NetworkSettings.Networks
+    // Podman names its default network `podman` (a `bridge` request maps to it).
+    const gw = (networks.bridge ?? networks.podman).Gateway as string
     expect(gw).toMatch(/^\d+\.\d+\.\d+\.\d+$/)
     for (const port of [2375, 2376]) {
       const r = await run(bb, bbId, `nc -w 2 ${gw} ${port} </dev/null`, { timeoutSeconds: 10 })
@@ -206,12 +219,12 @@ describe('from inside a default sandbox', () => {
         if (!m) throw new Error(`unparsed ps line ${JSON.stringify(l)}`)
         return { pid: Number(m[1]), comm: m[2], args: m[3] }
       })
-    expect(rows.find((r) => r.pid === 1)?.comm).toBe('docker-init')
+    expect(rows.find((r) => r.pid === 1)?.comm).toBe(INIT)
     expect(rows.filter((r) => /sleep 777/.test(r.args))).toEqual([])
     // Only its own: the init, the init script and its sleep, our own marker, the exec wrapper,
     // the shell and ps itself. Nothing of the host (dockerd, containerd, node) or of B.
     for (const r of rows) {
-      expect({ comm: r.comm, allowed: ['docker-init', 'sh', 'bash', 'sleep', 'ps'].includes(r.comm) }).toEqual({
+      expect({ comm: r.comm, allowed: [INIT, 'sh', 'bash', 'sleep', 'ps'].includes(r.comm) }).toEqual({
         comm: r.comm,
         allowed: true,
       })
@@ -226,7 +239,7 @@ describe('from inside a default sandbox', () => {
     expect(bbRows.filter((l) => /sleep 778/.test(l))).toEqual([])
     expect(bbRows.length).toBeLessThanOrEqual(9)
     // The host's pid 1 is not the sandbox's.
-    expect(await ok(bb, bbId, 'cat /proc/1/comm')).toBe('docker-init\n')
+    expect(await ok(bb, bbId, 'cat /proc/1/comm')).toBe(`${INIT}\n`)
   })
 
   test("with network: 'none' the only interface is loopback", async () => {
@@ -247,7 +260,7 @@ describe('from inside a default sandbox', () => {
   })
 })
 
-describe('the container definition (docker inspect)', () => {
+dockerSpellings('the container definition (docker inspect; Docker spellings, skipped on Podman)', () => {
   test('a default sandbox: unprivileged, no host mounts or namespaces, caps dropped, limits set', () => {
     for (const id of [debId, bbId]) {
       const info = inspectContainer(containerNameFor(namespace, id))
@@ -287,7 +300,7 @@ describe('the container definition (docker inspect)', () => {
 describe('resource limits', () => {
   const bomber = provider({ image: DEBIAN, network: 'none', resources: { pidsLimit: 64 } })
 
-  test('a fork bomb that holds the call is stopped by the pids limit and the timeout; the sandbox lives on', async () => {
+  withLimits('a fork bomb that holds the call is stopped by the pids limit and the timeout; the sandbox lives on (skipped where the engine ignores limits: rootless Podman on cgroup v1)', async () => {
     const id = await create(bomber)
     const name = containerNameFor(namespace, id)
     const info = inspectContainer(name)
@@ -350,7 +363,7 @@ describe('resource limits', () => {
     expect(inspectContainer(name)).toBeNull()
   }, 60_000)
 
-  test('a memory bomb past memoryBytes is killed (137) and the sandbox still answers', async () => {
+  withLimits('a memory bomb past memoryBytes is killed (137) and the sandbox still answers (skipped where the engine ignores limits: rootless Podman on cgroup v1)', async () => {
     const mem = 64 * 1024 * 1024
     const debMem = provider({ image: DEBIAN, network: 'none', resources: { memoryBytes: mem } })
     const bbMem = provider({ image: BUSYBOX, network: 'none', resources: { memoryBytes: mem } })
@@ -412,13 +425,15 @@ describe('readOnlyRootfs: true', () => {
     const name = containerNameFor(namespace, id)
     const info = inspectContainer(name)
     expect(info.HostConfig.ReadonlyRootfs).toBe(true)
-    expect(info.HostConfig.Binds ?? []).toEqual([])
+    // Podman lists the sandbox's volumes under Binds too: none may name a host path.
+    expect((info.HostConfig.Binds ?? []).filter((b: string) => !onPodman || b.startsWith('/'))).toEqual([])
     const mounts = (info.Mounts as any[]).map((m) => ({ type: m.Type, dest: m.Destination, rw: m.RW })).sort((a, b) => a.dest.localeCompare(b.dest))
     expect(mounts).toEqual([
       { type: 'volume', dest: '/trueforge', rw: true },
       { type: 'volume', dest: '/workspace', rw: true },
     ])
-    expect(Object.keys(info.HostConfig.Tmpfs ?? {})).toEqual(['/tmp'])
+    // Podman adds its own tmpfs on /run and /var/tmp to a read-only root (`read_only_tmpfs`).
+    expect(Object.keys(info.HostConfig.Tmpfs ?? {}).sort()).toEqual(onPodman ? ['/run', '/tmp', '/var/tmp'] : ['/tmp'])
 
     expect(await ok(ro, id, 'pwd')).toBe(`${id}\n`)
     await ok(ro, id, 'mkdir -p skills && echo written > skills/f.txt')
@@ -540,7 +555,7 @@ describe('tenants', () => {
   })
 })
 
-test('every container this file made keeps the least-privilege baseline', () => {
+;(onPodman ? test.skip : test)('every container this file made keeps the least-privilege baseline (Docker spellings, skipped on Podman)', () => {
   const ids = containersInNamespace(namespace)
   expect(ids.length).toBeGreaterThan(5)
   for (const cid of ids) {
