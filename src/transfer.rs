@@ -397,10 +397,11 @@ pub async fn upload(
   const SLICE: usize = 1 << 20;
   let tail = Bytes::from(tail);
   let deadline = transfer_deadline(engine, size);
-  // Podman answers a write over an existing directory, and two concurrent writes of one file
-  // (the activity file), with "file exists": a directory is the caller's error; a race is
-  // retried once.
-  for attempt in 0..2 {
+  // Podman answers a write over an existing directory, and concurrent writes of one file (the
+  // activity file every upload carries), with "file exists" or a failed lchown of a file another
+  // write just replaced: a directory is the caller's error; a race is retried.
+  const ATTEMPTS: u32 = 4;
+  for attempt in 0..ATTEMPTS {
     let body = content.clone();
     let slices = (0..body.len().div_ceil(SLICE))
       .map(move |i| body.slice(i * SLICE..((i + 1) * SLICE).min(body.len())));
@@ -419,18 +420,18 @@ pub async fn upload(
       )
       .await;
     match res {
-      Err(SandboxError::Engine { ref detail, .. })
-        if detail.contains("copier: put") && detail.contains("file exists") =>
-      {
-        if stat(engine, container, path)
-          .await?
-          .is_some_and(|s| s.mode & MODE_DIR != 0)
+      Err(SandboxError::Engine { ref detail, .. }) if is_put_race(detail) => {
+        if detail.contains("file exists")
+          && stat(engine, container, path)
+            .await?
+            .is_some_and(|s| s.mode & MODE_DIR != 0)
         {
           return Err(SandboxError::PathIsDirectory {
             path: shown.to_string(),
           });
         }
-        if attempt == 0 {
+        if attempt + 1 < ATTEMPTS {
+          tokio::time::sleep(std::time::Duration::from_millis(10 << attempt)).await;
           continue;
         }
         res.map_err(|e| classify_upload_error(e, shown))?;
@@ -445,6 +446,15 @@ pub async fn upload(
     touch_activity(engine, container, owner).await;
   }
   Ok(())
+}
+
+/// Podman's archive writer losing a race with a concurrent write into the same tree: an entry
+/// already made by the other write, or the activity file replaced under its lchown or utimes.
+fn is_put_race(detail: &str) -> bool {
+  let gone_or_there =
+    detail.contains("no such file or directory") || detail.contains("file exists");
+  (detail.contains("copier: put") && detail.contains("file exists"))
+    || (detail.contains(crate::layout::ACTIVITY_FILE) && gone_or_there)
 }
 
 /// The parents of `path` that do not exist yet, outermost first (one stat per missing level,
@@ -570,6 +580,24 @@ mod tests {
       .map(|c| Ok(Bytes::copy_from_slice(c)))
       .collect();
     read_single_file(futures_util::stream::iter(chunks), "/f", max).await
+  }
+
+  #[test]
+  fn only_podman_write_races_are_retried() {
+    // The messages Podman 4.3 gave under concurrent uploads into one sandbox.
+    assert!(is_put_race(
+      "copier: put: error setting ownership of \"/trueforge/.activity\" to 0:0: lchown /trueforge/.activity: no such file or directory"
+    ));
+    assert!(is_put_race(
+      "copier: put: error creating \"/trueforge/.activity\": file exists"
+    ));
+    assert!(!is_put_race(
+      "copier: put: error creating \"/work/a/b\": no such file or directory"
+    ));
+    assert!(is_put_race(
+      "setting access and modify timestamps on \"/trueforge/.activity\" to 2026-12-01 02:35:43 +0000 UTC and 2026-12-01 02:35:43 +0000 UTC: no such file or directory"
+    ));
+    assert!(!is_put_race("no space left on device"));
   }
 
   #[tokio::test]
