@@ -205,6 +205,128 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     cleanup(n)
   }, 120_000)
 
+  function containersOf(n: string, sandboxId: string): string[] {
+    return engineCli(['ps', '-aq', '--filter', `label=${LABEL_NAMESPACE}=${n}`, '--filter', `label=trueforge.sandbox.id=${sandboxId}`])
+      .split('\n')
+      .filter(Boolean)
+  }
+
+  function engineHas(kind: 'image' | 'volume', name: string): boolean {
+    try {
+      engineCli([kind, 'inspect', name])
+      return true
+    } catch {
+      return false
+    }
+  }
+
+  function execInChild(options: Record<string, unknown>, exec: Record<string, unknown>): any {
+    const out = execFileSync(process.execPath, [join(__dirname, 'gpu-child.js'), JSON.stringify({ options, exec })], {
+      encoding: 'utf8',
+      timeout: 120_000,
+    })
+    return JSON.parse(out.trim().split('\n').pop() as string)
+  }
+
+  test('a restart whose GPU was taken moves the sandbox to a free one with its files; a process holding the old container follows; removal leaves nothing', async () => {
+    const n = ns('t-gpu-move')
+    // GPU ids of its own: the allocation is engine-wide, and another test's leftovers must not count.
+    const extra = { gpus: exclusive(1), gpuDevices: ['m0', 'm1'] }
+    const p = provider(n, extra)
+    const a = (await p.createSandbox()).sandboxId
+    expect(gpusOf(n, a)).toEqual(['m0'])
+    await ok(p, a, 'echo kept > a.txt && mkdir -p deep/er && echo deeper > deep/er/b.txt')
+    await p.uploadFile({ sandboxId: a, remotePath: 'up.txt', content: Buffer.from('uploaded\n') })
+    const before = containerOf(n, a)
+    engineCli(['stop', '-t', '1', before.Id])
+    const c = (await p.createSandbox()).sandboxId
+    expect(gpusOf(n, c)).toEqual(['m0'])
+
+    // Another server process runs A's next command: GPU m0 is C's, so A moves to GPU m1.
+    const options = { image: BUSYBOX, dockerHost: HOST, namespace: n, network: 'none', autoStopIntervalInMinutes: 0, ...extra }
+    const r = execInChild(options, { sandboxId: a, command: 'cat a.txt deep/er/b.txt up.txt; echo "$NVIDIA_VISIBLE_DEVICES $TRUEFORGE_GPUS"' })
+    expect(r).toEqual({ success: true, response: { exitCode: 0, result: 'kept\ndeeper\nuploaded\nm1 m1\n' } })
+    expect(containersOf(n, a)).toHaveLength(1)
+    const after = containerOf(n, a)
+    expect(after.Id).not.toBe(before.Id)
+    expect(after.Name).toBe(before.Name)
+    expect(after.State.Running).toBe(true)
+    expect(after.Config.Labels[LABEL_GPUS]).toBe('m1')
+    expect(after.HostConfig.DeviceRequests[0].DeviceIDs).toEqual(['m1'])
+    const saved = after.Config.Labels['trueforge.sandbox.saved-image']
+    expect(after.Image).toBe(saved)
+    // The rest of the definition is A's own.
+    expect(after.HostConfig.PidsLimit).toBe(before.HostConfig.PidsLimit)
+    expect(after.HostConfig.CapDrop).toEqual(before.HostConfig.CapDrop)
+    expect(after.Config.WorkingDir).toBe(before.Config.WorkingDir)
+    expect(after.Config.Entrypoint).toEqual(before.Config.Entrypoint)
+
+    // This process still has the old container cached: a write, a read and a command follow.
+    await p.uploadFile({ sandboxId: a, remotePath: 'later.txt', content: Buffer.from('later\n') })
+    expect((await p.downloadFile({ sandboxId: a, path: 'a.txt' })).toString()).toBe('kept\n')
+    expect(await ok(p, a, 'cat later.txt')).toBe('later\n')
+
+    // With both GPUs held, a stopped sandbox has nowhere to go: a typed error naming the holders.
+    engineCli(['stop', '-t', '1', containerOf(n, c).Id])
+    const d = (await p.createSandbox()).sandboxId
+    expect(gpusOf(n, d)).toEqual(['m0'])
+    const rc = (await p.exec({ sandboxId: c, command: 'true' })) as any
+    expect(rc.success).toBe(false)
+    expect(rc.error).toContain(`GPU m0 is held by ${d}`)
+    expect(rc.error).toContain(`GPU m1 is held by ${a}`)
+    expect(containersOf(n, c)).toHaveLength(1)
+
+    expect(await p.removeSandbox(a)).toBe(true)
+    expect(containersOf(n, a)).toEqual([])
+    expect(engineHas('image', saved)).toBe(false)
+    expect(engineCli(['ps', '-aq', '--filter', `name=${before.Name.slice(1)}`])).toBe('')
+    p.dispose()
+    cleanup(n)
+  }, 180_000)
+
+  test('a read-only-root sandbox moves with its volumes (sandbox root and layout), and its volumes go with it', async () => {
+    const n = ns('t-gpu-move-ro')
+    const p = provider(n, { gpus: exclusive(1), gpuDevices: ['r0', 'r1'], readOnlyRootfs: true })
+    const a = (await p.createSandbox()).sandboxId
+    await ok(p, a, 'echo kept > a.txt')
+    await p.uploadFile({ sandboxId: a, remotePath: `${p.getFileUploadsDir(a)}/u.txt`, content: Buffer.from('up\n') })
+    const before = containerOf(n, a)
+    const volumes = (before.Mounts as any[]).filter((m) => m.Type === 'volume').map((m) => m.Name as string)
+    expect(volumes.length).toBeGreaterThanOrEqual(2)
+    engineCli(['stop', '-t', '1', before.Id])
+    const b = (await p.createSandbox()).sandboxId
+    expect(gpusOf(n, b)).toEqual(['r0'])
+    expect(await ok(p, a, `cat a.txt ${p.getFileUploadsDir(a)}/u.txt; echo $NVIDIA_VISIBLE_DEVICES`)).toBe('kept\nup\nr1\n')
+    const after = containerOf(n, a)
+    expect(after.Id).not.toBe(before.Id)
+    expect(after.HostConfig.ReadonlyRootfs).toBe(true)
+    // The same volumes, and no new ones.
+    expect(((after.Mounts as any[]).filter((m) => m.Type === 'volume').map((m) => m.Name as string)).sort()).toEqual([...volumes].sort())
+    expect(await p.removeSandbox(a)).toBe(true)
+    for (const v of volumes) expect(engineHas('volume', v)).toBe(false)
+    p.dispose()
+    cleanup(n)
+  }, 180_000)
+
+  test('a move that died between its renames is repaired by the next lookup: the set-aside container gets its name back', async () => {
+    const n = ns('t-gpu-move-died')
+    const p = provider(n, { gpus: exclusive(1), gpuDevices: ['x0'] })
+    const a = (await p.createSandbox()).sandboxId
+    await ok(p, a, 'echo kept > a.txt')
+    const before = containerOf(n, a)
+    engineCli(['stop', '-t', '1', before.Id])
+    // What a process killed after setting the old container aside leaves behind.
+    engineCli(['rename', before.Id, `${before.Name.slice(1)}.gpu-moved`])
+    // A process that has not seen the sandbox looks it up by name (this one has it cached by id).
+    const options = { image: BUSYBOX, dockerHost: HOST, namespace: n, network: 'none', autoStopIntervalInMinutes: 0, gpus: exclusive(1), gpuDevices: ['x0'] }
+    const r = execInChild(options, { sandboxId: a, command: 'cat a.txt' })
+    expect(r).toEqual({ success: true, response: { exitCode: 0, result: 'kept\n' } })
+    expect(containerOf(n, a).Id).toBe(before.Id)
+    expect(containerOf(n, a).Name).toBe(before.Name)
+    p.dispose()
+    cleanup(n)
+  }, 120_000)
+
   test('gpuWaitMs: a create waits for a GPU to free up', async () => {
     const n = ns('t-gpu-wait')
     const p = provider(n, { gpus: exclusive(1), gpuDevices: ['7'], gpuWaitMs: 30_000 })

@@ -16,11 +16,12 @@ use bollard::errors::Error as BollardError;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{
   BuildInfo, ContainerCreateBody, ContainerInspectResponse, ContainerSummary, CreateImageInfo,
-  ExecInspectResponse, ImageInspect, SystemInfo, SystemVersion,
+  ExecInspectResponse, ImageInspect, ImageSummary, SystemInfo, SystemVersion,
 };
 use bollard::query_parameters::{
-  BuildImageOptions, ContainerArchiveInfoOptions, CreateContainerOptions, CreateImageOptions,
-  DownloadFromContainerOptions, ListContainersOptions, LogsOptions, RemoveContainerOptions,
+  BuildImageOptions, CommitContainerOptions, ContainerArchiveInfoOptions, CreateContainerOptions,
+  CreateImageOptions, DownloadFromContainerOptions, ListContainersOptions, ListImagesOptions,
+  LogsOptions, RemoveContainerOptions, RemoveImageOptions, RemoveVolumeOptions,
   RenameContainerOptions, RestartContainerOptions, UploadToContainerOptions,
 };
 use bollard::{Docker, API_DEFAULT_VERSION};
@@ -409,6 +410,91 @@ impl Engine {
       }
       Err(e) => Err(e),
     }
+  }
+
+  /// Removes a container whatever its state but keeps its volumes: another container of the
+  /// same sandbox mounts them now. `false` when it was already gone.
+  pub async fn remove_keeping_volumes(&self, operation: &str, container: &str) -> Result<bool> {
+    let opts = RemoveContainerOptions {
+      force: true,
+      v: false,
+      ..Default::default()
+    };
+    let r = self
+      .control(operation, || {
+        self.docker.remove_container(container, Some(opts.clone()))
+      })
+      .await;
+    absent_on(r, &[404]).map(|r| r.is_some())
+  }
+
+  /// Saves a container's filesystem as a new untagged image carrying `labels`; its id. Commit
+  /// copies the whole writable layer, so it gets the transfer deadline, not the control one.
+  pub async fn commit_container(
+    &self,
+    container: &str,
+    labels: HashMap<String, String>,
+    limit: Duration,
+  ) -> Result<String> {
+    let opts = CommitContainerOptions {
+      container: Some(container.to_string()),
+      pause: false,
+      ..Default::default()
+    };
+    let config = bollard::models::ContainerConfig {
+      labels: Some(labels),
+      ..Default::default()
+    };
+    self
+      .within(
+        limit,
+        "save the sandbox's files as an image",
+        self.docker.commit_container(opts, config),
+      )
+      .await
+      .map(|r| r.id)
+  }
+
+  /// Untagged images carrying every label in `labels` (`key` or `key=value`).
+  pub async fn list_dangling_images(&self, labels: Vec<String>) -> Result<Vec<ImageSummary>> {
+    let opts = ListImagesOptions {
+      filters: Some(HashMap::from([
+        ("dangling".to_string(), vec!["true".to_string()]),
+        ("label".to_string(), labels),
+      ])),
+      ..Default::default()
+    };
+    self
+      .control("list saved sandbox images", || {
+        self.docker.list_images(Some(opts.clone()))
+      })
+      .await
+  }
+
+  /// Removes an image nothing uses (never forced); `false` when it is gone or still in use.
+  pub async fn remove_unused_image(&self, image: &str) -> Result<bool> {
+    let opts = RemoveImageOptions {
+      force: false,
+      noprune: false,
+      ..Default::default()
+    };
+    let r = self
+      .control("remove a saved sandbox image", || {
+        self.docker.remove_image(image, Some(opts.clone()), None)
+      })
+      .await;
+    absent_on(r, &[404, 409]).map(|r| r.is_some())
+  }
+
+  /// Removes a volume nothing mounts (never forced); `false` when it is gone or in use.
+  pub async fn remove_unused_volume(&self, volume: &str) -> Result<bool> {
+    let opts = RemoveVolumeOptions { force: false };
+    let r = self
+      .control("remove a sandbox volume", || {
+        self.docker.remove_volume(volume, Some(opts.clone()))
+      })
+      .await;
+    absent_on(r, &[404, 409]).map(|r| r.is_some())
   }
 
   /// Removes a stopped container (and its anonymous volumes). `false` when it is gone, or

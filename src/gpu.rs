@@ -38,7 +38,7 @@ pub const LOCK_STALE: Duration = Duration::from_secs(30);
 /// The largest `gpuWaitMs` accepted: an hour.
 pub const MAX_WAIT_MS: u64 = 3_600_000;
 /// How often a waiting `createSandbox()` looks for free GPUs again.
-const POLL: Duration = Duration::from_millis(250);
+pub const POLL: Duration = Duration::from_millis(250);
 /// The variable naming a sandbox's GPUs for the agent (ids or CDI names).
 pub const ENV_GPUS: &str = "TRUEFORGE_GPUS";
 /// What the NVIDIA runtime mounts into a GPU sandbox by default: CUDA and nvidia-smi.
@@ -490,7 +490,7 @@ pub fn pick(inventory: &[String], held: &BTreeMap<String, String>, n: u32) -> Op
   (free.len() == n as usize).then_some(free)
 }
 
-fn unavailable(
+pub fn unavailable(
   n: u32,
   inventory: &[String],
   held: &BTreeMap<String, String>,
@@ -766,34 +766,6 @@ pub fn gpus_of(info: &ContainerInspectResponse) -> Option<Vec<String>> {
     .map(String::from)
     .collect();
   (!ids.is_empty()).then_some(ids)
-}
-
-/// Before a stopped exclusive sandbox starts again: takes the lock and checks that its GPUs are
-/// still free. The caller starts the container and then releases the lock. Its GPUs are fixed
-/// at create, so when another sandbox took one meanwhile, this fails with `GpusUnavailable`.
-pub async fn before_restart(
-  engine: &Engine,
-  sandbox_id: &str,
-  gpus: &[String],
-  log: &Logger,
-) -> Result<Lock> {
-  let lock = Lock::take(engine).await?;
-  let held = match held(engine).await {
-    Ok(h) => h,
-    Err(e) => {
-      lock.release(log).await;
-      return Err(e);
-    }
-  };
-  let taken: BTreeMap<String, String> = held
-    .into_iter()
-    .filter(|(g, who)| gpus.contains(g) && who != sandbox_id)
-    .collect();
-  if taken.is_empty() {
-    return Ok(lock);
-  }
-  lock.release(log).await;
-  Err(unavailable(gpus.len() as u32, gpus, &taken, gpus))
 }
 
 #[cfg(test)]

@@ -29,6 +29,14 @@ pub const LABEL_GPU_LOCK: &str = "trueforge.sandbox.gpu-lock";
 /// When the GPU lock was taken, in milliseconds since the epoch (the holder's clock).
 pub const LABEL_GPU_LOCK_AT: &str = "trueforge.sandbox.gpu-lock-at";
 
+/// On a sandbox container moved to other GPUs (`gpumove`): the image its files were saved as,
+/// and the volumes it took over from the container it replaced; both go when it goes.
+pub const LABEL_SAVED_IMAGE: &str = "trueforge.sandbox.saved-image";
+pub const LABEL_CARRIED_VOLUMES: &str = "trueforge.sandbox.carried-volumes";
+/// On an image saved from a sandbox for a move (its value: the sandbox id), so a sweep finds
+/// one a crashed move left behind.
+pub const LABEL_SAVED_FROM: &str = "trueforge.sandbox.saved-from";
+
 #[cfg(test)]
 mod tests {
   use super::*;
@@ -47,6 +55,9 @@ mod tests {
       LABEL_IMAGEWORK,
       LABEL_GPU_LOCK,
       LABEL_GPU_LOCK_AT,
+      LABEL_SAVED_IMAGE,
+      LABEL_CARRIED_VOLUMES,
+      LABEL_SAVED_FROM,
     ] {
       assert!(key.starts_with(LABEL_PREFIX), "{key}");
     }

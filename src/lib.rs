@@ -15,6 +15,7 @@ pub mod exec;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod gpu;
+pub mod gpumove;
 pub mod ids;
 pub mod image;
 pub mod imagework;

@@ -47,6 +47,10 @@ pub struct Target {
   pub owner: Option<(u32, u32)>,
   /// The tenant the container was verified for: a cached entry serves only that tenant.
   pub tenant: Option<String>,
+  /// It holds exclusive GPUs: starting it again may move it (`gpumove`).
+  pub exclusive_gpus: bool,
+  /// What it holds beyond its container after a move; removed with it.
+  pub saved: crate::gpumove::Saved,
 }
 
 /// Per-engine state (held in `shared::EngineShared`).
@@ -144,10 +148,17 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
       return Ok(t);
     }
   }
-  let Some(info) = engine
+  let mut found = engine
     .inspect_container("inspect the sandbox container", &name)
-    .await?
-  else {
+    .await?;
+  // Absent only for the instant a GPU move swaps containers under the name (or after a move
+  // that died mid-swap, which this repairs).
+  if found.is_none() && crate::gpumove::await_move(engine, &name).await? {
+    found = engine
+      .inspect_container("inspect the sandbox container", &name)
+      .await?;
+  }
+  let Some(info) = found else {
     return Err(not_available(sandbox_id));
   };
   if !is_ours(&info, &name, scope, sandbox_id) {
@@ -169,29 +180,53 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
     container_id,
     owner,
     tenant: scope.tenant.clone(),
+    exclusive_gpus: crate::gpu::gpus_of(&info).is_some(),
+    saved: crate::gpumove::saved_of(info.config.as_ref().and_then(|c| c.labels.as_ref())),
   };
   remember(engine, &t);
   Ok(t)
 }
 
-/// Whether the container still exists as ours (used to tell a missing file from a missing
-/// container after a 404).
-pub async fn still_exists(engine: &Engine, scope: &Scope, target: &Target) -> Result<bool> {
-  match engine
+/// What a 404 from an operation on a sandbox's container meant.
+pub enum After404 {
+  /// The container is there: the 404 was about a path in it.
+  Same,
+  /// The id now resolves to another container (the sandbox moved to other GPUs): try again.
+  Replaced(Target),
+  /// The sandbox is gone.
+  Gone,
+}
+
+/// Tells a missing file from a missing (or replaced) container after a 404.
+pub async fn after_404(engine: &Engine, scope: &Scope, target: &Target) -> Result<After404> {
+  if let Some(info) = engine
     .inspect_container("inspect the sandbox container", &target.container_id)
     .await?
   {
-    Some(info) => Ok(is_ours(&info, &target.name, scope, &target.sandbox_id)),
-    None => {
-      forget(engine, &target.name);
-      Ok(false)
-    }
+    return Ok(if is_ours(&info, &target.name, scope, &target.sandbox_id) {
+      After404::Same
+    } else {
+      After404::Gone
+    });
+  }
+  forget(engine, &target.name);
+  match resolve(engine, scope, &target.sandbox_id).await {
+    Ok(t) if t.container_id != target.container_id => Ok(After404::Replaced(t)),
+    Ok(_) | Err(SandboxError::SandboxNotAvailable { .. }) => Ok(After404::Gone),
+    Err(e) => Err(e),
   }
 }
 
 /// Starts a stopped container. Concurrent callers in this process share one start; other
-/// processes racing us get the engine's "already started", which is success too.
-pub async fn ensure_started(engine: &Engine, target: &Target, log: &Logger) -> Result<()> {
+/// processes racing us get the engine's "already started", which is success too. A container
+/// that is gone is forgotten and `Ok`: the caller's next try resolves the id again (another
+/// process may have moved the sandbox to other GPUs).
+pub async fn ensure_started(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  target: &Target,
+  log: &Logger,
+) -> Result<()> {
   let _guard = engine
     .shared
     .lifecycle
@@ -203,7 +238,7 @@ pub async fn ensure_started(engine: &Engine, target: &Target, log: &Logger) -> R
     .await?
   else {
     forget(engine, &target.name);
-    return Err(not_available(&target.sandbox_id));
+    return Ok(());
   };
   let state = info.state.clone().unwrap_or_default();
   if state.running == Some(true) && state.paused != Some(true) && state.restarting != Some(true) {
@@ -218,25 +253,20 @@ pub async fn ensure_started(engine: &Engine, target: &Target, log: &Logger) -> R
       .unpause_container("unpause the sandbox", &target.container_id)
       .await;
   }
-  // An exclusive GPU sandbox starts only while its GPUs are free; the lock is held until the
-  // engine runs it, so no other process hands them out meanwhile.
-  let gpu_lock = match crate::gpu::gpus_of(&info) {
-    Some(gpus) => Some(crate::gpu::before_restart(engine, &target.sandbox_id, &gpus, log).await?),
-    None => None,
-  };
+  // An exclusive GPU sandbox starts only on GPUs no other sandbox holds, decided under the
+  // engine's GPU lock: its own, or others (a move).
+  if crate::gpu::gpus_of(&info).is_some() {
+    return crate::gpumove::start_exclusive(engine, cfg, target, log).await;
+  }
   log.info(
     "starting stopped sandbox",
     json!({ "sandboxId": target.sandbox_id }),
   );
-  let started = engine
+  if !engine
     .start_container("start the sandbox container", &target.container_id)
-    .await;
-  if let Some(lock) = gpu_lock {
-    lock.release(log).await;
-  }
-  if !started? {
+    .await?
+  {
     forget(engine, &target.name);
-    return Err(not_available(&target.sandbox_id));
   }
   Ok(())
 }
@@ -547,6 +577,8 @@ async fn create_inner(
       container_id: container_id.clone(),
       owner,
       tenant: cfg.tenant.clone(),
+      exclusive_gpus: gpus_picked.is_some(),
+      saved: Default::default(),
     })
   };
   match finish.await {
@@ -645,14 +677,26 @@ pub async fn restart(engine: &Engine, container: &str, limit: std::time::Duratio
 }
 
 /// Removes one sandbox; a sandbox that is already gone (or was never ours) is not an error.
-pub async fn remove(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result<bool> {
-  let target = match resolve(engine, scope, sandbox_id).await {
-    Ok(t) => t,
-    Err(SandboxError::SandboxNotAvailable { .. }) => return Ok(false),
-    Err(e) => return Err(e),
-  };
-  forget(engine, &target.name);
-  force_remove(engine, &target.container_id).await
+pub async fn remove(
+  engine: &Engine,
+  scope: &Scope,
+  sandbox_id: &str,
+  log: &Logger,
+) -> Result<bool> {
+  // Twice at most: a cached container may have been replaced by a GPU move elsewhere.
+  for _ in 0..2 {
+    let target = match resolve(engine, scope, sandbox_id).await {
+      Ok(t) => t,
+      Err(SandboxError::SandboxNotAvailable { .. }) => return Ok(false),
+      Err(e) => return Err(e),
+    };
+    forget(engine, &target.name);
+    if force_remove(engine, &target.container_id).await? {
+      crate::gpumove::remove_saved(engine, &target.saved, log).await;
+      return Ok(true);
+    }
+  }
+  Ok(false)
 }
 
 /// Maps the container's `User` to numeric ids, reading the image's passwd and group files for

@@ -122,6 +122,8 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
         container_id: id,
         owner,
         tenant: scope.tenant.clone(),
+        exclusive_gpus: false,
+        saved: Default::default(),
       },
       None => lifecycle::resolve(engine, scope, sandbox_id).await?,
     };

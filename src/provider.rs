@@ -17,7 +17,7 @@ use crate::exec::{self, ExecRequest, StartError};
 use crate::gpu;
 use crate::image::{self, Build};
 use crate::layout;
-use crate::lifecycle::{self, Scope, Target};
+use crate::lifecycle::{self, After404, Scope, Target};
 use crate::logging::Logger;
 use crate::pool;
 use crate::reaper;
@@ -269,7 +269,7 @@ impl Provider {
           });
         }
         Err(StartError::NotRunning) if attempt < 2 => {
-          lifecycle::ensure_started(&engine, &target, &self.log).await?
+          lifecycle::ensure_started(&engine, &self.cfg, &target, &self.log).await?
         }
         Err(StartError::Gone) if attempt < 2 => {
           lifecycle::forget(&engine, &target.name);
@@ -326,7 +326,7 @@ impl Provider {
       match codemode::launch(&engine, &target, socket, ro, sink.clone(), &self.log).await {
         Ok(relay) => return Ok(relay),
         Err(StartError::NotRunning) if attempt < 2 => {
-          lifecycle::ensure_started(&engine, &target, &self.log).await?
+          lifecycle::ensure_started(&engine, &self.cfg, &target, &self.log).await?
         }
         Err(StartError::Gone) if attempt < 2 => {
           lifecycle::forget(&engine, &target.name);
@@ -369,49 +369,61 @@ impl Provider {
         max,
       });
     }
-    let (engine, target) = self.target(sandbox_id).await?;
-    match transfer::upload(
-      &engine,
-      &target.container_id,
-      remote_path,
-      &path,
-      content,
-      target.owner,
-      self.cfg.read_only_rootfs,
-    )
-    .await
-    {
-      Err(e @ SandboxError::FileNotFound { .. }) => {
-        if lifecycle::still_exists(&engine, &self.scope, &target).await? {
-          Err(e)
-        } else {
-          Err(SandboxError::SandboxNotAvailable {
-            sandbox_id: sandbox_id.to_string(),
-          })
-        }
-      }
-      other => other,
+    let (engine, mut target) = self.target(sandbox_id).await?;
+    if target.exclusive_gpus {
+      // Files go only into a running exclusive sandbox: a stopped one may be moving to other
+      // GPUs, and a write into the container it leaves would be lost.
+      lifecycle::ensure_started(&engine, &self.cfg, &target, &self.log).await?;
+      target = lifecycle::resolve(&engine, &self.scope, sandbox_id).await?;
     }
+    for attempt in 0..2 {
+      let sent = transfer::upload(
+        &engine,
+        &target.container_id,
+        remote_path,
+        &path,
+        content.clone(),
+        target.owner,
+        self.cfg.read_only_rootfs,
+      )
+      .await;
+      match sent {
+        Err(e @ SandboxError::FileNotFound { .. }) => {
+          match lifecycle::after_404(&engine, &self.scope, &target).await? {
+            After404::Same => return Err(e),
+            After404::Replaced(t) if attempt == 0 => target = t,
+            _ => return Err(not_available(sandbox_id)),
+          }
+        }
+        other => return other,
+      }
+    }
+    Err(not_available(sandbox_id))
   }
 
   /// Reads a regular file (symlinks followed inside the container).
   pub async fn download_file(&self, sandbox_id: &str, path: &str) -> Result<Vec<u8>> {
     lifecycle::name_for(&self.cfg.namespace, sandbox_id)?;
     let abs = layout::resolve_path(sandbox_id, path)?;
-    let (engine, target) = self.target(sandbox_id).await?;
+    let (engine, mut target) = self.target(sandbox_id).await?;
     let max = self.cfg.file_max_bytes;
-    let out = match transfer::download(&engine, &target.container_id, path, &abs, max).await {
-      Err(e @ SandboxError::FileNotFound { .. }) => {
-        if lifecycle::still_exists(&engine, &self.scope, &target).await? {
-          Err(e)
-        } else {
-          Err(SandboxError::SandboxNotAvailable {
-            sandbox_id: sandbox_id.to_string(),
-          })
+    let mut out = Err(not_available(sandbox_id));
+    for attempt in 0..2 {
+      out = match transfer::download(&engine, &target.container_id, path, &abs, max).await {
+        Err(e @ SandboxError::FileNotFound { .. }) => {
+          match lifecycle::after_404(&engine, &self.scope, &target).await? {
+            After404::Same => Err(e),
+            After404::Replaced(t) if attempt == 0 => {
+              target = t;
+              continue;
+            }
+            _ => Err(not_available(sandbox_id)),
+          }
         }
-      }
-      other => other,
-    };
+        other => other,
+      };
+      break;
+    }
     // A download is activity too; recording it must not delay the caller.
     if out.is_ok() && self.cfg.auto_stop_secs.is_some() {
       let (task_engine, container, owner) =
@@ -429,7 +441,7 @@ impl Provider {
       return Ok(false);
     }
     let engine = self.engine().await?;
-    let removed = lifecycle::remove(&engine, &self.scope, sandbox_id).await?;
+    let removed = lifecycle::remove(&engine, &self.scope, sandbox_id, &self.log).await?;
     if removed {
       self
         .log
@@ -464,6 +476,12 @@ impl Provider {
       uploads = layout::UPLOADS_DIR,
       results = layout::TOOL_RESULTS_DIR,
     )
+  }
+}
+
+fn not_available(sandbox_id: &str) -> SandboxError {
+  SandboxError::SandboxNotAvailable {
+    sandbox_id: sandbox_id.to_string(),
   }
 }
 

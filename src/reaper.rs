@@ -102,6 +102,13 @@ pub async fn reap(
       if !engine.remove_stopped("remove a stale sandbox", &id).await? {
         continue;
       }
+      // A container a move set aside shares its volumes with the sandbox's current one.
+      let set_aside = info.name.as_deref().is_some_and(|n| {
+        n.ends_with(crate::gpumove::MOVED_SUFFIX) || n.ends_with(crate::gpumove::MOVING_SUFFIX)
+      });
+      if !set_aside {
+        crate::gpumove::remove_saved(engine, &crate::gpumove::saved_of(Some(&labels)), log).await;
+      }
       if let Ok(name) = crate::lifecycle::name_for(namespace, &sandbox_id) {
         crate::lifecycle::forget(engine, &name);
       }
@@ -114,6 +121,7 @@ pub async fn reap(
   }
   if !dry_run {
     reap_probes(engine, now).await;
+    crate::gpumove::sweep_saved_images(engine, now).await;
     // Best effort, like the probes: a lease left by a failed or crashed fetch long ago.
     let _ = crate::imagework::reap_forgotten(engine).await;
   }

@@ -1,0 +1,544 @@
+//! Starting a stopped exclusive-GPU sandbox again: on its own GPUs when they are still free,
+//! else on others (a move), else a typed error once `gpuWaitMs` has passed.
+//!
+//! An engine fixes a container's devices at create, so a move makes a new container: the old
+//! one's files are saved as an image (commit), its volumes are mounted into the new one, and the
+//! new one takes the old one's name. Everything that decides and hands out GPUs runs under the
+//! engine's GPU lock; the commit (slow: the whole writable layer) runs outside it and is used
+//! only when the container has not run since (its start and finish times are unchanged). The
+//! new container's labels name the saved image and the carried volumes, which go with it.
+//! Between the two renames the name is briefly absent: `lifecycle::resolve` waits that out.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use bollard::models::{ContainerCreateBody, ContainerInspectResponse, Mount, MountType};
+use serde_json::json;
+
+use crate::client::Engine;
+use crate::config::{Gpus, ProviderConfig};
+use crate::errors::{Result, SandboxError};
+use crate::gpu::{self, Lock};
+use crate::labels::{self, LABEL_CARRIED_VOLUMES, LABEL_GPUS, LABEL_SAVED_FROM, LABEL_SAVED_IMAGE};
+use crate::lifecycle::{self, Target};
+use crate::logging::Logger;
+
+/// Suffix of the new container's name until it takes the sandbox's name.
+pub const MOVING_SUFFIX: &str = ".gpu-move";
+/// Suffix of the old container's name between the renames.
+pub const MOVED_SUFFIX: &str = ".gpu-moved";
+/// A saved image no container uses is swept once older than this (a move that crashed).
+pub const SAVED_IMAGE_STALE: Duration = Duration::from_secs(600);
+/// The renames of a move take milliseconds; a name absent for longer is a move that died.
+const SWAP_GRACE: Duration = Duration::from_secs(5);
+/// How long a commit may take: it copies everything the sandbox wrote outside its volumes.
+const COMMIT_LIMIT: Duration = Duration::from_secs(600);
+
+/// What a moved sandbox holds beyond its container; removed with it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Saved {
+  pub image: Option<String>,
+  pub volumes: Vec<String>,
+}
+
+/// The saved image and carried volumes a container's labels name (empty when never moved).
+pub fn saved_of(labels: Option<&HashMap<String, String>>) -> Saved {
+  let get = |k: &str| labels.and_then(|l| l.get(k)).filter(|v| !v.is_empty());
+  Saved {
+    image: get(LABEL_SAVED_IMAGE).cloned(),
+    volumes: get(LABEL_CARRIED_VOLUMES)
+      .map(|v| {
+        v.split(',')
+          .filter(|s| !s.is_empty())
+          .map(String::from)
+          .collect()
+      })
+      .unwrap_or_default(),
+  }
+}
+
+/// Removes what a removed moved sandbox held; best effort (a sweep finds a left image).
+pub async fn remove_saved(engine: &Engine, saved: &Saved, log: &Logger) {
+  for v in &saved.volumes {
+    if let Err(e) = engine.remove_unused_volume(v).await {
+      log.warn(
+        "could not remove a moved sandbox's volume",
+        json!({ "volume": v, "error": e.to_string() }),
+      );
+    }
+  }
+  if let Some(image) = &saved.image {
+    let _ = engine.remove_unused_image(image).await;
+  }
+}
+
+/// Removes saved images that no container uses and that are older than `SAVED_IMAGE_STALE`
+/// (younger ones may belong to a move under way). Best effort.
+pub async fn sweep_saved_images(engine: &Engine, now_secs: u64) {
+  let Ok(images) = engine
+    .list_dangling_images(vec![LABEL_SAVED_FROM.to_string()])
+    .await
+  else {
+    return;
+  };
+  for i in images {
+    let age = now_secs.saturating_sub(u64::try_from(i.created).unwrap_or(u64::MAX));
+    if i.containers <= 0 && age >= SAVED_IMAGE_STALE.as_secs() {
+      let _ = engine.remove_unused_image(&i.id).await;
+    }
+  }
+}
+
+/// After a lookup of `name` missed: whether a move of that sandbox is between its renames (the
+/// old container set aside under `{name}.gpu-moved`). Waits up to `SWAP_GRACE` for the new one
+/// to take the name; a set-aside container still alone after that is from a move that died,
+/// and gets its name back. `true` when the caller should look again.
+pub async fn await_move(engine: &Engine, name: &str) -> Result<bool> {
+  let moved = format!("{name}{MOVED_SUFFIX}");
+  let Some(aside) = engine
+    .inspect_container("inspect a sandbox being moved", &moved)
+    .await?
+  else {
+    return Ok(false);
+  };
+  let until = Instant::now() + SWAP_GRACE;
+  while Instant::now() < until {
+    tokio::time::sleep(Duration::from_millis(25)).await;
+    if engine
+      .inspect_container("inspect the sandbox container", name)
+      .await?
+      .is_some()
+    {
+      return Ok(true);
+    }
+  }
+  if let (true, Some(id)) = (is_ours(&aside), aside.id.as_deref()) {
+    let _ = engine
+      .rename_container("give a sandbox container its name back", id, name)
+      .await;
+  }
+  Ok(true)
+}
+
+/// What one pass under the lock decided.
+enum Step {
+  /// Started (on its GPUs or moved), running already, or gone (the caller resolves again).
+  Done,
+  /// A move is needed and no save of the container as it is now exists: save it, come back.
+  Save { version: String },
+}
+
+/// Starts the stopped exclusive sandbox `target`: its own GPUs if free, else `count` others
+/// (moving it), else `GpusUnavailable` naming the holders, at once or after `gpuWaitMs`.
+pub async fn start_exclusive(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  target: &Target,
+  log: &Logger,
+) -> Result<()> {
+  let deadline = Instant::now() + Duration::from_millis(cfg.gpu_wait_ms);
+  let mut saved: Option<(String, String)> = None;
+  let outcome = loop {
+    let lock = Lock::take(engine).await?;
+    let step = decide(engine, cfg, target, saved.as_ref(), log).await;
+    lock.release(log).await;
+    match step {
+      Ok(Step::Done) => break Ok(()),
+      Ok(Step::Save { version }) => {
+        if let Some((old, _)) = saved.take() {
+          let _ = engine.remove_unused_image(&old).await;
+        }
+        log.info(
+          "saving a stopped sandbox's files to move it to free GPUs",
+          json!({ "sandboxId": target.sandbox_id }),
+        );
+        let image = engine
+          .commit_container(
+            &target.container_id,
+            HashMap::from([(LABEL_SAVED_FROM.to_string(), target.sandbox_id.clone())]),
+            COMMIT_LIMIT,
+          )
+          .await;
+        match image {
+          Ok(image) => saved = Some((image, version)),
+          Err(e) => break Err(e),
+        }
+      }
+      Err(e @ SandboxError::GpusUnavailable { .. }) if Instant::now() < deadline => {
+        log.debug(
+          "no GPU free yet; waiting",
+          json!({ "error": e.to_string() }),
+        );
+        tokio::time::sleep(gpu::POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
+      }
+      Err(e) => break Err(e),
+    }
+  };
+  // A save that was not used (it started on its own GPUs, or failed) goes; a used one is in use.
+  if let Some((image, _)) = saved {
+    let _ = engine.remove_unused_image(&image).await;
+  }
+  outcome
+}
+
+/// Changes whenever the container runs: a save with the same version has every file.
+fn version_of(info: &ContainerInspectResponse) -> String {
+  let s = info.state.clone().unwrap_or_default();
+  format!(
+    "{}|{}",
+    s.started_at.unwrap_or_default(),
+    s.finished_at.unwrap_or_default()
+  )
+}
+
+/// One pass under the GPU lock.
+async fn decide(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  target: &Target,
+  saved: Option<&(String, String)>,
+  log: &Logger,
+) -> Result<Step> {
+  let Some(info) = engine
+    .inspect_container("inspect the sandbox container", &target.container_id)
+    .await?
+  else {
+    return Ok(Step::Done);
+  };
+  let state = info.state.clone().unwrap_or_default();
+  if state.running == Some(true) {
+    return Ok(Step::Done);
+  }
+  let own = gpu::gpus_of(&info).unwrap_or_default();
+  let held = gpu::held(engine).await?;
+  let taken: BTreeMap<String, String> = held
+    .iter()
+    .filter(|(g, who)| own.contains(g) && **who != target.sandbox_id)
+    .map(|(g, w)| (g.clone(), w.clone()))
+    .collect();
+  if taken.is_empty() {
+    log.info(
+      "starting stopped sandbox",
+      json!({ "sandboxId": target.sandbox_id }),
+    );
+    engine
+      .start_container("start the sandbox container", &target.container_id)
+      .await?;
+    return Ok(Step::Done);
+  }
+  let image = info
+    .config
+    .as_ref()
+    .and_then(|c| c.image.clone())
+    .unwrap_or_default();
+  let inventory = gpu::inventory(engine, cfg, &image).await?;
+  let Some(picked) = pick_keeping(&inventory, &own, &held, own.len()) else {
+    return Err(gpu::unavailable(
+      own.len() as u32,
+      &inventory,
+      &held,
+      &inventory,
+    ));
+  };
+  let version = version_of(&info);
+  match saved {
+    Some((image, v)) if *v == version => {
+      move_to(engine, &info, image, &picked, log).await?;
+      log.info(
+        "sandbox moved to free GPUs",
+        json!({ "sandboxId": target.sandbox_id, "from": own, "to": picked }),
+      );
+      lifecycle::forget(engine, &target.name);
+      Ok(Step::Done)
+    }
+    _ => Ok(Step::Save { version }),
+  }
+}
+
+/// `n` free GPUs, the sandbox's own free ones first (fewer changes for the agent).
+fn pick_keeping(
+  inventory: &[String],
+  own: &[String],
+  held: &BTreeMap<String, String>,
+  n: usize,
+) -> Option<Vec<String>> {
+  let mut order: Vec<String> = own
+    .iter()
+    .filter(|g| inventory.contains(g))
+    .cloned()
+    .collect();
+  order.extend(inventory.iter().filter(|g| !own.contains(g)).cloned());
+  let free: Vec<String> = order
+    .into_iter()
+    .filter(|g| !held.contains_key(g))
+    .take(n)
+    .collect();
+  (n > 0 && free.len() == n).then_some(free)
+}
+
+/// The new container's definition: the old one's, from the saved image, with the GPUs, their
+/// environment and labels replaced and its volumes mounted by name.
+pub fn moved_body(
+  info: &ContainerInspectResponse,
+  image: &str,
+  picked: &[String],
+) -> Result<(ContainerCreateBody, Vec<String>)> {
+  let config = serde_json::to_value(info.config.clone().unwrap_or_default())
+    .map_err(|e| SandboxError::Internal(format!("container config: {e}")))?;
+  let mut body: ContainerCreateBody = serde_json::from_value(config)
+    .map_err(|e| SandboxError::Internal(format!("container config: {e}")))?;
+  body.image = Some(image.to_string());
+  body.host_config = info.host_config.clone();
+  let host = body.host_config.get_or_insert_with(Default::default);
+  host.device_requests = None;
+  let mut volumes = Vec::new();
+  let mut mounts = host.mounts.take().unwrap_or_default();
+  for m in info.mounts.iter().flatten() {
+    if m.typ.as_deref() != Some("volume") {
+      continue;
+    }
+    let (Some(name), Some(dest)) = (m.name.clone(), m.destination.clone()) else {
+      continue;
+    };
+    // Named volumes given at create are in `mounts` already.
+    if mounts
+      .iter()
+      .any(|x| x.target.as_deref() == Some(dest.as_str()))
+    {
+      continue;
+    }
+    if let Some(v) = body.volumes.as_mut() {
+      v.retain(|p| p != &dest);
+    }
+    mounts.push(Mount {
+      target: Some(dest),
+      source: Some(name.clone()),
+      typ: Some(MountType::VOLUME),
+      read_only: Some(m.rw == Some(false)),
+      ..Default::default()
+    });
+    volumes.push(name);
+  }
+  host.mounts = (!mounts.is_empty()).then_some(mounts);
+  if let Some(env) = body.env.as_mut() {
+    env.retain(|e| {
+      !e.starts_with("NVIDIA_VISIBLE_DEVICES=") && !e.starts_with(&format!("{}=", gpu::ENV_GPUS))
+    });
+  }
+  let labels = body.labels.get_or_insert_with(Default::default);
+  labels.remove(LABEL_GPUS);
+  labels.insert(LABEL_SAVED_IMAGE.into(), image.to_string());
+  labels.insert(LABEL_CARRIED_VOLUMES.into(), volumes.join(","));
+  gpu::shape(
+    &mut body,
+    Some(&Gpus::Exclusive(picked.len() as u32)),
+    Some(picked),
+  );
+  Ok((body, volumes))
+}
+
+/// Replaces the stopped container `info` by one from `image` with `picked` GPUs, under the same
+/// name, and starts it. On failure the old container keeps its name and the new one goes.
+async fn move_to(
+  engine: &Engine,
+  info: &ContainerInspectResponse,
+  image: &str,
+  picked: &[String],
+  log: &Logger,
+) -> Result<()> {
+  let old_id = info.id.clone().unwrap_or_default();
+  let name = info
+    .name
+    .as_deref()
+    .unwrap_or_default()
+    .trim_start_matches('/')
+    .to_string();
+  let moving = format!("{name}{MOVING_SUFFIX}");
+  let moved = format!("{name}{MOVED_SUFFIX}");
+  let (body, _) = moved_body(info, image, picked)?;
+  // Left by a move that died: never started, ours by its labels, safe to drop.
+  for stale in [&moving, &moved] {
+    if let Some(s) = engine
+      .inspect_container("inspect a stale move", stale)
+      .await?
+    {
+      if is_ours(&s) {
+        let _ = engine
+          .remove_keeping_volumes("remove a stale move", s.id.as_deref().unwrap_or(stale))
+          .await;
+      }
+    }
+  }
+  let new_id = engine
+    .create_container("create the moved sandbox container", Some(&moving), body)
+    .await
+    .map_err(|e| gpu::explain(e, Some(&Gpus::Exclusive(picked.len() as u32)), Some(picked)))?;
+  let swap = async {
+    engine
+      .rename_container("rename the old sandbox container", &old_id, &moved)
+      .await?;
+    if let Err(e) = engine
+      .rename_container("rename the moved sandbox container", &new_id, &name)
+      .await
+    {
+      let _ = engine
+        .rename_container(
+          "give the old sandbox container its name back",
+          &old_id,
+          &name,
+        )
+        .await;
+      return Err(e);
+    }
+    if let Err(e) = engine
+      .start_container("start the moved sandbox container", &new_id)
+      .await
+    {
+      let _ = engine
+        .rename_container("set the moved container aside", &new_id, &moving)
+        .await;
+      let _ = engine
+        .rename_container(
+          "give the old sandbox container its name back",
+          &old_id,
+          &name,
+        )
+        .await;
+      return Err(e);
+    }
+    Ok(())
+  };
+  if let Err(e) = swap.await {
+    let _ = engine
+      .remove_keeping_volumes("remove the unused moved container", &new_id)
+      .await;
+    return Err(e);
+  }
+  // The old container's saved image (when it was moved before) is the new one's parent: it
+  // goes with it, so only the container goes now, keeping the volumes the new one mounts.
+  if let Err(e) = engine
+    .remove_keeping_volumes("remove the old sandbox container", &old_id)
+    .await
+  {
+    log.warn(
+      "could not remove the container a sandbox moved from; the reaper will",
+      json!({ "container": old_id, "error": e.to_string() }),
+    );
+  }
+  Ok(())
+}
+
+fn is_ours(info: &ContainerInspectResponse) -> bool {
+  info
+    .config
+    .as_ref()
+    .and_then(|c| c.labels.as_ref())
+    .and_then(|l| l.get(labels::LABEL_MANAGED_BY))
+    .map(String::as_str)
+    == Some(labels::MANAGED_BY)
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+  use bollard::models::{ContainerConfig, HostConfig, MountPoint};
+
+  fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+  }
+
+  #[test]
+  fn own_free_gpus_are_kept_first() {
+    let inv = s(&["0", "1", "2", "3"]);
+    let mut held = BTreeMap::new();
+    held.insert("1".to_string(), "other".to_string());
+    assert_eq!(
+      pick_keeping(&inv, &s(&["1", "3"]), &held, 2),
+      Some(s(&["3", "0"]))
+    );
+    held.insert("0".to_string(), "x".to_string());
+    held.insert("2".to_string(), "y".to_string());
+    assert_eq!(pick_keeping(&inv, &s(&["1", "3"]), &held, 2), None);
+    assert_eq!(pick_keeping(&inv, &s(&[]), &held, 0), None);
+  }
+
+  #[test]
+  fn the_moved_body_changes_only_gpus_image_and_volumes() {
+    let info = ContainerInspectResponse {
+      name: Some("/trueforge-ns-01abc".into()),
+      config: Some(ContainerConfig {
+        image: Some("base:1".into()),
+        env: Some(s(&[
+          "A=1",
+          "NVIDIA_VISIBLE_DEVICES=0",
+          "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+          "TRUEFORGE_GPUS=0",
+        ])),
+        labels: Some(HashMap::from([
+          (LABEL_GPUS.to_string(), "0".to_string()),
+          (labels::LABEL_ID.to_string(), "/workspace/x".to_string()),
+        ])),
+        volumes: Some(s(&["/workspace", "/trueforge"])),
+        working_dir: Some("/workspace/x".into()),
+        ..Default::default()
+      }),
+      host_config: Some(HostConfig {
+        pids_limit: Some(64),
+        device_requests: Some(vec![Default::default()]),
+        ..Default::default()
+      }),
+      mounts: Some(vec![
+        MountPoint {
+          typ: Some("volume".into()),
+          name: Some("v1".into()),
+          destination: Some("/workspace".into()),
+          rw: Some(true),
+          ..Default::default()
+        },
+        MountPoint {
+          typ: Some("tmpfs".into()),
+          destination: Some("/tmp".into()),
+          ..Default::default()
+        },
+      ]),
+      ..Default::default()
+    };
+    let (body, vols) = moved_body(&info, "sha256:saved", &s(&["2"])).unwrap();
+    assert_eq!(vols, s(&["v1"]));
+    assert_eq!(body.image.as_deref(), Some("sha256:saved"));
+    assert_eq!(body.working_dir.as_deref(), Some("/workspace/x"));
+    assert_eq!(body.volumes, Some(s(&["/trueforge"])));
+    let env = body.env.clone().unwrap();
+    assert!(env.contains(&"A=1".to_string()));
+    assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=2".to_string()));
+    assert!(env.contains(&"TRUEFORGE_GPUS=2".to_string()));
+    assert!(!env.iter().any(|e| e == "NVIDIA_VISIBLE_DEVICES=0"));
+    assert_eq!(
+      env
+        .iter()
+        .filter(|e| e.starts_with("NVIDIA_DRIVER_CAPABILITIES="))
+        .count(),
+      1
+    );
+    let labels = body.labels.clone().unwrap();
+    assert_eq!(labels[LABEL_GPUS], "2");
+    assert_eq!(labels[labels::LABEL_ID], "/workspace/x");
+    assert_eq!(
+      saved_of(Some(&labels)),
+      Saved {
+        image: Some("sha256:saved".into()),
+        volumes: s(&["v1"])
+      }
+    );
+    let host = body.host_config.unwrap();
+    assert_eq!(host.pids_limit, Some(64));
+    let reqs = host.device_requests.unwrap();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].device_ids, Some(s(&["2"])));
+    let mounts = host.mounts.unwrap();
+    assert_eq!(mounts.len(), 1);
+    assert_eq!(mounts[0].source.as_deref(), Some("v1"));
+    assert_eq!(mounts[0].target.as_deref(), Some("/workspace"));
+    assert_eq!(saved_of(None), Saved::default());
+  }
+}
