@@ -5,6 +5,8 @@
 // socket bind-mounted from the host (what a host-local transport does). Each side measures inside
 // its container: the Python API (one process, sequential calls) and the CLI (a fresh
 // `mcp-client` process per call, so its own start-up included). Prints p50/p99 as JSON.
+// Also measured: the engine's own round trip on an attached exec stream (a small write to `cat`
+// in a container and back), the hop the relay's design adds to the floor and cannot avoid.
 // Usage: node bench/codemode.js [apiCalls=300] [cliCalls=60] [rounds=3]
 
 const { execFile, execFileSync } = require('node:child_process')
@@ -13,6 +15,8 @@ const { mkdtempSync, rmSync, chmodSync } = require('node:fs')
 const { createServer } = require('node:net')
 const { tmpdir } = require('node:os')
 const { join } = require('node:path')
+
+const Docker = require('dockerode')
 
 const { DockerSandboxProvider } = require('..')
 
@@ -65,6 +69,40 @@ const SERVERS = Buffer.from(JSON.stringify({ demo: { allowed_tools: [] } })).toS
 
 function docker(args) {
   return execFileSync('docker', args, { encoding: 'utf8', maxBuffer: 16 << 20 }).trim()
+}
+
+/** p50 and p99 of `n` round trips of a 128-byte frame through `cat` on an attached exec stream. */
+async function engineEcho(containerName, n) {
+  const docker = new Docker(
+    process.env.DOCKER_HOST?.startsWith('unix://') ? { socketPath: process.env.DOCKER_HOST.slice(7) } : undefined,
+  )
+  const exec = await docker.getContainer(containerName).exec({ Cmd: ['cat'], AttachStdin: true, AttachStdout: true })
+  const stream = await exec.start({ hijack: true, stdin: true })
+  const frame = Buffer.alloc(120, 0x61)
+  // Each reply is the 120 bytes behind the engine's 8-byte stream header.
+  let pending = 0
+  let wake = null
+  stream.on('data', (b) => {
+    pending += b.length
+    if (pending >= 128 && wake) {
+      pending -= 128
+      const w = wake
+      wake = null
+      w()
+    }
+  })
+  const times = []
+  for (let i = 0; i < n + 20; i++) {
+    const back = new Promise((r) => (wake = r))
+    const t = process.hrtime.bigint()
+    stream.write(frame)
+    await back
+    if (i >= 20) times.push(Number(process.hrtime.bigint() - t) / 1e6)
+  }
+  stream.end()
+  times.sort((a, b) => a - b)
+  const pct = (p) => +times[Math.min(times.length - 1, Math.floor(times.length * p))].toFixed(3)
+  return { p50: pct(0.5), p99: pct(0.99) }
 }
 
 // The floor's server runs in this process: its measurement must not block the event loop.
@@ -157,7 +195,8 @@ async function main() {
           String(CLI_CALLS),
         ]),
       )
-      rounds.push({ relay, floor })
+      const echo = await engineEcho(floorName, API_CALLS)
+      rounds.push({ relay, floor, echo })
     }
     const best = (side) => {
       const keys = Object.keys(rounds[0][side])
@@ -165,6 +204,10 @@ async function main() {
     }
     const relay = best('relay')
     const floor = best('floor')
+    const echo = best('echo')
+    // Where the design itself puts the floor: the bind-mounted socket's round trip plus one round
+    // trip on the engine's exec stream, which the relay's transport adds by construction.
+    const designFloor = +(floor.api_p50 + echo.p50).toFixed(3)
     const out = {
       image: IMAGE,
       apiCalls: API_CALLS,
@@ -172,7 +215,10 @@ async function main() {
       rounds: ROUNDS,
       relay,
       floor,
+      engine_exec_echo: echo,
+      design_floor_api_p50_ms: designFloor,
       ratio: {
+        api_p50_vs_design_floor: +(relay.api_p50 / designFloor).toFixed(2),
         api_p50: +(relay.api_p50 / floor.api_p50).toFixed(2),
         api_p99: +(relay.api_p99 / floor.api_p99).toFixed(2),
         cli_p50: +(relay.cli_p50 / floor.cli_p50).toFixed(2),

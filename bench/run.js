@@ -747,7 +747,7 @@ function codeModeTargets(cm) {
     {
       name: name('Python API'),
       status: api ? 'MET' : 'MISSED',
-      detail: `relay ${cm.relay.api_p50} ms, floor ${cm.floor.api_p50} ms, bound ${cm.target_api_p50_ms} ms (${cm.ratio.api_p50}×)`,
+      detail: `relay ${cm.relay.api_p50} ms, floor ${cm.floor.api_p50} ms, bound ${cm.target_api_p50_ms} ms (${cm.ratio.api_p50}×); the engine's exec-stream echo alone takes ${cm.engine_exec_echo.p50} ms, so the design's own floor is ${cm.design_floor_api_p50_ms} ms (relay ${cm.ratio.api_p50_vs_design_floor}× that)`,
     },
     {
       name: name('CLI'),
@@ -870,7 +870,7 @@ function renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, targ
       )
       L.push('')
       L.push(
-        `Image ${codemode.image}; ${codemode.apiCalls} API and ${codemode.cliCalls} CLI calls per round, best of ${codemode.rounds} rounds. Relay: the provider's transport (a relay in the sandbox on the engine's attached exec stream). Floor: the same client and dispatcher over a Unix socket bind-mounted from the host. Python start-up alone (\`import mcp_client\`): ${relay.startup_p50} ms.`,
+        `Image ${codemode.image}; ${codemode.apiCalls} API and ${codemode.cliCalls} CLI calls per round, best of ${codemode.rounds} rounds. Relay: the provider's transport (a relay in the sandbox on the engine's attached exec stream). Floor: the same client and dispatcher over a Unix socket bind-mounted from the host. Python start-up alone (\`import mcp_client\`): ${relay.startup_p50} ms. The engine's own round trip on an attached exec stream (128 bytes to \`cat\` and back, which the relay adds to the floor by design): p50 ${codemode.engine_exec_echo.p50} ms, p99 ${codemode.engine_exec_echo.p99} ms; floor plus that echo: ${codemode.design_floor_api_p50_ms} ms, relay ${codemode.ratio.api_p50_vs_design_floor}× that.`,
       )
     }
     L.push('')
