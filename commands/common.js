@@ -50,6 +50,15 @@ function parseArgs(argv, spec) {
   return opts
 }
 
+/** The flags `ls` and `rm` share: which engine and namespaces, output, deadline (`adminOptions`). */
+const ADMIN_SPEC = {
+  '--namespace': 'string',
+  '--all-namespaces': 'boolean',
+  '--docker-host': 'string',
+  '--json': 'boolean',
+  '--timeout-ms': 'number',
+}
+
 function adminOptions(opts) {
   return {
     dockerHost: opts.dockerHost,
@@ -88,4 +97,4 @@ function bytes(n) {
   return i === 0 ? `${v} B` : `${v.toFixed(1)} ${units[i]}`
 }
 
-module.exports = { native, parseArgs, adminOptions, colour, table, iso, bytes, tty }
+module.exports = { native, parseArgs, ADMIN_SPEC, adminOptions, colour, table, iso, bytes, tty }

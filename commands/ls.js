@@ -2,7 +2,7 @@
 
 // `trueforge-docker-sandbox ls`: this package's sandboxes on one engine.
 
-const { native, parseArgs, adminOptions, table, iso, bytes } = require('./common')
+const { native, parseArgs, ADMIN_SPEC, adminOptions, table, iso, bytes } = require('./common')
 
 const USAGE = `usage: trueforge-docker-sandbox ls [--namespace N | --all-namespaces] [--docker-host H] [--json]
 
@@ -10,13 +10,7 @@ Lists the sandboxes of namespace N (default 'default') or of every namespace: id
 last activity, image, tenant, whether it is an unclaimed warm-pool member, and the size of its
 writable layer when the engine says. Only containers this package made are listed.`
 
-const SPEC = {
-  '--namespace': 'string',
-  '--all-namespaces': 'boolean',
-  '--docker-host': 'string',
-  '--json': 'boolean',
-  '--timeout-ms': 'number',
-}
+const SPEC = ADMIN_SPEC
 
 async function run(argv, out) {
   const opts = parseArgs(argv, SPEC)

@@ -2,7 +2,7 @@
 
 // `trueforge-docker-sandbox rm`: removes sandboxes of this package, by id or all stopped ones.
 
-const { native, parseArgs, adminOptions } = require('./common')
+const { native, parseArgs, ADMIN_SPEC, adminOptions } = require('./common')
 
 const USAGE = `usage: trueforge-docker-sandbox rm [--namespace N | --all-namespaces] [--docker-host H] [--json] <sandbox-id>...
        trueforge-docker-sandbox rm --stopped [--older-than-minutes M] [--namespace N | --all-namespaces] [--docker-host H] [--json]
@@ -11,15 +11,7 @@ Removes the given sandboxes (forced, with their volumes), or every stopped one (
 least M minutes, default 0). Only containers this package made are ever removed; an id that is
 not one of ours is reported as not found (exit code 1).`
 
-const SPEC = {
-  '--namespace': 'string',
-  '--all-namespaces': 'boolean',
-  '--docker-host': 'string',
-  '--stopped': 'boolean',
-  '--older-than-minutes': 'number',
-  '--json': 'boolean',
-  '--timeout-ms': 'number',
-}
+const SPEC = { ...ADMIN_SPEC, '--stopped': 'boolean', '--older-than-minutes': 'number' }
 
 async function run(argv, out) {
   const opts = parseArgs(argv, SPEC)

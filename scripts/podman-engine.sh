@@ -20,7 +20,8 @@ LOG=/tmp/tf-podman.log
 IMAGES=(trueforge-sandbox-busybox:1 trueforge-sandbox-debian:12 trueforge-sandbox:2)
 
 log() { printf '[podman-engine] %s\n' "$*" >&2; }
-answers() { timeout 5 docker -H "$HOST" version >/dev/null 2>&1; }
+# shellcheck source=lib/podman-service.sh
+. "$(dirname "$0")/lib/podman-service.sh"
 
 service_pid() {
   [ -f "$PIDFILE" ] || return 0
@@ -59,26 +60,16 @@ CONF
       'ip link set lo up; echo $$ > "$0"; exec podman --root "$1" --runroot "$2/run" system service --time=0 "unix://$3"' \
       "$PIDFILE" "$ROOT" "$RUN" "$SOCK" >>"$LOG" 2>&1 </dev/null &
   fi
-  for _ in $(seq 1 60); do answers && break; sleep 0.5; done
-  answers || { log "podman did not answer; its log ends with:"; tail -n 20 "$LOG" >&2; exit 1; }
-  local img
-  for img in "${IMAGES[@]}"; do
-    docker -H "$HOST" image inspect "$img" >/dev/null 2>&1 || docker save "$img" | docker -H "$HOST" load >/dev/null
-  done
+  await_service "$HOST" podman "$LOG"
   log "podman up on $HOST"
   echo "$HOST"
 }
 
 teardown() {
-  local pid ids
+  local pid
   pid=$(service_pid)
   [ -n "$pid" ] || { log "not running"; return 0; }
-  ids=$(docker -H "$HOST" ps -aq 2>/dev/null || true)
-  # shellcheck disable=SC2086
-  [ -z "$ids" ] || docker -H "$HOST" rm -f -v $ids >/dev/null 2>&1 || true
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 40); do [ -d "/proc/$pid" ] || break; sleep 0.25; done
-  [ ! -d "/proc/$pid" ] || kill -KILL "$pid" 2>/dev/null || true
+  stop_service "$HOST" "$pid"
   rm -f "$PIDFILE" "$SOCK"
   # Podman leaves a conmon per exec for up to 300 s (its exit delay); end ours, by pid, only
   # those whose command line names this engine's storage root.

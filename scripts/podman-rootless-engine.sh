@@ -15,12 +15,13 @@ LOG=/tmp/tf-podman-rootless.log
 IMAGES=(trueforge-sandbox-busybox:1 trueforge-sandbox-debian:12 trueforge-sandbox:2)
 
 log() { printf '[podman-rootless] %s\n' "$*" >&2; }
+# shellcheck source=lib/podman-service.sh
+. "$(dirname "$0")/lib/podman-service.sh"
 
 uid_of() { id -u "$USER_NAME" 2>/dev/null || true; }
 runtime_dir() { echo "/run/user/$(uid_of)"; }
 sock() { echo "$(runtime_dir)/podman/podman.sock"; }
 host() { echo "unix://$(sock)"; }
-answers() { timeout 5 docker -H "$(host)" version >/dev/null 2>&1; }
 
 service_pid() {
   local p
@@ -68,26 +69,16 @@ CONF
     (cd / && exec setsid runuser -u "$USER_NAME" -- env HOME="/home/$USER_NAME" XDG_RUNTIME_DIR="$rd" \
       podman system service --time=0 "$(host)") >>"$LOG" 2>&1 </dev/null &
   fi
-  for _ in $(seq 1 60); do answers && break; sleep 0.5; done
-  answers || { log "rootless podman did not answer; its log ends with:"; tail -n 20 "$LOG" >&2; exit 1; }
-  local img
-  for img in "${IMAGES[@]}"; do
-    docker -H "$(host)" image inspect "$img" >/dev/null 2>&1 || docker save "$img" | docker -H "$(host)" load >/dev/null
-  done
+  await_service "$(host)" "rootless podman" "$LOG"
   log "rootless podman up on $(host)"
   host
 }
 
 teardown() {
-  local pid ids
+  local pid
   pid=$(service_pid)
   [ -n "$pid" ] || { log "not running"; return 0; }
-  ids=$(docker -H "$(host)" ps -aq 2>/dev/null || true)
-  # shellcheck disable=SC2086
-  [ -z "$ids" ] || docker -H "$(host)" rm -f -v $ids >/dev/null 2>&1 || true
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 40); do [ -d "/proc/$pid" ] || break; sleep 0.25; done
-  [ ! -d "/proc/$pid" ] || kill -KILL "$pid" 2>/dev/null || true
+  stop_service "$(host)" "$pid"
   rm -f "$(sock)"
   # The user's lingering conmons (one per exec, up to 300 s) and its slirp4netns/pause process.
   pkill -TERM -u "$USER_NAME" 2>/dev/null || true

@@ -241,12 +241,7 @@ mod tests {
   use std::collections::HashMap;
   use std::path::PathBuf;
 
-  struct FakeEnv(HashMap<&'static str, String>);
-  impl Env for FakeEnv {
-    fn var(&self, name: &str) -> Option<String> {
-      self.0.get(name).cloned()
-    }
-  }
+  use crate::endpoint::tests::FakeEnv;
 
   fn setup(config: &str) -> (PathBuf, FakeEnv) {
     let d = std::env::temp_dir().join(format!(

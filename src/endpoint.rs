@@ -468,11 +468,12 @@ fn context_endpoint(name: &str, via: &str, env: &dyn Env) -> Result<Endpoint> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
   use super::*;
   use std::collections::HashMap;
 
-  struct FakeEnv(HashMap<&'static str, String>);
+  /// An environment made of the given variables only (also used by `credentials`' tests).
+  pub(crate) struct FakeEnv(pub(crate) HashMap<&'static str, String>);
   impl Env for FakeEnv {
     fn var(&self, name: &str) -> Option<String> {
       self.0.get(name).cloned()
