@@ -44,16 +44,7 @@ install() {
 start() {
   install
   mkdir -p "$RUN" "$ROOT"
-  # This VM lacks CAP_SYS_RESOURCE: no default rlimits, no default pids limit (the provider sets
-  # its own). cgroupfs and file events: no systemd here.
-  cat > "$RUN/containers.conf" <<'CONF'
-[containers]
-default_ulimits = []
-pids_limit = 0
-[engine]
-events_logger = "file"
-cgroup_manager = "cgroupfs"
-CONF
+  write_containers_conf "$RUN/containers.conf"
   if [ -z "$(service_pid)" ]; then
     rm -f "$SOCK"
     CONTAINERS_CONF="$RUN/containers.conf" setsid unshare --net sh -c \

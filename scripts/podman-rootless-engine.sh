@@ -51,16 +51,8 @@ start() {
   install -d -m 0700 -o "$USER_NAME" -g "$USER_NAME" "$rd" "$rd/podman"
   conf="/home/$USER_NAME/.config/containers"
   install -d -o "$USER_NAME" -g "$USER_NAME" "/home/$USER_NAME/.config" "$conf"
-  # Same VM workarounds as the rootful engine (no CAP_SYS_RESOURCE, no systemd); overlay is the
-  # kernel's rootless overlay (no fuse-overlayfs needed on this kernel).
-  cat > "$conf/containers.conf" <<'CONF'
-[containers]
-default_ulimits = []
-pids_limit = 0
-[engine]
-events_logger = "file"
-cgroup_manager = "cgroupfs"
-CONF
+  # Overlay is the kernel's rootless overlay (no fuse-overlayfs needed on this kernel).
+  write_containers_conf "$conf/containers.conf"
   printf '[storage]\ndriver = "overlay"\n' > "$conf/storage.conf"
   chown "$USER_NAME:" "$conf/containers.conf" "$conf/storage.conf"
   if [ -z "$(service_pid)" ]; then

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bollard::models::{
   ContainerCreateBody, ContainerInspectResponse, ContainerSummaryStateEnum, DeviceRequest,
@@ -308,20 +308,6 @@ pub fn explain(e: SandboxError, gpus: Option<&Gpus>, picked: Option<&[String]>) 
   SandboxError::GpuUnsupported { reason }
 }
 
-fn now_ms() -> u64 {
-  SystemTime::now()
-    .duration_since(UNIX_EPOCH)
-    .map(|d| d.as_millis() as u64)
-    .unwrap_or(0)
-}
-
-fn holder() -> String {
-  let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-    .map(|h| h.trim().to_string())
-    .unwrap_or_default();
-  format!("{host}:{}", std::process::id())
-}
-
 /// The allocation lock, held by this process.
 pub struct Lock {
   engine: Engine,
@@ -358,8 +344,11 @@ impl Lock {
         cmd: Some(vec!["/lock".into()]),
         labels: Some(HashMap::from([
           (labels::LABEL_MANAGED_BY.into(), labels::MANAGED_BY.into()),
-          (LABEL_GPU_LOCK.into(), holder()),
-          (LABEL_GPU_LOCK_AT.into(), now_ms().to_string()),
+          (LABEL_GPU_LOCK.into(), crate::ids::holder()),
+          (
+            LABEL_GPU_LOCK_AT.into(),
+            crate::timestamps::now_ms().to_string(),
+          ),
         ])),
         network_disabled: Some(true),
         host_config: Some(HostConfig {
@@ -399,7 +388,7 @@ impl Lock {
             .get(LABEL_GPU_LOCK_AT)
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-          if now_ms().saturating_sub(at) > LOCK_STALE.as_millis() as u64 {
+          if crate::timestamps::now_ms().saturating_sub(at) > LOCK_STALE.as_millis() as u64 {
             if let Some(id) = info.id {
               let _ = lifecycle::force_remove(engine, &id).await;
             }

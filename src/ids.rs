@@ -12,6 +12,17 @@ const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 const ULID_LEN: usize = 26;
 
 /// A new ULID: 48 bits of milliseconds then 80 random bits, Crockford base32.
+/// `host:pid`: this process, as the holder of a lock or a lease other processes can see.
+pub fn holder() -> String {
+  let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+    .ok()
+    .or_else(|| std::env::var("HOSTNAME").ok())
+    .map(|h| h.trim().to_string())
+    .filter(|h| !h.is_empty())
+    .unwrap_or_else(|| "unknown-host".into());
+  format!("{host}:{}", std::process::id())
+}
+
 pub fn new_ulid() -> String {
   let ms = SystemTime::now()
     .duration_since(UNIX_EPOCH)

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{CreateImageOptions, UploadToContainerOptions};
@@ -59,8 +59,8 @@ impl Record {
       kind: kind.into(),
       progress,
       reason: None,
-      holder: holder(),
-      beat_ms: now_ms(),
+      holder: crate::ids::holder(),
+      beat_ms: crate::timestamps::now_ms(),
     }
   }
 
@@ -97,7 +97,7 @@ impl Observed {
     if self.record.state == "failed" {
       return Liveness::Failed;
     }
-    let age = now_ms().saturating_sub(self.record.beat_ms);
+    let age = crate::timestamps::now_ms().saturating_sub(self.record.beat_ms);
     if age > STALE_AFTER.as_millis() as u64 {
       Liveness::Silent(age / 1000)
     } else {
@@ -127,23 +127,6 @@ pub fn lease_name(image: &str) -> String {
   format!("trueforge-imagework-{hex}")
 }
 
-fn now_ms() -> u64 {
-  SystemTime::now()
-    .duration_since(UNIX_EPOCH)
-    .map(|d| d.as_millis() as u64)
-    .unwrap_or(0)
-}
-
-fn holder() -> String {
-  let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-    .ok()
-    .or_else(|| std::env::var("HOSTNAME").ok())
-    .map(|h| h.trim().to_string())
-    .filter(|h| !h.is_empty())
-    .unwrap_or_else(|| "unknown-host".into());
-  format!("{host}:{}", std::process::id())
-}
-
 /// A tar holding only the record file.
 fn record_tar(record: &Record) -> Result<Vec<u8>> {
   let body = serde_json::to_vec(record)
@@ -151,7 +134,7 @@ fn record_tar(record: &Record) -> Result<Vec<u8>> {
   let mut header = tar::Header::new_gnu();
   header.set_size(body.len() as u64);
   header.set_mode(0o644);
-  header.set_mtime(now_ms() / 1000);
+  header.set_mtime(crate::timestamps::now_ms() / 1000);
   let mut builder = tar::Builder::new(Vec::new());
   builder
     .append_data(&mut header, RECORD_FILE, body.as_slice())
@@ -288,7 +271,7 @@ pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
     .as_deref()
     .and_then(crate::timestamps::parse_time)
     .map(|s| s * 1000)
-    .unwrap_or_else(now_ms);
+    .unwrap_or_else(crate::timestamps::now_ms);
   let record = match read_record(engine, &container_id).await {
     Ok(Some(r)) => r,
     Ok(None) => Record {
@@ -385,7 +368,7 @@ pub async fn reap_forgotten(engine: &Engine) -> Result<usize> {
     let Some(seen) = observe(engine, &image).await? else {
       continue;
     };
-    let age = now_ms().saturating_sub(seen.record.beat_ms);
+    let age = crate::timestamps::now_ms().saturating_sub(seen.record.beat_ms);
     if seen.liveness() != Liveness::Alive && age > FORGOTTEN_AFTER.as_millis() as u64 {
       remove(engine, &seen.container_id).await?;
       removed += 1;
@@ -425,7 +408,7 @@ mod tests {
       Liveness::Failed
     );
     let old = Record {
-      beat_ms: now_ms() - 60_000,
+      beat_ms: crate::timestamps::now_ms() - 60_000,
       ..Record::running("pull", "p".into())
     };
     assert!(matches!(seen(old).liveness(), Liveness::Silent(s) if (59..=61).contains(&s)));

@@ -3,6 +3,14 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// Milliseconds since the epoch, by this machine's clock (lock and lease ages).
+pub fn now_ms() -> u64 {
+  SystemTime::now()
+    .duration_since(UNIX_EPOCH)
+    .map(|d| d.as_millis() as u64)
+    .unwrap_or(0)
+}
+
 /// RFC 3339 UTC timestamp (seconds) of now.
 pub fn rfc3339_now() -> String {
   let secs = SystemTime::now()

@@ -1,8 +1,22 @@
 # shellcheck shell=bash
 # What the rootful and rootless test Podmans (scripts/podman-engine.sh,
-# scripts/podman-rootless-engine.sh) do alike once their service is launched: wait for it and
-# load the images, and remove every container before stopping it. The sourcing script defines
+# scripts/podman-rootless-engine.sh) do alike: their containers.conf, waiting for the service and
+# loading the images, and removing every container before stopping it. The sourcing script defines
 # `log` and IMAGES.
+
+# Writes the engine's containers.conf to $1. This VM lacks CAP_SYS_RESOURCE: no default
+# rlimits, no default pids limit (the provider sets its own). cgroupfs and file events: no
+# systemd here.
+write_containers_conf() {
+  cat > "$1" <<'CONF'
+[containers]
+default_ulimits = []
+pids_limit = 0
+[engine]
+events_logger = "file"
+cgroup_manager = "cgroupfs"
+CONF
+}
 
 # Waits up to 30 s for the service on $1 to answer, then loads IMAGES into it from the main
 # engine; $2 names it in the failure message, whose log is $3.
