@@ -308,6 +308,37 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     cleanup(n)
   }, 180_000)
 
+  test('three processes restarting one sandbox whose GPU was taken at once: one move, every command runs, one container and one saved image', async () => {
+    const n = ns('t-gpu-move-race')
+    const extra = { gpus: exclusive(1), gpuDevices: ['k0', 'k1'] }
+    const p = provider(n, extra)
+    const a = (await p.createSandbox()).sandboxId
+    await ok(p, a, 'echo kept > a.txt')
+    const before = containerOf(n, a)
+    engineCli(['stop', '-t', '1', before.Id])
+    expect(gpusOf(n, (await p.createSandbox()).sandboxId)).toEqual(['k0'])
+    const options = { image: BUSYBOX, dockerHost: HOST, namespace: n, network: 'none', autoStopIntervalInMinutes: 0, ...extra }
+    const child = () =>
+      new Promise<any>((resolve, reject) => {
+        const c = spawn(process.execPath, [join(__dirname, 'gpu-child.js'), JSON.stringify({ options, exec: { sandboxId: a, command: 'cat a.txt; echo $TRUEFORGE_GPUS' } })], {
+          stdio: ['ignore', 'pipe', 'inherit'],
+        })
+        let out = ''
+        c.stdout.on('data', (d) => (out += d))
+        c.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out.trim().split('\n').pop() as string)) : reject(new Error(`child exited ${code}: ${out}`))))
+      })
+    const results = await Promise.all([child(), child(), p.exec({ sandboxId: a, command: 'cat a.txt; echo $TRUEFORGE_GPUS' })])
+    for (const r of results) expect(r).toEqual({ success: true, response: { exitCode: 0, result: 'kept\nk1\n' } })
+    expect(containersOf(n, a)).toHaveLength(1)
+    expect(containerOf(n, a).Id).not.toBe(before.Id)
+    expect(engineCli(['ps', '-aq', '--filter', `name=${before.Name.slice(1)}.`])).toBe('')
+    // Only the save in use is left: a process that lost the race removed its own.
+    const saves = engineCli(['images', '-q', '--no-trunc', '--filter', `label=trueforge.sandbox.saved-from=${a}`]).split('\n').filter(Boolean)
+    expect(saves).toEqual([containerOf(n, a).Image])
+    p.dispose()
+    cleanup(n)
+  }, 180_000)
+
   test('a move that died between its renames is repaired by the next lookup: the set-aside container gets its name back', async () => {
     const n = ns('t-gpu-move-died')
     const p = provider(n, { gpus: exclusive(1), gpuDevices: ['x0'] })

@@ -161,6 +161,8 @@ pub async fn start_exclusive(
           .await;
         match image {
           Ok(image) => saved = Some((image, version)),
+          // Removed meanwhile: the caller's next try finds it gone (or moved by another process).
+          Err(SandboxError::Engine { status: 404, .. }) => break Ok(()),
           Err(e) => break Err(e),
         }
       }
