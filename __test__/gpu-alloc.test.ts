@@ -301,7 +301,18 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     expect(after.Id).not.toBe(before.Id)
     expect(after.HostConfig.ReadonlyRootfs).toBe(true)
     // The same volumes, and no new ones.
-    expect(((after.Mounts as any[]).filter((m) => m.Type === 'volume').map((m) => m.Name as string)).sort()).toEqual([...volumes].sort())
+    const volumesOf = (c: any) => (c.Mounts as any[]).filter((m) => m.Type === 'volume').map((m) => m.Name as string).sort()
+    expect(volumesOf(after)).toEqual([...volumes].sort())
+    // A second move carries them again (and still names them all for removal).
+    engineCli(['stop', '-t', '1', after.Id])
+    const c = (await p.createSandbox()).sandboxId
+    expect(gpusOf(n, c)).toEqual(['r1'])
+    engineCli(['stop', '-t', '1', containerOf(n, b).Id])
+    expect(await ok(p, a, `cat a.txt; echo $NVIDIA_VISIBLE_DEVICES`)).toBe('kept\nr0\n')
+    const again = containerOf(n, a)
+    expect(again.Id).not.toBe(after.Id)
+    expect(volumesOf(again)).toEqual([...volumes].sort())
+    expect(again.Config.Labels['trueforge.sandbox.carried-volumes'].split(',').sort()).toEqual([...volumes].sort())
     expect(await p.removeSandbox(a)).toBe(true)
     for (const v of volumes) expect(engineHas('volume', v)).toBe(false)
     p.dispose()
@@ -354,6 +365,23 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     expect(r).toEqual({ success: true, response: { exitCode: 0, result: 'kept\n' } })
     expect(containerOf(n, a).Id).toBe(before.Id)
     expect(containerOf(n, a).Name).toBe(before.Name)
+    p.dispose()
+    cleanup(n)
+  }, 120_000)
+
+  test('removing an exclusive sandbox also removes what a move left under its name, so no lookup brings it back', async () => {
+    const n = ns('t-gpu-move-left')
+    const p = provider(n, { gpus: exclusive(1), gpuDevices: ['l0'] })
+    const a = (await p.createSandbox()).sandboxId
+    const info = containerOf(n, a)
+    const name = info.Name.slice(1)
+    // What a move whose old container could not be removed leaves: a stopped copy set aside.
+    const labels = Object.entries(info.Config.Labels as Record<string, string>).flatMap(([k, v]) => ['--label', `${k}=${v}`])
+    engineCli(['create', '--name', `${name}.gpu-moved`, ...labels, BUSYBOX, 'true'])
+    expect(containersOf(n, a)).toHaveLength(2)
+    expect(await p.removeSandbox(a)).toBe(true)
+    expect(containersOf(n, a)).toEqual([])
+    expect(await p.removeSandbox(a)).toBe(false)
     p.dispose()
     cleanup(n)
   }, 120_000)

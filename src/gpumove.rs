@@ -12,7 +12,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use bollard::models::{ContainerCreateBody, ContainerInspectResponse, Mount, MountType};
+use bollard::models::{
+  ContainerCreateBody, ContainerInspectResponse, HostConfig, Mount, MountType,
+};
 use serde_json::json;
 
 use crate::client::Engine;
@@ -70,6 +72,36 @@ pub async fn remove_saved(engine: &Engine, saved: &Saved, log: &Logger) {
   if let Some(image) = &saved.image {
     let _ = engine.remove_unused_image(image).await;
   }
+}
+
+/// Removes an exclusive sandbox's container under the GPU lock, so never in the middle of a
+/// move, with anything a move left under the sandbox's name (`.gpu-move`, `.gpu-moved`), which
+/// a later lookup would otherwise bring back. `false` when the container was already gone.
+pub async fn remove_exclusive(engine: &Engine, target: &Target, log: &Logger) -> Result<bool> {
+  let lock = Lock::take(engine).await?;
+  let outcome = async {
+    let removed = lifecycle::force_remove(engine, &target.container_id).await?;
+    for suffix in [MOVING_SUFFIX, MOVED_SUFFIX] {
+      let name = format!("{}{suffix}", target.name);
+      if let Some(left) = engine
+        .inspect_container("inspect a stale move", &name)
+        .await?
+      {
+        let sandbox = left
+          .config
+          .as_ref()
+          .and_then(|c| c.labels.as_ref())
+          .and_then(|l| l.get(labels::LABEL_ID));
+        if is_ours(&left) && sandbox == Some(&target.sandbox_id) {
+          lifecycle::force_remove(engine, left.id.as_deref().unwrap_or(&name)).await?;
+        }
+      }
+    }
+    Ok(removed)
+  }
+  .await;
+  lock.release(log).await;
+  outcome
 }
 
 /// Removes saved images that no container uses and that are older than `SAVED_IMAGE_STALE`
@@ -136,15 +168,19 @@ pub async fn start_exclusive(
   target: &Target,
   log: &Logger,
 ) -> Result<()> {
+  // Which GPUs exist is known before the lock is taken (discovery runs a container).
+  let image = crate::image::source(cfg).await?.reference;
+  let inventory = gpu::inventory(engine, cfg, &image).await?;
   let deadline = Instant::now() + Duration::from_millis(cfg.gpu_wait_ms);
   let mut saved: Option<(String, String)> = None;
   let outcome = loop {
     let lock = Lock::take(engine).await?;
-    let step = decide(engine, cfg, target, saved.as_ref(), log).await;
+    let step = decide(engine, &inventory, target, saved.as_ref(), log).await;
     lock.release(log).await;
     match step {
       Ok(Step::Done) => break Ok(()),
       Ok(Step::Save { version }) => {
+        // An older save is not current any more (or was swept while we waited for GPUs).
         if let Some((old, _)) = saved.take() {
           let _ = engine.remove_unused_image(&old).await;
         }
@@ -196,7 +232,7 @@ fn version_of(info: &ContainerInspectResponse) -> String {
 /// One pass under the GPU lock.
 async fn decide(
   engine: &Engine,
-  cfg: &ProviderConfig,
+  inventory: &[String],
   target: &Target,
   saved: Option<&(String, String)>,
   log: &Logger,
@@ -205,54 +241,64 @@ async fn decide(
     .inspect_container("inspect the sandbox container", &target.container_id)
     .await?
   else {
+    lifecycle::forget(engine, &target.name);
     return Ok(Step::Done);
   };
+  // Only the container under the sandbox's name is the sandbox: one set aside by a move (or a
+  // cached id that is no longer it) is never started; the caller resolves the name again.
+  if info.name.as_deref() != Some(format!("/{}", target.name).as_str()) {
+    lifecycle::forget(engine, &target.name);
+    return Ok(Step::Done);
+  }
   let state = info.state.clone().unwrap_or_default();
   if state.running == Some(true) {
     return Ok(Step::Done);
   }
   let own = gpu::gpus_of(&info).unwrap_or_default();
   let held = gpu::held(engine).await?;
-  let taken: BTreeMap<String, String> = held
+  let taken = held
     .iter()
-    .filter(|(g, who)| own.contains(g) && **who != target.sandbox_id)
-    .map(|(g, w)| (g.clone(), w.clone()))
-    .collect();
-  if taken.is_empty() {
+    .any(|(g, who)| own.contains(g) && *who != target.sandbox_id);
+  if !taken {
     log.info(
       "starting stopped sandbox",
       json!({ "sandboxId": target.sandbox_id }),
     );
-    engine
+    if !engine
       .start_container("start the sandbox container", &target.container_id)
-      .await?;
+      .await?
+    {
+      lifecycle::forget(engine, &target.name);
+    }
     return Ok(Step::Done);
   }
-  let image = info
-    .config
-    .as_ref()
-    .and_then(|c| c.image.clone())
-    .unwrap_or_default();
-  let inventory = gpu::inventory(engine, cfg, &image).await?;
-  let Some(picked) = pick_keeping(&inventory, &own, &held, own.len()) else {
+  let Some(picked) = pick_keeping(inventory, &own, &held, own.len()) else {
     return Err(gpu::unavailable(
       own.len() as u32,
-      &inventory,
+      inventory,
       &held,
-      &inventory,
+      inventory,
     ));
   };
   let version = version_of(&info);
   match saved {
-    Some((image, v)) if *v == version => {
-      move_to(engine, &info, image, &picked, log).await?;
-      log.info(
-        "sandbox moved to free GPUs",
-        json!({ "sandboxId": target.sandbox_id, "from": own, "to": picked }),
-      );
-      lifecycle::forget(engine, &target.name);
-      Ok(Step::Done)
-    }
+    Some((image, v)) if *v == version => match move_to(engine, &info, image, &picked, log).await {
+      Ok(()) => {
+        log.info(
+          "sandbox moved to free GPUs",
+          json!({ "sandboxId": target.sandbox_id, "from": own, "to": picked }),
+        );
+        lifecycle::forget(engine, &target.name);
+        Ok(Step::Done)
+      }
+      // The save was swept (a reaper saw it unused for long): save again.
+      Err(SandboxError::Engine {
+        status: 404,
+        ref detail,
+        ..
+      }) if detail.to_ascii_lowercase().contains("image") => Ok(Step::Save { version }),
+      Err(e) => Err(e),
+    },
     _ => Ok(Step::Save { version }),
   }
 }
@@ -278,23 +324,19 @@ fn pick_keeping(
   (n > 0 && free.len() == n).then_some(free)
 }
 
-/// The new container's definition: the old one's, from the saved image, with the GPUs, their
-/// environment and labels replaced and its volumes mounted by name.
+/// The new container's definition: the old one's (the fields our creates set; an engine's
+/// inspect output is not a valid create body as a whole: Podman lists every volume in `Binds`,
+/// the last run's devices and rlimits), from the saved image, with the GPUs, their environment
+/// and labels replaced and every volume of the old one mounted by name.
 pub fn moved_body(
   info: &ContainerInspectResponse,
   image: &str,
   picked: &[String],
-) -> Result<(ContainerCreateBody, Vec<String>)> {
-  let config = serde_json::to_value(info.config.clone().unwrap_or_default())
-    .map_err(|e| SandboxError::Internal(format!("container config: {e}")))?;
-  let mut body: ContainerCreateBody = serde_json::from_value(config)
-    .map_err(|e| SandboxError::Internal(format!("container config: {e}")))?;
-  body.image = Some(image.to_string());
-  body.host_config = info.host_config.clone();
-  let host = body.host_config.get_or_insert_with(Default::default);
-  host.device_requests = None;
+) -> (ContainerCreateBody, Vec<String>) {
+  let c = info.config.clone().unwrap_or_default();
+  let h = info.host_config.clone().unwrap_or_default();
   let mut volumes = Vec::new();
-  let mut mounts = host.mounts.take().unwrap_or_default();
+  let mut mounts = Vec::new();
   for m in info.mounts.iter().flatten() {
     if m.typ.as_deref() != Some("volume") {
       continue;
@@ -302,16 +344,6 @@ pub fn moved_body(
     let (Some(name), Some(dest)) = (m.name.clone(), m.destination.clone()) else {
       continue;
     };
-    // Named volumes given at create are in `mounts` already.
-    if mounts
-      .iter()
-      .any(|x| x.target.as_deref() == Some(dest.as_str()))
-    {
-      continue;
-    }
-    if let Some(v) = body.volumes.as_mut() {
-      v.retain(|p| p != &dest);
-    }
     mounts.push(Mount {
       target: Some(dest),
       source: Some(name.clone()),
@@ -321,22 +353,66 @@ pub fn moved_body(
     });
     volumes.push(name);
   }
-  host.mounts = (!mounts.is_empty()).then_some(mounts);
-  if let Some(env) = body.env.as_mut() {
-    env.retain(|e| {
-      !e.starts_with("NVIDIA_VISIBLE_DEVICES=") && !e.starts_with(&format!("{}=", gpu::ENV_GPUS))
-    });
-  }
-  let labels = body.labels.get_or_insert_with(Default::default);
+  // A declared volume path that is mounted now would get a second, anonymous volume.
+  let declared: Vec<String> = c
+    .volumes
+    .unwrap_or_default()
+    .into_iter()
+    .filter(|p| {
+      !mounts
+        .iter()
+        .any(|m| m.target.as_deref() == Some(p.as_str()))
+    })
+    .collect();
+  let mut env = c.env.unwrap_or_default();
+  env.retain(|e| {
+    !e.starts_with("NVIDIA_VISIBLE_DEVICES=") && !e.starts_with(&format!("{}=", gpu::ENV_GPUS))
+  });
+  let mut labels = c.labels.unwrap_or_default();
   labels.remove(LABEL_GPUS);
   labels.insert(LABEL_SAVED_IMAGE.into(), image.to_string());
   labels.insert(LABEL_CARRIED_VOLUMES.into(), volumes.join(","));
+  let mut body = ContainerCreateBody {
+    image: Some(image.to_string()),
+    entrypoint: c.entrypoint,
+    cmd: c.cmd,
+    env: Some(env),
+    labels: Some(labels),
+    working_dir: c.working_dir,
+    hostname: c.hostname,
+    user: c.user.filter(|u| !u.is_empty()),
+    volumes: (!declared.is_empty()).then_some(declared),
+    stop_signal: c.stop_signal,
+    attach_stdin: Some(false),
+    attach_stdout: Some(false),
+    attach_stderr: Some(false),
+    tty: Some(false),
+    open_stdin: Some(false),
+    host_config: Some(HostConfig {
+      init: h.init,
+      cap_drop: h.cap_drop,
+      cap_add: h.cap_add,
+      security_opt: h.security_opt,
+      privileged: h.privileged,
+      memory: h.memory,
+      memory_swap: h.memory_swap,
+      nano_cpus: h.nano_cpus,
+      pids_limit: h.pids_limit,
+      network_mode: h.network_mode,
+      readonly_rootfs: h.readonly_rootfs,
+      tmpfs: h.tmpfs,
+      runtime: h.runtime,
+      mounts: (!mounts.is_empty()).then_some(mounts),
+      ..Default::default()
+    }),
+    ..Default::default()
+  };
   gpu::shape(
     &mut body,
     Some(&Gpus::Exclusive(picked.len() as u32)),
     Some(picked),
   );
-  Ok((body, volumes))
+  (body, volumes)
 }
 
 /// Replaces the stopped container `info` by one from `image` with `picked` GPUs, under the same
@@ -357,7 +433,7 @@ async fn move_to(
     .to_string();
   let moving = format!("{name}{MOVING_SUFFIX}");
   let moved = format!("{name}{MOVED_SUFFIX}");
-  let (body, _) = moved_body(info, image, picked)?;
+  let (body, _) = moved_body(info, image, picked);
   // Left by a move that died: never started, ours by its labels, safe to drop.
   for stale in [&moving, &moved] {
     if let Some(s) = engine
@@ -392,12 +468,21 @@ async fn move_to(
         .await;
       return Err(e);
     }
-    if let Err(e) = engine
+    let started = engine
       .start_container("start the moved sandbox container", &new_id)
       .await
-    {
+      .and_then(|found| {
+        found
+          .then_some(())
+          .ok_or_else(|| SandboxError::CreateFailed {
+            step: "start the moved container".into(),
+            detail: "it was removed while it was being started".into(),
+          })
+      });
+    if let Err(e) = started {
+      // The new one goes first, so the name is never left to nobody for long.
       let _ = engine
-        .rename_container("set the moved container aside", &new_id, &moving)
+        .remove_keeping_volumes("remove the unused moved container", &new_id)
         .await;
       let _ = engine
         .rename_container(
@@ -443,7 +528,7 @@ fn is_ours(info: &ContainerInspectResponse) -> bool {
 #[cfg(test)]
 mod tests {
   use super::*;
-  use bollard::models::{ContainerConfig, HostConfig, MountPoint};
+  use bollard::models::{ContainerConfig, MountPoint};
 
   fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
@@ -505,7 +590,7 @@ mod tests {
       ]),
       ..Default::default()
     };
-    let (body, vols) = moved_body(&info, "sha256:saved", &s(&["2"])).unwrap();
+    let (body, vols) = moved_body(&info, "sha256:saved", &s(&["2"]));
     assert_eq!(vols, s(&["v1"]));
     assert_eq!(body.image.as_deref(), Some("sha256:saved"));
     assert_eq!(body.working_dir.as_deref(), Some("/workspace/x"));

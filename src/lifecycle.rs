@@ -203,12 +203,11 @@ pub async fn after_404(engine: &Engine, scope: &Scope, target: &Target) -> Resul
     .inspect_container("inspect the sandbox container", &target.container_id)
     .await?
   {
-    return Ok(if is_ours(&info, &target.name, scope, &target.sandbox_id) {
-      After404::Same
-    } else {
-      After404::Gone
-    });
+    if is_ours(&info, &target.name, scope, &target.sandbox_id) {
+      return Ok(After404::Same);
+    }
   }
+  // Gone, or no longer under the sandbox's name (set aside by a GPU move): look the name up.
   forget(engine, &target.name);
   match resolve(engine, scope, &target.sandbox_id).await {
     Ok(t) if t.container_id != target.container_id => Ok(After404::Replaced(t)),
@@ -691,7 +690,12 @@ pub async fn remove(
       Err(e) => return Err(e),
     };
     forget(engine, &target.name);
-    if force_remove(engine, &target.container_id).await? {
+    let removed = if target.exclusive_gpus {
+      crate::gpumove::remove_exclusive(engine, &target, log).await?
+    } else {
+      force_remove(engine, &target.container_id).await?
+    };
+    if removed {
       crate::gpumove::remove_saved(engine, &target.saved, log).await;
       return Ok(true);
     }

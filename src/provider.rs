@@ -269,7 +269,9 @@ impl Provider {
           });
         }
         Err(StartError::NotRunning) if attempt < 2 => {
-          lifecycle::ensure_started(&engine, &self.cfg, &target, &self.log).await?
+          lifecycle::ensure_started(&engine, &self.cfg, &target, &self.log).await?;
+          // Cached, unless the start found it gone or moved it to other GPUs.
+          target = lifecycle::resolve(&engine, &self.scope, &p.sandbox_id).await?;
         }
         Err(StartError::Gone) if attempt < 2 => {
           lifecycle::forget(&engine, &target.name);
@@ -326,7 +328,8 @@ impl Provider {
       match codemode::launch(&engine, &target, socket, ro, sink.clone(), &self.log).await {
         Ok(relay) => return Ok(relay),
         Err(StartError::NotRunning) if attempt < 2 => {
-          lifecycle::ensure_started(&engine, &self.cfg, &target, &self.log).await?
+          lifecycle::ensure_started(&engine, &self.cfg, &target, &self.log).await?;
+          target = lifecycle::resolve(&engine, &self.scope, sandbox_id).await?;
         }
         Err(StartError::Gone) if attempt < 2 => {
           lifecycle::forget(&engine, &target.name);
