@@ -509,8 +509,16 @@ pub fn unavailable(
 
 /// The GPUs exclusive allocation hands out: `gpuDevices`, else what the engine host has (CDI
 /// specs beside a local engine, else `nvidia-smi -L` in a throwaway container). Discovery runs
-/// once per engine per process.
-pub async fn inventory(engine: &Engine, cfg: &ProviderConfig, image: &str) -> Result<Vec<String>> {
+/// once per engine per process; `image` is asked for only when it has to run a container.
+pub async fn inventory<F, Fut>(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  image: F,
+) -> Result<Vec<String>>
+where
+  F: FnOnce() -> Fut,
+  Fut: std::future::Future<Output = Result<String>>,
+{
   if !cfg.gpu_devices.is_empty() {
     return Ok(cfg.gpu_devices.clone());
   }
@@ -524,7 +532,7 @@ pub async fn inventory(engine: &Engine, cfg: &ProviderConfig, image: &str) -> Re
   }
   let mut tried = "no CDI spec in /etc/cdi or /var/run/cdi".to_string();
   if devices.is_empty() {
-    let (list, how) = nvidia_smi_in_container(engine, image).await?;
+    let (list, how) = nvidia_smi_in_container(engine, &image().await?).await?;
     devices = list;
     tried = format!("{tried}; `nvidia-smi -L` in a sandbox with every GPU: {how}");
   }
@@ -719,7 +727,7 @@ pub async fn create_exclusive(
   n: u32,
   log: &Logger,
 ) -> Result<Target> {
-  let inventory = inventory(engine, cfg, image).await?;
+  let inventory = inventory(engine, cfg, || async { Ok(image.to_string()) }).await?;
   let deadline = Instant::now() + Duration::from_millis(cfg.gpu_wait_ms);
   loop {
     let lock = Lock::take(engine).await?;

@@ -168,9 +168,12 @@ pub async fn start_exclusive(
   target: &Target,
   log: &Logger,
 ) -> Result<()> {
-  // Which GPUs exist is known before the lock is taken (discovery runs a container).
-  let image = crate::image::source(cfg).await?.reference;
-  let inventory = gpu::inventory(engine, cfg, &image).await?;
+  // Which GPUs exist is known before the lock is taken (discovery runs a container, of the
+  // provider's image: a saved one carries the old GPUs' environment).
+  let inventory = gpu::inventory(engine, cfg, || async {
+    Ok(crate::image::source(cfg).await?.reference)
+  })
+  .await?;
   let deadline = Instant::now() + Duration::from_millis(cfg.gpu_wait_ms);
   let mut saved: Option<(String, String)> = None;
   let outcome = loop {
