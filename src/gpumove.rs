@@ -263,16 +263,7 @@ async fn decide(
     .iter()
     .any(|(g, who)| own.contains(g) && *who != target.sandbox_id);
   if !taken {
-    log.info(
-      "starting stopped sandbox",
-      json!({ "sandboxId": target.sandbox_id }),
-    );
-    if !engine
-      .start_container("start the sandbox container", &target.container_id)
-      .await?
-    {
-      lifecycle::forget(engine, &target.name);
-    }
+    lifecycle::start_stopped(engine, target, log).await?;
     return Ok(Step::Done);
   }
   let Some(picked) = pick_keeping(inventory, &own, &held, own.len()) else {
@@ -454,53 +445,40 @@ async fn move_to(
     .create_container("create the moved sandbox container", Some(&moving), body)
     .await
     .map_err(|e| gpu::explain(e, Some(&Gpus::Exclusive(picked.len() as u32)), Some(picked)))?;
-  let swap = async {
-    engine
-      .rename_container("rename the old sandbox container", &old_id, &moved)
-      .await?;
-    if let Err(e) = engine
-      .rename_container("rename the moved sandbox container", &new_id, &name)
-      .await
-    {
-      let _ = engine
-        .rename_container(
-          "give the old sandbox container its name back",
-          &old_id,
-          &name,
-        )
-        .await;
-      return Err(e);
-    }
-    let started = engine
-      .start_container("start the moved sandbox container", &new_id)
-      .await
-      .and_then(|found| {
-        found
-          .then_some(())
-          .ok_or_else(|| SandboxError::CreateFailed {
-            step: "start the moved container".into(),
-            detail: "it was removed while it was being started".into(),
-          })
-      });
-    if let Err(e) = started {
-      // The new one goes first, so the name is never left to nobody for long.
-      let _ = engine
-        .remove_keeping_volumes("remove the unused moved container", &new_id)
-        .await;
-      let _ = engine
-        .rename_container(
-          "give the old sandbox container its name back",
-          &old_id,
-          &name,
-        )
-        .await;
-      return Err(e);
-    }
-    Ok(())
-  };
-  if let Err(e) = swap.await {
+  if let Err(e) = engine
+    .rename_container("rename the old sandbox container", &old_id, &moved)
+    .await
+  {
     let _ = engine
       .remove_keeping_volumes("remove the unused moved container", &new_id)
+      .await;
+    return Err(e);
+  }
+  let swap = async {
+    engine
+      .rename_container("rename the moved sandbox container", &new_id, &name)
+      .await?;
+    let found = engine
+      .start_container("start the moved sandbox container", &new_id)
+      .await?;
+    found
+      .then_some(())
+      .ok_or_else(|| SandboxError::CreateFailed {
+        step: "start the moved container".into(),
+        detail: "it was removed while it was being started".into(),
+      })
+  };
+  if let Err(e) = swap.await {
+    // The new one goes first, so the name is free for the old one again.
+    let _ = engine
+      .remove_keeping_volumes("remove the unused moved container", &new_id)
+      .await;
+    let _ = engine
+      .rename_container(
+        "give the old sandbox container its name back",
+        &old_id,
+        &name,
+      )
       .await;
     return Err(e);
   }

@@ -257,6 +257,11 @@ pub async fn ensure_started(
   if crate::gpu::gpus_of(&info).is_some() {
     return crate::gpumove::start_exclusive(engine, cfg, target, log).await;
   }
+  start_stopped(engine, target, log).await
+}
+
+/// Starts a stopped sandbox container (no checks); one that is gone is forgotten.
+pub async fn start_stopped(engine: &Engine, target: &Target, log: &Logger) -> Result<()> {
   log.info(
     "starting stopped sandbox",
     json!({ "sandboxId": target.sandbox_id }),
