@@ -9,11 +9,11 @@ use serde_json::{json, Value};
 use napi::bindgen_prelude::PromiseRaw;
 use napi::Env;
 
-use crate::binding::{promise, to_js};
-use crate::client::{self, Engine};
 use crate::config;
-use crate::errors::SandboxError;
-use crate::logging::Logger;
+use crate::engine::{self, Engine};
+use crate::napi::provider::{promise, to_js};
+use crate::util::errors::SandboxError;
+use crate::util::logging::Logger;
 
 /// Which engine and which sandboxes a command is about.
 #[napi(object)]
@@ -28,9 +28,9 @@ pub struct NativeAdminOptions {
 }
 
 async fn engine(o: &NativeAdminOptions) -> Result<Engine, SandboxError> {
-  let endpoint = client::effective_endpoint(o.docker_host.as_deref(), None)?;
+  let endpoint = engine::effective_endpoint(o.docker_host.as_deref(), None)?;
   let limit = Duration::from_millis(o.timeout_ms.unwrap_or(30_000).max(100) as u64);
-  let mut e = client::engine_for(&endpoint, limit).await?;
+  let mut e = engine::engine_for(&endpoint, limit).await?;
   e.control_timeout = limit;
   Ok(e)
 }
@@ -51,7 +51,7 @@ pub fn list_sandboxes(
   promise(env, async move {
     let ns = namespace(&options)?;
     let e = engine(&options).await?;
-    Ok(json!(crate::admin::list(&e, ns.as_deref()).await?))
+    Ok(json!(crate::fleet::admin::list(&e, ns.as_deref()).await?))
   })
 }
 
@@ -65,7 +65,9 @@ pub fn remove_sandboxes(
   promise(env, async move {
     let ns = namespace(&options)?;
     let e = engine(&options).await?;
-    Ok(json!(crate::admin::remove(&e, ns.as_deref(), &ids).await?))
+    Ok(json!(
+      crate::fleet::admin::remove(&e, ns.as_deref(), &ids).await?
+    ))
   })
 }
 
@@ -84,7 +86,7 @@ pub fn remove_stopped_sandboxes(
     let namespaces = match ns {
       Some(n) => vec![n],
       None => {
-        let mut all: Vec<String> = crate::admin::list(&e, None)
+        let mut all: Vec<String> = crate::fleet::admin::list(&e, None)
           .await?
           .into_iter()
           .map(|s| s.namespace)
@@ -97,7 +99,8 @@ pub fn remove_stopped_sandboxes(
     let mut removed = Vec::new();
     for n in namespaces {
       removed.extend(
-        crate::reaper::reap(&e, &n, Duration::from_secs(secs), false, &Logger::default()).await?,
+        crate::fleet::reaper::reap(&e, &n, Duration::from_secs(secs), false, &Logger::default())
+          .await?,
       );
     }
     Ok(removed)
@@ -111,7 +114,7 @@ pub fn describe_endpoint(env: &Env, docker_host: Option<String>) -> napi::Result
 }
 
 fn endpoint_json(docker_host: Option<&str>) -> Result<Value, SandboxError> {
-  let endpoint = client::effective_endpoint(docker_host, None)?;
+  let endpoint = engine::effective_endpoint(docker_host, None)?;
   Ok(json!({
     "host": endpoint.host,
     "source": endpoint.source,

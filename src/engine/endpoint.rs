@@ -15,7 +15,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::config::normalize_docker_host;
-use crate::errors::{Result, SandboxError};
+use crate::util::errors::{Result, SandboxError};
 
 /// The socket used when nothing says otherwise.
 pub const DEFAULT_DOCKER_HOST: &str = "unix:///var/run/docker.sock";

@@ -7,7 +7,7 @@
 //! engine's GPU lock; the commit (slow: the whole writable layer) runs outside it and is used
 //! only when the container has not run since (its start and finish times are unchanged). The
 //! new container's labels name the saved image and the carried volumes, which go with it.
-//! Between the two renames the name is briefly absent: `lifecycle::resolve` waits that out.
+//! Between the two renames the name is briefly absent: `container::resolve` waits that out.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -17,13 +17,15 @@ use bollard::models::{
 };
 use serde_json::json;
 
-use crate::client::Engine;
 use crate::config::{Gpus, ProviderConfig};
-use crate::errors::{Result, SandboxError};
+use crate::engine::Engine;
 use crate::gpu::{self, Lock};
-use crate::labels::{self, LABEL_CARRIED_VOLUMES, LABEL_GPUS, LABEL_SAVED_FROM, LABEL_SAVED_IMAGE};
-use crate::lifecycle::{self, Target};
-use crate::logging::Logger;
+use crate::sandbox::container::{self, Target};
+use crate::util::errors::{Result, SandboxError};
+use crate::util::labels::{
+  self, LABEL_CARRIED_VOLUMES, LABEL_GPUS, LABEL_SAVED_FROM, LABEL_SAVED_IMAGE,
+};
+use crate::util::logging::Logger;
 
 /// Suffix of the new container's name until it takes the sandbox's name.
 pub const MOVING_SUFFIX: &str = ".gpu-move";
@@ -80,7 +82,7 @@ pub async fn remove_saved(engine: &Engine, saved: &Saved, log: &Logger) {
 pub async fn remove_exclusive(engine: &Engine, target: &Target, log: &Logger) -> Result<bool> {
   let lock = Lock::take(engine).await?;
   let outcome = async {
-    let removed = lifecycle::force_remove(engine, &target.container_id).await?;
+    let removed = container::force_remove(engine, &target.container_id).await?;
     for suffix in [MOVING_SUFFIX, MOVED_SUFFIX] {
       let name = format!("{}{suffix}", target.name);
       if let Some(left) = engine
@@ -93,7 +95,7 @@ pub async fn remove_exclusive(engine: &Engine, target: &Target, log: &Logger) ->
           .and_then(|c| c.labels.as_ref())
           .and_then(|l| l.get(labels::LABEL_ID));
         if is_ours(&left) && sandbox == Some(&target.sandbox_id) {
-          lifecycle::force_remove(engine, left.id.as_deref().unwrap_or(&name)).await?;
+          container::force_remove(engine, left.id.as_deref().unwrap_or(&name)).await?;
         }
       }
     }
@@ -171,7 +173,7 @@ pub async fn start_exclusive(
   // Which GPUs exist is known before the lock is taken (discovery runs a container, of the
   // provider's image: a saved one carries the old GPUs' environment).
   let inventory = gpu::inventory(engine, cfg, || async {
-    Ok(crate::image::source(cfg).await?.reference)
+    Ok(crate::images::source(cfg).await?.reference)
   })
   .await?;
   let deadline = Instant::now() + Duration::from_millis(cfg.gpu_wait_ms);
@@ -244,13 +246,13 @@ async fn decide(
     .inspect_container("inspect the sandbox container", &target.container_id)
     .await?
   else {
-    lifecycle::forget(engine, &target.name);
+    container::forget(engine, &target.name);
     return Ok(Step::Done);
   };
   // Only the container under the sandbox's name is the sandbox: one set aside by a move (or a
   // cached id that is no longer it) is never started; the caller resolves the name again.
   if info.name.as_deref() != Some(format!("/{}", target.name).as_str()) {
-    lifecycle::forget(engine, &target.name);
+    container::forget(engine, &target.name);
     return Ok(Step::Done);
   }
   let state = info.state.clone().unwrap_or_default();
@@ -263,7 +265,7 @@ async fn decide(
     .iter()
     .any(|(g, who)| own.contains(g) && *who != target.sandbox_id);
   if !taken {
-    lifecycle::start_stopped(engine, target, log).await?;
+    container::start_stopped(engine, target, log).await?;
     return Ok(Step::Done);
   }
   let Some(picked) = pick_keeping(inventory, &own, &held, own.len()) else {
@@ -282,7 +284,7 @@ async fn decide(
           "sandbox moved to free GPUs",
           json!({ "sandboxId": target.sandbox_id, "from": own, "to": picked }),
         );
-        lifecycle::forget(engine, &target.name);
+        container::forget(engine, &target.name);
         Ok(Step::Done)
       }
       // The save was swept (a reaper saw it unused for long): save again.

@@ -18,10 +18,10 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::client::Engine;
-use crate::errors::{Result, SandboxError};
-use crate::labels;
-use crate::labels::LABEL_IMAGEWORK;
+use crate::engine::Engine;
+use crate::util::errors::{Result, SandboxError};
+use crate::util::labels;
+use crate::util::labels::LABEL_IMAGEWORK;
 
 /// How often a holder rewrites its record.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -59,8 +59,8 @@ impl Record {
       kind: kind.into(),
       progress,
       reason: None,
-      holder: crate::ids::holder(),
-      beat_ms: crate::timestamps::now_ms(),
+      holder: crate::util::ids::holder(),
+      beat_ms: crate::util::timestamps::now_ms(),
     }
   }
 
@@ -97,7 +97,7 @@ impl Observed {
     if self.record.state == "failed" {
       return Liveness::Failed;
     }
-    let age = crate::timestamps::now_ms().saturating_sub(self.record.beat_ms);
+    let age = crate::util::timestamps::now_ms().saturating_sub(self.record.beat_ms);
     if age > STALE_AFTER.as_millis() as u64 {
       Liveness::Silent(age / 1000)
     } else {
@@ -134,7 +134,7 @@ fn record_tar(record: &Record) -> Result<Vec<u8>> {
   let mut header = tar::Header::new_gnu();
   header.set_size(body.len() as u64);
   header.set_mode(0o644);
-  header.set_mtime(crate::timestamps::now_ms() / 1000);
+  header.set_mtime(crate::util::timestamps::now_ms() / 1000);
   let mut builder = tar::Builder::new(Vec::new());
   builder
     .append_data(&mut header, RECORD_FILE, body.as_slice())
@@ -151,7 +151,7 @@ pub(crate) fn lease_image() -> String {
 /// registry is needed (two processes racing here both import the same tag, harmlessly).
 pub(crate) async fn ensure_lease_image(engine: &Engine) -> Result<()> {
   let reference = format!("{LEASE_IMAGE_REPO}:{LEASE_IMAGE_TAG}");
-  if crate::image::present(engine, &reference).await?.is_some() {
+  if crate::images::present(engine, &reference).await?.is_some() {
     return Ok(());
   }
   let tar = record_tar(&Record::failed("none", "placeholder".into()))?;
@@ -269,9 +269,9 @@ pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
   let created_ms = info
     .created
     .as_deref()
-    .and_then(crate::timestamps::parse_time)
+    .and_then(crate::util::timestamps::parse_time)
     .map(|s| s * 1000)
-    .unwrap_or_else(crate::timestamps::now_ms);
+    .unwrap_or_else(crate::util::timestamps::now_ms);
   let record = match read_record(engine, &container_id).await {
     Ok(Some(r)) => r,
     Ok(None) => Record {
@@ -368,7 +368,7 @@ pub async fn reap_forgotten(engine: &Engine) -> Result<usize> {
     let Some(seen) = observe(engine, &image).await? else {
       continue;
     };
-    let age = crate::timestamps::now_ms().saturating_sub(seen.record.beat_ms);
+    let age = crate::util::timestamps::now_ms().saturating_sub(seen.record.beat_ms);
     if seen.liveness() != Liveness::Alive && age > FORGOTTEN_AFTER.as_millis() as u64 {
       remove(engine, &seen.container_id).await?;
       removed += 1;
@@ -408,7 +408,7 @@ mod tests {
       Liveness::Failed
     );
     let old = Record {
-      beat_ms: crate::timestamps::now_ms() - 60_000,
+      beat_ms: crate::util::timestamps::now_ms() - 60_000,
       ..Record::running("pull", "p".into())
     };
     assert!(matches!(seen(old).liveness(), Liveness::Silent(s) if (59..=61).contains(&s)));

@@ -2,7 +2,7 @@
 //! into an absolute one. The layout does not depend on the sandbox id, because the server asks
 //! for it with `''` before any sandbox exists.
 
-use crate::errors::{Result, SandboxError};
+use crate::util::errors::{Result, SandboxError};
 
 /// Everything TrueForge puts in a sandbox lives under here.
 pub const LAYOUT_ROOT: &str = "/trueforge";
@@ -119,8 +119,8 @@ mod tests {
   #[test]
   fn the_scripts_record_activity_where_the_layout_says() {
     assert_eq!(ACTIVITY_FILE, format!("{LAYOUT_ROOT}/{ACTIVITY_NAME}"));
-    assert!(crate::lifecycle::INIT_SCRIPT.contains(&format!("act={ACTIVITY_FILE}\n")));
-    assert!(crate::exec::WRAPPER.contains(&format!(": > {ACTIVITY_FILE} ")));
+    assert!(crate::sandbox::container::INIT_SCRIPT.contains(&format!("act={ACTIVITY_FILE}\n")));
+    assert!(crate::sandbox::exec::WRAPPER.contains(&format!(": > {ACTIVITY_FILE} ")));
   }
 
   #[test]

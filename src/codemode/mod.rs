@@ -22,12 +22,12 @@ use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
 
-use crate::client::Engine;
-use crate::errors::{Result, SandboxError};
-use crate::exec::StartError;
-use crate::lifecycle::Target;
-use crate::logging::Logger;
-use crate::transfer;
+use crate::engine::Engine;
+use crate::sandbox::container::Target;
+use crate::sandbox::exec::StartError;
+use crate::sandbox::transfer;
+use crate::util::errors::{Result, SandboxError};
+use crate::util::logging::Logger;
 
 /// Where everything Code Mode puts in a sandbox lives.
 pub const DIR: &str = "/trueforge/codemode";
@@ -40,8 +40,8 @@ pub const RELAY_PATH: &str = "/trueforge/codemode/relay.py";
 /// The relays' sockets (mode 0700, each socket 0600).
 pub const SOCKET_DIR: &str = "/trueforge/codemode/run";
 
-pub const RELAY_SOURCE: &str = include_str!("../codemode/relay.py");
-pub const CLIENT_SOURCE: &str = include_str!("../codemode/mcp_client.py");
+pub const RELAY_SOURCE: &str = include_str!("../../codemode/relay.py");
+pub const CLIENT_SOURCE: &str = include_str!("../../codemode/mcp_client.py");
 
 /// Largest request or reply, as TrueForge's own transports allow.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;

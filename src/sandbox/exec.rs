@@ -15,9 +15,9 @@ use futures_util::{Stream, StreamExt};
 use rand::Rng;
 use tokio::io::AsyncWrite;
 
-use crate::client::Engine;
-use crate::errors::{Result, SandboxError};
-use crate::output::{CappedOutput, MarkerReader, ReadEnd, ReadResult, Until};
+use crate::engine::Engine;
+use crate::sandbox::output::{CappedOutput, MarkerReader, ReadEnd, ReadResult, Until};
+use crate::util::errors::{Result, SandboxError};
 
 /// Exit code reported for a command killed by its timeout (as coreutils `timeout`).
 pub const TIMEOUT_EXIT_CODE: i32 = 124;
@@ -320,7 +320,7 @@ async fn kill_after_timeout(
   }
   // Out of processes (a fork bomb), the killer itself cannot start: restarting the container
   // is then the only way to kill everything. Files are kept.
-  if !left().is_zero() && crate::lifecycle::restart(engine, container, left()).await {
+  if !left().is_zero() && crate::sandbox::container::restart(engine, container, left()).await {
     return Ok(());
   }
   // Never claim a kill that did not happen.
@@ -499,10 +499,15 @@ pub fn working_dir(sandbox_root: &str, cwd: Option<&str>) -> Result<String> {
       argument: "cwd".into(),
       reason: "contains a NUL byte".into(),
     }),
-    Some(c) if c.len() > crate::layout::MAX_PATH_BYTES => Err(SandboxError::InvalidArgument {
-      argument: "cwd".into(),
-      reason: format!("longer than {} bytes", crate::layout::MAX_PATH_BYTES),
-    }),
+    Some(c) if c.len() > crate::sandbox::layout::MAX_PATH_BYTES => {
+      Err(SandboxError::InvalidArgument {
+        argument: "cwd".into(),
+        reason: format!(
+          "longer than {} bytes",
+          crate::sandbox::layout::MAX_PATH_BYTES
+        ),
+      })
+    }
     Some(c) if c.starts_with('/') => Ok(c.to_string()),
     Some(c) => Ok(format!("{sandbox_root}/{c}")),
   }

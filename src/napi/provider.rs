@@ -13,11 +13,11 @@ use serde_json::Value;
 
 use crate::codemode::{self, RequestSink, Session};
 use crate::config::ProviderConfig;
-use crate::errors::SandboxError;
-use crate::image::Build;
-use crate::layout;
-use crate::logging::{Logger, Sink};
+use crate::images::Build;
 use crate::provider::{ExecOutcome, ExecParams, Provider};
+use crate::sandbox::layout;
+use crate::util::errors::SandboxError;
+use crate::util::logging::{Logger, Sink};
 
 /// The one error boundary. napi's own async bridge rejects with an `Error<Status>`, whose `code`
 /// can only be one of napi's statuses; so every fallible call settles its promise here, on the
@@ -334,7 +334,7 @@ pub fn reap_sandboxes(
   options: NativeReapOptions,
 ) -> napi::Result<PromiseRaw<'_, Vec<String>>> {
   promise(env, async move {
-    crate::reaper::reap_standalone(
+    crate::fleet::reaper::reap_standalone(
       options.namespace.as_deref(),
       options.docker_host.as_deref(),
       options.older_than_minutes,
@@ -367,8 +367,8 @@ pub struct NativeEngineStats {
   pub reaper_leases: u32,
 }
 
-impl From<crate::shared::Stats> for NativeEngineStats {
-  fn from(s: crate::shared::Stats) -> Self {
+impl From<crate::engine::runtime::Stats> for NativeEngineStats {
+  fn from(s: crate::engine::runtime::Stats) -> Self {
     let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
     Self {
       providers: n(s.providers),
@@ -392,8 +392,8 @@ pub fn engine_stats(
   docker_host: Option<String>,
 ) -> napi::Result<Option<NativeEngineStats>> {
   let endpoint =
-    crate::client::effective_endpoint(docker_host.as_deref(), None).map_err(|e| to_js(env, e))?;
-  Ok(crate::client::connected(&endpoint).map(|e| e.shared.stats().into()))
+    crate::engine::effective_endpoint(docker_host.as_deref(), None).map_err(|e| to_js(env, e))?;
+  Ok(crate::engine::connected(&endpoint).map(|e| e.shared.stats().into()))
 }
 
 /// One Code Mode transport's relay session (see `codemode::Session`).

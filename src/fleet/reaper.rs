@@ -10,11 +10,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
-use crate::client::Engine;
-use crate::errors::Result;
-use crate::labels;
-use crate::labels::LABEL_PROBE;
-use crate::logging::Logger;
+use crate::engine::Engine;
+use crate::util::errors::Result;
+use crate::util::labels;
+use crate::util::labels::LABEL_PROBE;
+use crate::util::logging::Logger;
 
 /// How often the background reaper runs.
 pub const REAP_PERIOD: Duration = Duration::from_secs(60);
@@ -82,12 +82,12 @@ pub async fn reap(
     let since = state
       .finished_at
       .as_deref()
-      .and_then(crate::timestamps::parse_time)
+      .and_then(crate::util::timestamps::parse_time)
       .or_else(|| {
         info
           .created
           .as_deref()
-          .and_then(crate::timestamps::parse_time)
+          .and_then(crate::util::timestamps::parse_time)
       });
     let Some(since) = since else { continue };
     if now.saturating_sub(since) < older_than.as_secs() {
@@ -104,13 +104,19 @@ pub async fn reap(
       }
       // A container a move set aside shares its volumes with the sandbox's current one.
       let set_aside = info.name.as_deref().is_some_and(|n| {
-        n.ends_with(crate::gpumove::MOVED_SUFFIX) || n.ends_with(crate::gpumove::MOVING_SUFFIX)
+        n.ends_with(crate::gpu::relocate::MOVED_SUFFIX)
+          || n.ends_with(crate::gpu::relocate::MOVING_SUFFIX)
       });
       if !set_aside {
-        crate::gpumove::remove_saved(engine, &crate::gpumove::saved_of(Some(&labels)), log).await;
+        crate::gpu::relocate::remove_saved(
+          engine,
+          &crate::gpu::relocate::saved_of(Some(&labels)),
+          log,
+        )
+        .await;
       }
-      if let Ok(name) = crate::lifecycle::name_for(namespace, &sandbox_id) {
-        crate::lifecycle::forget(engine, &name);
+      if let Ok(name) = crate::sandbox::container::name_for(namespace, &sandbox_id) {
+        crate::sandbox::container::forget(engine, &name);
       }
       log.info(
         "removed stale sandbox",
@@ -121,9 +127,9 @@ pub async fn reap(
   }
   if !dry_run {
     reap_probes(engine, now).await;
-    crate::gpumove::sweep_saved_images(engine, now).await;
+    crate::gpu::relocate::sweep_saved_images(engine, now).await;
     // Best effort, like the probes: a lease left by a failed or crashed fetch long ago.
-    let _ = crate::imagework::reap_forgotten(engine).await;
+    let _ = crate::images::work::reap_forgotten(engine).await;
   }
   Ok(removed)
 }
@@ -144,8 +150,8 @@ pub async fn reap_standalone(
     config::DEFAULT_AUTO_DELETE_MINUTES,
   )?
   .unwrap_or(0);
-  let endpoint = crate::client::effective_endpoint(docker_host, None)?;
-  let engine = crate::client::engine_for(&endpoint, crate::client::CONTROL_TIMEOUT).await?;
+  let endpoint = crate::engine::effective_endpoint(docker_host, None)?;
+  let engine = crate::engine::engine_for(&endpoint, crate::engine::CONTROL_TIMEOUT).await?;
   reap(
     &engine,
     &namespace,
@@ -170,7 +176,7 @@ async fn reap_probes(engine: &Engine, now: u64) {
       .map(|t| now.saturating_sub(t.max(0) as u64) > PROBE_GRACE_SECS)
       .unwrap_or(false);
     if let (true, Some(id)) = (old, c.id) {
-      let _ = crate::lifecycle::force_remove(engine, &id).await;
+      let _ = crate::sandbox::container::force_remove(engine, &id).await;
     }
   }
 }

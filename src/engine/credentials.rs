@@ -15,7 +15,7 @@ use base64::Engine as _;
 use bollard::auth::DockerCredentials;
 use serde_json::Value;
 
-use crate::endpoint::{config_dir, Env};
+use crate::engine::endpoint::{config_dir, Env};
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -31,7 +31,7 @@ fn norm(k: &str) -> &str {
     .trim_end_matches('/')
 }
 
-/// The key `registry` (as `image::registry_of` gives it) has in `auths` and for helpers.
+/// The key `registry` (as `images::registry_of` gives it) has in `auths` and for helpers.
 fn server_address(registry: &str) -> String {
   if registry == "docker.io" {
     HUB.to_string()
@@ -241,7 +241,7 @@ mod tests {
   use std::collections::HashMap;
   use std::path::PathBuf;
 
-  use crate::endpoint::tests::FakeEnv;
+  use crate::engine::endpoint::tests::FakeEnv;
 
   fn setup(config: &str) -> (PathBuf, FakeEnv) {
     let d = std::env::temp_dir().join(format!(

@@ -4,6 +4,12 @@
 //! operation in its errors, turns "no such container" into a value where callers expect it, and
 //! bounds control-plane calls by a deadline so a hung engine cannot hang a caller.
 
+pub mod credentials;
+pub mod endpoint;
+pub mod runtime;
+pub mod ssh;
+pub mod tls;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -29,12 +35,12 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use tokio::sync::OnceCell;
 
-use crate::endpoint::Endpoint;
-use crate::errors::{Result, SandboxError};
-use crate::shared::EngineShared;
+use crate::engine::endpoint::Endpoint;
+use crate::engine::runtime::EngineShared;
+use crate::util::errors::{Result, SandboxError};
 
 /// The socket used when neither `dockerHost` nor `DOCKER_HOST` nor a context says otherwise.
-pub const DEFAULT_DOCKER_HOST: &str = crate::endpoint::DEFAULT_DOCKER_HOST;
+pub const DEFAULT_DOCKER_HOST: &str = crate::engine::endpoint::DEFAULT_DOCKER_HOST;
 /// Default deadline for one control-plane request (inspect, create, start, archive stat …).
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -64,9 +70,9 @@ fn registry() -> &'static Mutex<HashMap<String, Slot>> {
 /// The engine an option-less provider talks to, as the Docker CLI picks it (see `endpoint`).
 pub fn effective_endpoint(
   configured: Option<&str>,
-  tls: Option<&crate::endpoint::TlsChoice>,
+  tls: Option<&crate::engine::endpoint::TlsChoice>,
 ) -> Result<Endpoint> {
-  crate::endpoint::resolve(configured, tls, &crate::endpoint::ProcessEnv)
+  crate::engine::endpoint::resolve(configured, tls, &crate::engine::endpoint::ProcessEnv)
 }
 
 /// The shared engine for `endpoint` (one per connection identity, `Endpoint::key`, so state of
@@ -93,9 +99,9 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
   // a whole upload body) must never cut in first.
   let timeout = 86_400;
   let docker = if let (Some(tls), true) = (&endpoint.tls, host.starts_with("tcp://")) {
-    crate::tls::connect(host, tls, timeout, API_DEFAULT_VERSION)?
+    crate::engine::tls::connect(host, tls, timeout, API_DEFAULT_VERSION)?
   } else if host.starts_with("ssh://") {
-    crate::ssh::connect(host, timeout, API_DEFAULT_VERSION)?
+    crate::engine::ssh::connect(host, timeout, API_DEFAULT_VERSION)?
   } else if let Some(path) = host.strip_prefix("unix://") {
     Docker::connect_with_unix(path, timeout, API_DEFAULT_VERSION)
       .map_err(|e| unreachable(e.to_string()))?
@@ -219,10 +225,10 @@ impl Engine {
   /// Server answers become `Engine` errors with their status; anything else means we never got
   /// an answer, so the engine is unreachable.
   pub fn map_error(&self, operation: &str, e: BollardError) -> SandboxError {
-    if let Some(tls) = crate::tls::classify(&self.host, self.client_cert, &e) {
+    if let Some(tls) = crate::engine::tls::classify(&self.host, self.client_cert, &e) {
       return tls;
     }
-    if let Some(ssh) = crate::ssh::classify(&self.host, &e) {
+    if let Some(ssh) = crate::engine::ssh::classify(&self.host, &e) {
       return ssh;
     }
     match e {

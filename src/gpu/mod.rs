@@ -11,6 +11,8 @@
 //! are unique per engine, so creating it is an atomic claim), removed by its id when done and
 //! broken by anyone once it is older than `LOCK_STALE` (its holder died).
 
+pub mod relocate;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -22,13 +24,13 @@ use bollard::models::{
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use crate::client::Engine;
 use crate::config::{Gpus, ProviderConfig};
-use crate::errors::{Result, SandboxError};
-use crate::labels;
-use crate::labels::{LABEL_GPUS, LABEL_GPU_LOCK, LABEL_GPU_LOCK_AT};
-use crate::lifecycle::{self, Target};
-use crate::logging::Logger;
+use crate::engine::Engine;
+use crate::sandbox::container::{self, Target};
+use crate::util::errors::{Result, SandboxError};
+use crate::util::labels;
+use crate::util::labels::{LABEL_GPUS, LABEL_GPU_LOCK, LABEL_GPU_LOCK_AT};
+use crate::util::logging::Logger;
 
 /// The lock's container name: one per engine.
 pub const LOCK_NAME: &str = "trueforge-gpu-lock";
@@ -318,14 +320,14 @@ impl Lock {
   /// Takes the engine's GPU lock, waiting while another process holds it (at most a little
   /// over `LOCK_STALE`: a lock older than that is broken).
   pub async fn take(engine: &Engine) -> Result<Lock> {
-    crate::imagework::ensure_lease_image(engine).await?;
+    crate::images::work::ensure_lease_image(engine).await?;
     // By id: Podman 4 files an image imported through the Docker API under `latest`, whatever
     // tag was asked for, where the name with its tag misses it.
-    let name = crate::imagework::lease_image();
+    let name = crate::images::work::lease_image();
     let repo = name.split(':').next().unwrap_or(&name).to_string();
     let mut image = name.clone();
     for candidate in [name.clone(), repo] {
-      if let Some(id) = crate::image::present(engine, &candidate)
+      if let Some(id) = crate::images::present(engine, &candidate)
         .await?
         .and_then(|i| i.id)
       {
@@ -344,10 +346,10 @@ impl Lock {
         cmd: Some(vec!["/lock".into()]),
         labels: Some(HashMap::from([
           (labels::LABEL_MANAGED_BY.into(), labels::MANAGED_BY.into()),
-          (LABEL_GPU_LOCK.into(), crate::ids::holder()),
+          (LABEL_GPU_LOCK.into(), crate::util::ids::holder()),
           (
             LABEL_GPU_LOCK_AT.into(),
-            crate::timestamps::now_ms().to_string(),
+            crate::util::timestamps::now_ms().to_string(),
           ),
         ])),
         network_disabled: Some(true),
@@ -388,9 +390,9 @@ impl Lock {
             .get(LABEL_GPU_LOCK_AT)
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-          if crate::timestamps::now_ms().saturating_sub(at) > LOCK_STALE.as_millis() as u64 {
+          if crate::util::timestamps::now_ms().saturating_sub(at) > LOCK_STALE.as_millis() as u64 {
             if let Some(id) = info.id {
-              let _ = lifecycle::force_remove(engine, &id).await;
+              let _ = container::force_remove(engine, &id).await;
             }
             continue;
           }
@@ -416,7 +418,7 @@ impl Lock {
 
   /// Gives the lock back. A failure is only logged: the lock goes stale on its own.
   pub async fn release(self, log: &Logger) {
-    if let Err(e) = lifecycle::force_remove(&self.engine, &self.container_id).await {
+    if let Err(e) = container::force_remove(&self.engine, &self.container_id).await {
       log.warn(
         "could not remove the GPU allocation lock; it expires by itself",
         json!({ "error": e.to_string() }),
@@ -679,7 +681,7 @@ async fn nvidia_smi_in_container(engine: &Engine, image: &str) -> Result<(Vec<St
     Ok::<_, SandboxError>(out)
   };
   let outcome = run.await;
-  let _ = lifecycle::force_remove(engine, &id).await;
+  let _ = container::force_remove(engine, &id).await;
   match outcome {
     Ok(out) => {
       let uuids = parse_nvidia_smi_list(&out);
@@ -734,7 +736,7 @@ pub async fn create_exclusive(
     let outcome = async {
       let held = held(engine).await?;
       match pick(&inventory, &held, n) {
-        Some(ids) => lifecycle::create_with(engine, cfg, image, None, log, Some(&ids)).await,
+        Some(ids) => container::create_with(engine, cfg, image, None, log, Some(&ids)).await,
         None => Err(unavailable(n, &inventory, &held, &inventory)),
       }
     }
@@ -891,7 +893,7 @@ mod tests {
 
   fn body(gpus: Value, picked: Option<&[String]>, env: Value) -> ContainerCreateBody {
     let c = cfg(json!({ "gpus": gpus, "env": env })).expect("valid");
-    crate::lifecycle::container_body_with(&c, "/workspace/x", "img", None, picked)
+    crate::sandbox::container::container_body_with(&c, "/workspace/x", "img", None, picked)
   }
 
   fn env_of(b: &ContainerCreateBody) -> Vec<String> {
@@ -978,7 +980,7 @@ mod tests {
     assert_eq!(req.driver.as_deref(), Some("cdi"));
     // No gpus: nothing at all.
     let c = cfg(json!({})).expect("valid");
-    let b = crate::lifecycle::container_body(&c, "/workspace/x", "img", None);
+    let b = crate::sandbox::container::container_body(&c, "/workspace/x", "img", None);
     assert!(b.host_config.unwrap().device_requests.is_none());
     assert!(!b.env.unwrap().iter().any(|e| e.starts_with("NVIDIA_")));
   }

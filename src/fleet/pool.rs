@@ -11,18 +11,18 @@ use bollard::models::ContainerSummaryStateEnum;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::client::Engine;
 use crate::config::ProviderConfig;
-use crate::errors::Result;
-use crate::labels;
-use crate::labels::LABEL_POOL;
-use crate::lifecycle::{self, Scope, Target};
-use crate::logging::Logger;
+use crate::engine::Engine;
+use crate::sandbox::container::{self, Scope, Target};
+use crate::util::errors::Result;
+use crate::util::labels;
+use crate::util::labels::LABEL_POOL;
+use crate::util::logging::Logger;
 
 /// A stable fingerprint of everything that shapes a sandbox: members are only handed to a
 /// provider whose configuration would have created the same container.
 pub fn fingerprint(cfg: &ProviderConfig, image: &str) -> String {
-  let body = lifecycle::container_body(cfg, "/workspace/00000000000000000000000000", image, None);
+  let body = container::container_body(cfg, "/workspace/00000000000000000000000000", image, None);
   let mut h = Sha256::new();
   let host = body.host_config.clone().unwrap_or_default();
   h.update(format!("{:?}", host).as_bytes());
@@ -84,7 +84,7 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
     let Some(sandbox_id) = labels.get(labels::LABEL_ID) else {
       continue;
     };
-    let Ok(final_name) = lifecycle::name_for(&scope.namespace, sandbox_id) else {
+    let Ok(final_name) = container::name_for(&scope.namespace, sandbox_id) else {
       continue;
     };
     let current = c
@@ -93,7 +93,7 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
       .into_iter()
       .next()
       .unwrap_or_default();
-    if current.trim_start_matches('/') != lifecycle::pool_name(&final_name) {
+    if current.trim_start_matches('/') != container::pool_name(&final_name) {
       continue;
     }
     if labels.get(labels::LABEL_TENANT) != scope.tenant.as_ref() {
@@ -125,9 +125,9 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
         exclusive_gpus: false,
         saved: Default::default(),
       },
-      None => lifecycle::resolve(engine, scope, sandbox_id).await?,
+      None => container::resolve(engine, scope, sandbox_id).await?,
     };
-    lifecycle::remember(engine, &target);
+    container::remember(engine, &target);
     return Ok(Some(target));
   }
   Ok(None)
@@ -190,7 +190,7 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
             // this or another process) is left alone.
             Some(ContainerSummaryStateEnum::EXITED | ContainerSummaryStateEnum::DEAD) => {
               if let Some(id) = c.id {
-                let _ = lifecycle::force_remove(&engine, &id).await;
+                let _ = container::force_remove(&engine, &id).await;
               }
             }
             _ => {}
@@ -203,7 +203,7 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
           if stop.is_cancelled() {
             break;
           }
-          let t = lifecycle::create(&engine, &cfg, &image, Some(&fp), &log).await?;
+          let t = container::create(&engine, &cfg, &image, Some(&fp), &log).await?;
           engine
             .shared
             .pool
@@ -212,7 +212,7 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
             .expect("owners")
             .insert(fp.clone(), t.owner);
         }
-        Ok::<_, crate::errors::SandboxError>(())
+        Ok::<_, crate::util::errors::SandboxError>(())
       };
       if let Err(e) = pass.await {
         log.warn("warm pool refill failed", json!({ "error": e.to_string() }));

@@ -8,15 +8,15 @@ use std::sync::Mutex;
 use bollard::models::{ContainerCreateBody, ContainerInspectResponse, DeviceRequest, HostConfig};
 use serde_json::json;
 
-use crate::client::Engine;
 use crate::config::{Gpus, ProviderConfig};
-use crate::errors::{Result, SandboxError};
-use crate::ids;
-use crate::labels;
-use crate::labels::{LABEL_POOL, LABEL_TENANT};
-use crate::layout;
-use crate::logging::Logger;
-use crate::transfer;
+use crate::engine::Engine;
+use crate::sandbox::layout;
+use crate::sandbox::transfer;
+use crate::util::errors::{Result, SandboxError};
+use crate::util::ids;
+use crate::util::labels;
+use crate::util::labels::{LABEL_POOL, LABEL_TENANT};
+use crate::util::logging::Logger;
 
 /// The container's main process (under the init, which reaps zombies). It keeps the container
 /// alive and stops it after `$1` idle seconds (0 = never), checking every `$2` seconds, so idle
@@ -50,7 +50,7 @@ pub struct Target {
   /// It holds exclusive GPUs: starting it again may move it (`gpumove`).
   pub exclusive_gpus: bool,
   /// What it holds beyond its container after a move; removed with it.
-  pub saved: crate::gpumove::Saved,
+  pub saved: crate::gpu::relocate::Saved,
 }
 
 /// Per-engine state (held in `shared::EngineShared`).
@@ -59,7 +59,7 @@ pub struct State {
   /// Containers verified as ours, by container name.
   targets: Mutex<HashMap<String, Target>>,
   /// One start at a time per container id; entries go when the start is done.
-  pub start_locks: crate::shared::KeyedLocks<String>,
+  pub start_locks: crate::engine::runtime::KeyedLocks<String>,
 }
 
 impl State {
@@ -153,7 +153,7 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
     .await?;
   // Absent only for the instant a GPU move swaps containers under the name (or after a move
   // that died mid-swap, which this repairs).
-  if found.is_none() && crate::gpumove::await_move(engine, &name).await? {
+  if found.is_none() && crate::gpu::relocate::await_move(engine, &name).await? {
     found = engine
       .inspect_container("inspect the sandbox container", &name)
       .await?;
@@ -181,7 +181,7 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
     owner,
     tenant: scope.tenant.clone(),
     exclusive_gpus: crate::gpu::gpus_of(&info).is_some(),
-    saved: crate::gpumove::saved_of(info.config.as_ref().and_then(|c| c.labels.as_ref())),
+    saved: crate::gpu::relocate::saved_of(info.config.as_ref().and_then(|c| c.labels.as_ref())),
   };
   remember(engine, &t);
   Ok(t)
@@ -255,7 +255,7 @@ pub async fn ensure_started(
   // An exclusive GPU sandbox starts only on GPUs no other sandbox holds, decided under the
   // engine's GPU lock: its own, or others (a move).
   if crate::gpu::gpus_of(&info).is_some() {
-    return crate::gpumove::start_exclusive(engine, cfg, target, log).await;
+    return crate::gpu::relocate::start_exclusive(engine, cfg, target, log).await;
   }
   start_stopped(engine, target, log).await
 }
@@ -359,7 +359,7 @@ pub fn container_body_with(
   labels.insert(labels::LABEL_ID.into(), sandbox_id.to_string());
   labels.insert(
     labels::LABEL_CREATED_AT.into(),
-    crate::timestamps::rfc3339_now(),
+    crate::util::timestamps::rfc3339_now(),
   );
   if let Some(t) = &cfg.tenant {
     labels.insert(LABEL_TENANT.into(), t.clone());
@@ -696,12 +696,12 @@ pub async fn remove(
     };
     forget(engine, &target.name);
     let removed = if target.exclusive_gpus {
-      crate::gpumove::remove_exclusive(engine, &target, log).await?
+      crate::gpu::relocate::remove_exclusive(engine, &target, log).await?
     } else {
       force_remove(engine, &target.container_id).await?
     };
     if removed {
-      crate::gpumove::remove_saved(engine, &target.saved, log).await;
+      crate::gpu::relocate::remove_saved(engine, &target.saved, log).await;
       return Ok(true);
     }
   }

@@ -9,7 +9,7 @@ use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
 use serde::Deserialize;
 use serde_json::{Number, Value};
 
-use crate::errors::{Result, SandboxError};
+use crate::util::errors::{Result, SandboxError};
 
 /// Options that index.js takes before the rest reaches the binding; named in the refusal of
 /// an unknown option so that the list there is the whole constructor's.

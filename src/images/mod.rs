@@ -3,6 +3,9 @@
 //! `getImageBuildStatus()` only reads: the engine's images, the work this process has in flight,
 //! and its outcome. A ready image is probed once for what TrueForge's skill init needs.
 
+pub mod context;
+pub mod work;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -13,15 +16,15 @@ use bollard::query_parameters::{BuildImageOptions, CreateImageOptions};
 use futures_util::StreamExt;
 use serde_json::json;
 
-use crate::client::Engine;
 use crate::config::{BuildSpec, ProviderConfig, RegistryCredential};
-use crate::context;
-use crate::errors::{Result, SandboxError};
-use crate::imagework::{self, Acquired, Liveness, Record};
-use crate::labels;
-use crate::labels::LABEL_PROBE;
-use crate::logging::Logger;
-use crate::transfer;
+use crate::engine::Engine;
+
+use crate::images::work::{Acquired, Liveness, Record};
+use crate::sandbox::transfer;
+use crate::util::errors::{Result, SandboxError};
+use crate::util::labels;
+use crate::util::labels::LABEL_PROBE;
+use crate::util::logging::Logger;
 
 /// The three states TrueForge's settings page knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +109,7 @@ pub struct State {
   /// Probe results by image id (an image id never changes content).
   probes: Mutex<HashMap<String, Probe>>,
   /// One probe at a time per image id; entries go when the probe is done.
-  pub probe_locks: crate::shared::KeyedLocks<String>,
+  pub probe_locks: crate::engine::runtime::KeyedLocks<String>,
   /// (reference, image id) pairs whose shortcomings were logged already.
   warned: Mutex<HashSet<(String, String)>>,
 }
@@ -412,7 +415,7 @@ pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe
     Ok::<_, SandboxError>(parse_probe(&text))
   };
   let outcome = tokio::time::timeout(Duration::from_secs(90), run).await;
-  let _ = crate::lifecycle::force_remove(engine, &id).await;
+  let _ = crate::sandbox::container::force_remove(engine, &id).await;
   let p = outcome.map_err(|_| engine.timeout("probe the image", Duration::from_secs(90)))??;
   state
     .probes
@@ -534,7 +537,7 @@ pub async fn status(engine: &Engine, src: &ImageSource, log: &Logger) -> Result<
     }
     Some(Work::Failed(_)) | None => {}
   }
-  if let Some(seen) = imagework::observe(engine, &src.reference).await? {
+  if let Some(seen) = work::observe(engine, &src.reference).await? {
     let holder = &seen.record.holder;
     return Ok(match seen.liveness() {
       Liveness::Alive => build(
@@ -606,7 +609,7 @@ fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
     let engine = task_engine;
     let what = if src.build.is_some() { "build" } else { "pull" };
     let progress = describe(&first, &src.reference);
-    let lease = match imagework::acquire(&engine, &src.reference, what, progress).await {
+    let lease = match work::acquire(&engine, &src.reference, what, progress).await {
       Ok(Acquired::Held(lease)) => Some(lease),
       Ok(Acquired::Elsewhere(seen)) => {
         works(&engine).lock().expect("works").remove(&k);
@@ -641,7 +644,7 @@ fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
     let Some(outcome) = finished else {
       // Disposed: the work is dropped; its lease goes too (dispose awaits it, for at most a
       // few seconds), so no other process waits on work nobody does. A lease left behind by a
-      // hung engine stops beating and reads as dead after `imagework::STALE_AFTER`.
+      // hung engine stops beating and reads as dead after `work::STALE_AFTER`.
       if let Some(lease) = lease {
         let _ = tokio::time::timeout(Duration::from_secs(5), lease.release(&engine)).await;
       }
@@ -685,7 +688,7 @@ fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
 /// Runs `work`, rewriting the lease with the latest progress every `HEARTBEAT` meanwhile.
 async fn with_heartbeat(
   engine: &Engine,
-  lease: Option<&imagework::Lease>,
+  lease: Option<&work::Lease>,
   what: &str,
   k: &str,
   image: &str,
@@ -695,7 +698,7 @@ async fn with_heartbeat(
     return work.await;
   };
   tokio::pin!(work);
-  let mut tick = tokio::time::interval(imagework::HEARTBEAT);
+  let mut tick = tokio::time::interval(work::HEARTBEAT);
   tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
   tick.tick().await;
   loop {
@@ -746,7 +749,7 @@ pub async fn ensure(
           return Ok(());
         }
         // Not here: another process holds the work, it died, or the image vanished.
-        match imagework::observe(engine, &src.reference).await? {
+        match work::observe(engine, &src.reference).await? {
           Some(seen) if seen.liveness() == Liveness::Alive => {
             if seen.record.progress != last_reason {
               log.info(&seen.record.progress, json!({ "image": src.reference }));
@@ -847,7 +850,10 @@ async fn pull(
     None if src.build.is_none() => {
       let registry = registry_of(image);
       tokio::task::spawn_blocking(move || {
-        crate::credentials::from_docker_config(&registry, &crate::endpoint::ProcessEnv)
+        crate::engine::credentials::from_docker_config(
+          &registry,
+          &crate::engine::endpoint::ProcessEnv,
+        )
       })
       .await
       .map_err(|e| format!("pulling {image}: reading the Docker config panicked: {e}"))?

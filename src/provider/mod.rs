@@ -9,20 +9,20 @@ use serde_json::json;
 
 use std::sync::{Arc, Mutex};
 
-use crate::client::{self, Engine};
 use crate::codemode::{self, Launcher, Relay, RequestSink};
 use crate::config::{Gpus, ProviderConfig};
-use crate::errors::{Result, SandboxError};
-use crate::exec::{self, ExecRequest, StartError};
+use crate::engine::runtime::Hold;
+use crate::engine::{self, Engine};
+use crate::fleet::pool;
+use crate::fleet::reaper;
 use crate::gpu;
-use crate::image::{self, Build};
-use crate::layout;
-use crate::lifecycle::{self, After404, Scope, Target};
-use crate::logging::Logger;
-use crate::pool;
-use crate::reaper;
-use crate::shared::Hold;
-use crate::transfer;
+use crate::images::{self, Build};
+use crate::sandbox::container::{self, After404, Scope, Target};
+use crate::sandbox::exec::{self, ExecRequest, StartError};
+use crate::sandbox::layout;
+use crate::sandbox::transfer;
+use crate::util::errors::{Result, SandboxError};
+use crate::util::logging::Logger;
 
 /// How long `createSandbox()` waits for an absent image to be pulled or built.
 const IMAGE_WAIT: Duration = Duration::from_secs(30 * 60);
@@ -48,7 +48,7 @@ pub enum ExecOutcome {
 pub struct Provider {
   cfg: ProviderConfig,
   scope: Scope,
-  endpoint: crate::endpoint::Endpoint,
+  endpoint: crate::engine::endpoint::Endpoint,
   log: Logger,
   /// Keeps the process's background reaper for this engine and namespace alive; `None` before
   /// the first call and after `dispose()`.
@@ -60,7 +60,7 @@ pub struct Provider {
 
 impl Provider {
   pub fn new(cfg: ProviderConfig, log: Logger) -> Result<Self> {
-    let endpoint = client::effective_endpoint(cfg.docker_host.as_deref(), cfg.tls.as_ref())?;
+    let endpoint = engine::effective_endpoint(cfg.docker_host.as_deref(), cfg.tls.as_ref())?;
     let scope = Scope::of(&cfg);
     Ok(Self {
       cfg,
@@ -97,13 +97,13 @@ impl Provider {
   }
 
   /// How the engine is reached (address, TLS, where it was chosen).
-  pub fn endpoint(&self) -> &crate::endpoint::Endpoint {
+  pub fn endpoint(&self) -> &crate::engine::endpoint::Endpoint {
     &self.endpoint
   }
 
   async fn engine(&self) -> Result<Engine> {
     let limit = Duration::from_millis(self.cfg.engine_timeout_ms);
-    let mut engine = client::engine_for(&self.endpoint, limit).await?;
+    let mut engine = engine::engine_for(&self.endpoint, limit).await?;
     engine.control_timeout = limit;
     {
       // Checked under the lock `dispose` takes, so a racing dispose never misses a claim.
@@ -130,9 +130,9 @@ impl Provider {
 
   async fn target(&self, sandbox_id: &str) -> Result<(Engine, Target)> {
     // Malformed ids are refused before any engine request.
-    lifecycle::name_for(&self.cfg.namespace, sandbox_id)?;
+    container::name_for(&self.cfg.namespace, sandbox_id)?;
     let engine = self.engine().await?;
-    let target = lifecycle::resolve(&engine, &self.scope, sandbox_id).await?;
+    let target = container::resolve(&engine, &self.scope, sandbox_id).await?;
     Ok((engine, target))
   }
 
@@ -140,7 +140,7 @@ impl Provider {
   /// image is pulled or built first.
   pub async fn create_sandbox(&self) -> Result<String> {
     let engine = self.engine().await?;
-    let src = image::source(&self.cfg).await?;
+    let src = images::source(&self.cfg).await?;
     // Podman does not serialise renames (two claimers can both rename one member), so the
     // pool's claim is not safe there: sandboxes are created cold (docs/podman.md).
     if self.cfg.warm_pool_size > 0 && !engine.podman {
@@ -160,12 +160,12 @@ impl Provider {
         Some(Gpus::Exclusive(n)) => {
           gpu::create_exclusive(&engine, &self.cfg, &src.reference, n, &self.log).await
         }
-        _ => lifecycle::create(&engine, &self.cfg, &src.reference, None, &self.log).await,
+        _ => container::create(&engine, &self.cfg, &src.reference, None, &self.log).await,
       }
     };
     let t = match make().await {
       Err(SandboxError::ImageNotAvailable { .. }) => {
-        image::ensure(&engine, &src, &self.log, IMAGE_WAIT).await?;
+        images::ensure(&engine, &src, &self.log, IMAGE_WAIT).await?;
         make().await?
       }
       other => other?,
@@ -186,8 +186,8 @@ impl Provider {
       );
       return Ok(());
     }
-    let src = image::source(&self.cfg).await?;
-    image::ensure(&engine, &src, &self.log, IMAGE_WAIT).await?;
+    let src = images::source(&self.cfg).await?;
+    images::ensure(&engine, &src, &self.log, IMAGE_WAIT).await?;
     let fp = pool::fingerprint(&self.cfg, &src.reference);
     pool::refill(&engine, &self.cfg, &src.reference, &fp, &self.log);
     Ok(())
@@ -269,13 +269,13 @@ impl Provider {
           });
         }
         Err(StartError::NotRunning) if attempt < 2 => {
-          lifecycle::ensure_started(&engine, &self.cfg, &target, &self.log).await?;
+          container::ensure_started(&engine, &self.cfg, &target, &self.log).await?;
           // Cached, unless the start found it gone or moved it to other GPUs.
-          target = lifecycle::resolve(&engine, &self.scope, &p.sandbox_id).await?;
+          target = container::resolve(&engine, &self.scope, &p.sandbox_id).await?;
         }
         Err(StartError::Gone) if attempt < 2 => {
-          lifecycle::forget(&engine, &target.name);
-          target = lifecycle::resolve(&engine, &self.scope, &p.sandbox_id).await?;
+          container::forget(&engine, &target.name);
+          target = container::resolve(&engine, &self.scope, &p.sandbox_id).await?;
         }
         Err(StartError::NotRunning) => {
           return Err(SandboxError::Internal(
@@ -297,7 +297,7 @@ impl Provider {
             json!({ "sandboxId": p.sandbox_id, "engine": text }),
           );
           restarted = true;
-          if !lifecycle::restart(&engine, &target.container_id, engine.control_timeout).await {
+          if !container::restart(&engine, &target.container_id, engine.control_timeout).await {
             return Err(SandboxError::Internal(format!(
               "the sandbox is out of processes and could not be restarted: {text}"
             )));
@@ -328,12 +328,12 @@ impl Provider {
       match codemode::launch(&engine, &target, socket, ro, sink.clone(), &self.log).await {
         Ok(relay) => return Ok(relay),
         Err(StartError::NotRunning) if attempt < 2 => {
-          lifecycle::ensure_started(&engine, &self.cfg, &target, &self.log).await?;
-          target = lifecycle::resolve(&engine, &self.scope, sandbox_id).await?;
+          container::ensure_started(&engine, &self.cfg, &target, &self.log).await?;
+          target = container::resolve(&engine, &self.scope, sandbox_id).await?;
         }
         Err(StartError::Gone) if attempt < 2 => {
-          lifecycle::forget(&engine, &target.name);
-          target = lifecycle::resolve(&engine, &self.scope, sandbox_id).await?;
+          container::forget(&engine, &target.name);
+          target = container::resolve(&engine, &self.scope, sandbox_id).await?;
         }
         Err(StartError::NotRunning) => {
           return Err(SandboxError::Internal(
@@ -362,7 +362,7 @@ impl Provider {
     content: Bytes,
   ) -> Result<()> {
     // An id outside the grammar is refused first, before the path and before any request.
-    lifecycle::name_for(&self.cfg.namespace, sandbox_id)?;
+    container::name_for(&self.cfg.namespace, sandbox_id)?;
     let path = layout::resolve_file_target(sandbox_id, remote_path)?;
     let size = content.len() as u64;
     if let Some(max) = self.cfg.upload_max_bytes.filter(|max| size > *max) {
@@ -376,8 +376,8 @@ impl Provider {
     if target.exclusive_gpus {
       // Files go only into a running exclusive sandbox: a stopped one may be moving to other
       // GPUs, and a write into the container it leaves would be lost.
-      lifecycle::ensure_started(&engine, &self.cfg, &target, &self.log).await?;
-      target = lifecycle::resolve(&engine, &self.scope, sandbox_id).await?;
+      container::ensure_started(&engine, &self.cfg, &target, &self.log).await?;
+      target = container::resolve(&engine, &self.scope, sandbox_id).await?;
     }
     for attempt in 0..2 {
       let sent = transfer::upload(
@@ -392,7 +392,7 @@ impl Provider {
       .await;
       match sent {
         Err(e @ SandboxError::FileNotFound { .. }) => {
-          match lifecycle::after_404(&engine, &self.scope, &target).await? {
+          match container::after_404(&engine, &self.scope, &target).await? {
             After404::Same => return Err(e),
             After404::Replaced(t) if attempt == 0 => target = t,
             _ => return Err(not_available(sandbox_id)),
@@ -406,7 +406,7 @@ impl Provider {
 
   /// Reads a regular file (symlinks followed inside the container).
   pub async fn download_file(&self, sandbox_id: &str, path: &str) -> Result<Vec<u8>> {
-    lifecycle::name_for(&self.cfg.namespace, sandbox_id)?;
+    container::name_for(&self.cfg.namespace, sandbox_id)?;
     let abs = layout::resolve_path(sandbox_id, path)?;
     let (engine, mut target) = self.target(sandbox_id).await?;
     let max = self.cfg.file_max_bytes;
@@ -414,7 +414,7 @@ impl Provider {
     for attempt in 0..2 {
       out = match transfer::download(&engine, &target.container_id, path, &abs, max).await {
         Err(e @ SandboxError::FileNotFound { .. }) => {
-          match lifecycle::after_404(&engine, &self.scope, &target).await? {
+          match container::after_404(&engine, &self.scope, &target).await? {
             After404::Same => Err(e),
             After404::Replaced(t) if attempt == 0 => {
               target = t;
@@ -440,11 +440,11 @@ impl Provider {
 
   /// Deletes a sandbox now. Idempotent: true when something was removed.
   pub async fn remove_sandbox(&self, sandbox_id: &str) -> Result<bool> {
-    if lifecycle::name_for(&self.cfg.namespace, sandbox_id).is_err() {
+    if container::name_for(&self.cfg.namespace, sandbox_id).is_err() {
       return Ok(false);
     }
     let engine = self.engine().await?;
-    let removed = lifecycle::remove(&engine, &self.scope, sandbox_id, &self.log).await?;
+    let removed = container::remove(&engine, &self.scope, sandbox_id, &self.log).await?;
     if removed {
       self
         .log
@@ -455,14 +455,14 @@ impl Provider {
 
   pub async fn build_image(&self) -> Result<Build> {
     let engine = self.engine().await?;
-    let src = image::source(&self.cfg).await?;
-    image::build(&engine, &src, &self.log).await
+    let src = images::source(&self.cfg).await?;
+    images::build(&engine, &src, &self.log).await
   }
 
   pub async fn image_status(&self) -> Result<Build> {
     let engine = self.engine().await?;
-    let src = image::source(&self.cfg).await?;
-    image::status(&engine, &src, &self.log).await
+    let src = images::source(&self.cfg).await?;
+    images::status(&engine, &src, &self.log).await
   }
 
   /// Text appended to the agent's system prompt.
@@ -490,7 +490,7 @@ fn not_available(sandbox_id: &str) -> SandboxError {
 
 impl Launcher for Provider {
   async fn launch_relay(&self, sandbox_id: &str, socket: &str, sink: RequestSink) -> Result<Relay> {
-    lifecycle::name_for(&self.cfg.namespace, sandbox_id)?;
+    container::name_for(&self.cfg.namespace, sandbox_id)?;
     self.launch_code_mode_relay(sandbox_id, socket, sink).await
   }
 }

@@ -19,7 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-use crate::errors::{Result, SandboxError};
+use crate::util::errors::{Result, SandboxError};
 
 /// `user`, `host`, `port` of an `ssh://` address.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,8 +14,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
-use crate::endpoint::Tls;
-use crate::errors::{Result, SandboxError};
+use crate::engine::endpoint::Tls;
+use crate::util::errors::{Result, SandboxError};
 
 fn provider() -> Arc<CryptoProvider> {
   Arc::new(rustls::crypto::ring::default_provider())
@@ -151,7 +151,7 @@ pub fn not_after(cert: &[u8]) -> Option<u64> {
     f(10..12)?,
     f(12..14)?
   );
-  crate::timestamps::parse_time(&iso)
+  crate::util::timestamps::parse_time(&iso)
 }
 
 /// A bollard client speaking HTTPS to `host` (`tcp://h:p`) with `tls`.

@@ -1,12 +1,14 @@
 //! Provider options: parsed from the JavaScript object, validated, defaults applied. Pure logic,
 //! no I/O, so every rule here is unit-tested.
 
+pub mod options;
+
 use std::collections::BTreeMap;
 
 use serde_json::{Number, Value};
 
-use crate::errors::{Result, SandboxError};
-use crate::options::{BuildOptions, Given, ProviderOptions, WarmPoolOptions};
+use crate::config::options::{BuildOptions, Given, ProviderOptions, WarmPoolOptions};
+use crate::util::errors::{Result, SandboxError};
 
 /// Default for `execTimeoutMs`.
 pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 60_000;
@@ -108,7 +110,7 @@ pub struct ProviderConfig {
   /// The engine address, normalised (`unix:///…`, `tcp://…`); `None` means the default.
   pub docker_host: Option<String>,
   /// The `tls` option (`endpoint::parse_tls_option`); `None` = as the environment says.
-  pub tls: Option<crate::endpoint::TlsChoice>,
+  pub tls: Option<crate::engine::endpoint::TlsChoice>,
   pub namespace: String,
   pub exec_timeout_ms: u64,
   /// Cap on `downloadFile`.
@@ -150,7 +152,7 @@ fn bad(option: &str, reason: impl Into<String>) -> SandboxError {
   }
 }
 
-pub use crate::labels::LABEL_PREFIX;
+pub use crate::util::labels::LABEL_PREFIX;
 
 impl ProviderConfig {
   /// Parses the options object given to the constructor (less `errors` and `logger`).
@@ -174,7 +176,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
     })?
     .map(|s| normalize_docker_host(&s, "dockerHost"))
     .transpose()?;
-    let tls = crate::endpoint::parse_tls_option(&o.tls.unwrap_or(Value::Null))?;
+    let tls = crate::engine::endpoint::parse_tls_option(&o.tls.unwrap_or(Value::Null))?;
     let namespace = typed(o.namespace, "namespace", |_| {
       "expected a string of [a-z0-9-], 1 to 32 long".into()
     })?
@@ -687,7 +689,7 @@ pub fn normalize_docker_host(s: &str, option: &str) -> Result<String> {
     return Ok(s.to_string());
   }
   if s.starts_with("ssh://") {
-    return match crate::ssh::parse(s) {
+    return match crate::engine::ssh::parse(s) {
       Some(_) => Ok(s.trim_end_matches('/').to_string()),
       None => Err(bad(
         option,

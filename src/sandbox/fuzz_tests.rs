@@ -5,10 +5,10 @@ use proptest::prelude::*;
 use serde_json::Value;
 
 use crate::config::ProviderConfig;
-use crate::errors::SandboxError;
-use crate::ids;
-use crate::layout;
-use crate::output::{CappedOutput, Marker, MarkerScanner};
+use crate::sandbox::layout;
+use crate::sandbox::output::{CappedOutput, Marker, MarkerScanner};
+use crate::util::errors::SandboxError;
+use crate::util::ids;
 
 fn json_value() -> impl Strategy<Value = Value> {
   let leaf = prop_oneof![

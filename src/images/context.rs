@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::config::BuildSpec;
-use crate::errors::{Result, SandboxError};
+use crate::util::errors::{Result, SandboxError};
 
 /// The repository locally built images are tagged into.
 pub const BUILD_REPOSITORY: &str = "trueforge-sandbox-build";

@@ -6,8 +6,8 @@ use bollard::query_parameters::UploadToContainerOptions;
 use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 
-use crate::client::Engine;
-use crate::errors::{Result, SandboxError};
+use crate::engine::Engine;
+use crate::util::errors::{Result, SandboxError};
 
 const BLOCK: usize = 512;
 /// Symlink hops followed before giving up (as the kernel's MAXSYMLINKS).
@@ -148,7 +148,7 @@ pub async fn download(
 /// /dev, /proc and /sys are mounted at run time, so the archive stat cannot see them; nothing in
 /// them is a file worth downloading (devices stream without end, /proc files report size 0).
 fn refuse_kernel_trees(shown: &str, path: &str) -> Result<()> {
-  match crate::layout::kernel_tree(path) {
+  match crate::sandbox::layout::kernel_tree(path) {
     Some(tree) => Err(SandboxError::NotRegularFile {
       path: shown.to_string(),
       kind: format!("a file under {tree}"),
@@ -335,7 +335,10 @@ pub fn extract_point(path: &str, read_only: bool) -> Result<(&'static str, Strin
   if !read_only {
     return Ok(("/", path.trim_start_matches('/').to_string()));
   }
-  for root in [crate::ids::WORKSPACE_ROOT, crate::layout::LAYOUT_ROOT] {
+  for root in [
+    crate::util::ids::WORKSPACE_ROOT,
+    crate::sandbox::layout::LAYOUT_ROOT,
+  ] {
     if let Some(rest) = path.strip_prefix(root).and_then(|r| r.strip_prefix('/')) {
       if !rest.is_empty() {
         return Ok((root, rest.to_string()));
@@ -382,8 +385,8 @@ pub async fn upload(
   // The same archive refreshes the activity file when it lands in the same tree: an upload is
   // activity for the idle timer.
   let activity = match root {
-    "/" => Some(crate::layout::ACTIVITY_FILE.trim_start_matches('/')),
-    r if r == crate::layout::LAYOUT_ROOT => Some(crate::layout::ACTIVITY_NAME),
+    "/" => Some(crate::sandbox::layout::ACTIVITY_FILE.trim_start_matches('/')),
+    r if r == crate::sandbox::layout::LAYOUT_ROOT => Some(crate::sandbox::layout::ACTIVITY_NAME),
     _ => None,
   };
   let pad = (BLOCK - (size as usize % BLOCK)) % BLOCK;
@@ -454,7 +457,7 @@ fn is_put_race(detail: &str) -> bool {
   let gone_or_there =
     detail.contains("no such file or directory") || detail.contains("file exists");
   (detail.contains("copier: put") && detail.contains("file exists"))
-    || (detail.contains(crate::layout::ACTIVITY_FILE) && gone_or_there)
+    || (detail.contains(crate::sandbox::layout::ACTIVITY_FILE) && gone_or_there)
 }
 
 /// The parents of `path` that do not exist yet, outermost first (one stat per missing level,
@@ -475,7 +478,13 @@ async fn missing_parents(engine: &Engine, container: &str, path: &str) -> Result
 
 /// Records activity (the idle timer's clock) with one tiny archive write; best effort.
 pub async fn touch_activity(engine: &Engine, container: &str, owner: Option<(u32, u32)>) {
-  let Ok(mut tar) = entry_header(crate::layout::ACTIVITY_NAME, 0, 0o644, owner, false) else {
+  let Ok(mut tar) = entry_header(
+    crate::sandbox::layout::ACTIVITY_NAME,
+    0,
+    0o644,
+    owner,
+    false,
+  ) else {
     return;
   };
   tar.extend_from_slice(&[0u8; 2 * BLOCK]);
@@ -483,7 +492,7 @@ pub async fn touch_activity(engine: &Engine, container: &str, owner: Option<(u32
     .upload_tar(
       "record activity",
       container,
-      upload_options(crate::layout::LAYOUT_ROOT),
+      upload_options(crate::sandbox::layout::LAYOUT_ROOT),
       tar.into(),
       std::time::Duration::from_secs(10),
       false,
@@ -517,7 +526,7 @@ pub async fn make_layout(
   }
   // The activity file is made here, owned by the exec user, so commands can refresh it even
   // when the layout root itself is not theirs.
-  let (root, entry) = extract_point(crate::layout::ACTIVITY_FILE, read_only)?;
+  let (root, entry) = extract_point(crate::sandbox::layout::ACTIVITY_FILE, read_only)?;
   let header = entry_header(&entry, 0, 0o644, owner, false)?;
   match groups.iter_mut().find(|(r, _)| *r == root) {
     Some((_, tar)) => tar.extend_from_slice(&header),

@@ -1,6 +1,6 @@
 //! What one engine connection keeps for the life of the process: each module's caches and
 //! locks, the background tasks working on the engine, and how many providers use it. One
-//! `EngineShared` exists per connection identity (`client::engine_for`), so state of two
+//! `EngineShared` exists per connection identity (`engine::engine_for`), so state of two
 //! engines is never mixed and needs no engine in its keys.
 
 use std::collections::HashMap;
@@ -16,10 +16,10 @@ use tokio_util::task::TaskTracker;
 /// Per-engine state, one field per module that keeps any.
 #[derive(Default)]
 pub struct EngineShared {
-  pub lifecycle: crate::lifecycle::State,
-  pub image: crate::image::State,
-  pub pool: crate::pool::State,
-  pub reaper: crate::reaper::State,
+  pub lifecycle: crate::sandbox::container::State,
+  pub image: crate::images::State,
+  pub pool: crate::fleet::pool::State,
+  pub reaper: crate::fleet::reaper::State,
   pub gpu: crate::gpu::State,
   pub background: Background,
   providers: AtomicUsize,

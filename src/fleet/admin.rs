@@ -8,12 +8,12 @@ use std::collections::HashMap;
 use bollard::models::ContainerSummary;
 use serde::Serialize;
 
-use crate::client::Engine;
-use crate::errors::{Result, SandboxError};
-use crate::labels;
-use crate::labels::{LABEL_POOL, LABEL_TENANT};
-use crate::lifecycle;
-use crate::timestamps::parse_time;
+use crate::engine::Engine;
+use crate::sandbox::container;
+use crate::util::errors::{Result, SandboxError};
+use crate::util::labels;
+use crate::util::labels::{LABEL_POOL, LABEL_TENANT};
+use crate::util::timestamps::parse_time;
 
 /// One sandbox as `ls` shows it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -47,14 +47,14 @@ fn ours(c: &ContainerSummary, namespace: Option<&str>) -> Option<(String, String
     return None;
   }
   let id = labels.get(labels::LABEL_ID)?;
-  let expected = lifecycle::name_for(ns, id).ok()?;
+  let expected = container::name_for(ns, id).ok()?;
   let name = c
     .names
     .as_ref()?
     .first()?
     .trim_start_matches('/')
     .to_string();
-  if name != expected && name != lifecycle::pool_name(&expected) {
+  if name != expected && name != container::pool_name(&expected) {
     return None;
   }
   Some((ns.clone(), id.clone(), name))
@@ -95,7 +95,7 @@ pub async fn list(engine: &Engine, namespace: Option<&str>) -> Result<Vec<Sandbo
       .archive_stat(
         "stat the activity file",
         &container,
-        crate::layout::ACTIVITY_FILE,
+        crate::sandbox::layout::ACTIVITY_FILE,
       )
       .await
     {
@@ -160,8 +160,8 @@ pub async fn remove(
       let Some(container) = c.id.as_deref() else {
         continue;
       };
-      lifecycle::forget(engine, name.trim_end_matches("-pool"));
-      removed |= lifecycle::force_remove(engine, container).await?;
+      container::forget(engine, name.trim_end_matches("-pool"));
+      removed |= container::force_remove(engine, container).await?;
     }
     out.push(Removal {
       sandbox_id: wanted.clone(),

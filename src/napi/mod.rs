@@ -1,0 +1,5 @@
+//! The napi layer: converts JavaScript values to the core's types and the core's errors to
+//! JavaScript errors carrying a stable code. No behaviour lives here.
+
+pub mod admin;
+pub mod provider;

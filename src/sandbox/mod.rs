@@ -1,0 +1,10 @@
+//! One sandbox's container: finding, starting and removing it, running commands and moving
+//! files in it, and its layout.
+
+pub mod container;
+pub mod exec;
+#[cfg(test)]
+mod fuzz_tests;
+pub mod layout;
+pub mod output;
+pub mod transfer;
