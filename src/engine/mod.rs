@@ -1,5 +1,5 @@
 //! One bollard client per Docker host per process, created on first use with the API version
-//! negotiated once, with the engine's shared state (`shared::EngineShared`). This is the only
+//! negotiated once, with the engine's shared state (`runtime::EngineShared`). This is the only
 //! module that calls bollard: `Engine` offers one typed method per operation, which names the
 //! operation in its errors, turns "no such container" into a value where callers expect it, and
 //! bounds control-plane calls by a deadline so a hung engine cannot hang a caller.

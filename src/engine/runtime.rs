@@ -1,8 +1,9 @@
-//! What one engine connection keeps for the life of the process: each module's caches and
-//! locks, the background tasks working on the engine, and how many providers use it. One
-//! `EngineShared` exists per connection identity (`engine::engine_for`), so state of two
-//! engines is never mixed and needs no engine in its keys.
+//! What one engine connection keeps for the life of the process: each module's own state
+//! (kept by type, so this module names none of them), the background tasks working on the
+//! engine, and how many providers use it. One `EngineShared` exists per connection identity
+//! (`engine::engine_for`), so state of two engines is never mixed and needs no engine in its keys.
 
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
@@ -13,30 +14,19 @@ use tokio::sync::OwnedMutexGuard;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Per-engine state, one field per module that keeps any.
+/// Per-engine state: each module's private `State`, by type, plus the background tasks.
 #[derive(Default)]
 pub struct EngineShared {
-  pub lifecycle: crate::sandbox::container::State,
-  pub image: crate::images::State,
-  pub pool: crate::fleet::pool::State,
-  pub reaper: crate::fleet::reaper::State,
-  pub gpu: crate::gpu::State,
+  states: States,
   pub background: Background,
   providers: AtomicUsize,
 }
 
-/// Counts of what an engine holds, for tests and diagnostics.
+/// Counts of what the engine itself holds, for tests and diagnostics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
   pub providers: usize,
   pub background_tasks: usize,
-  pub start_locks: usize,
-  pub probe_locks: usize,
-  pub cached_targets: usize,
-  pub probes: usize,
-  pub image_works: usize,
-  pub pool_refills: usize,
-  pub reaper_leases: usize,
 }
 
 impl EngineShared {
@@ -44,14 +34,40 @@ impl EngineShared {
     Stats {
       providers: self.providers.load(Ordering::SeqCst),
       background_tasks: self.background.running(),
-      start_locks: self.lifecycle.start_locks.len(),
-      probe_locks: self.image.probe_locks.len(),
-      cached_targets: self.lifecycle.cached(),
-      probes: self.image.probes(),
-      image_works: self.image.works(),
-      pool_refills: self.pool.refills(),
-      reaper_leases: self.reaper.leases(),
     }
+  }
+
+  /// The engine's `T`, made on first use. Each module keeps its state in a type of its own.
+  pub fn state<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+    self.states.get()
+  }
+
+  /// The engine's `T` if some call made it (a diagnostic read makes nothing).
+  pub fn peek<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
+    self.states.peek()
+  }
+}
+
+/// Values by type, one of each.
+#[derive(Default)]
+struct States(Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>);
+
+impl States {
+  fn get<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+    let mut map = self.0.lock().expect("states");
+    let any = map
+      .entry(TypeId::of::<T>())
+      .or_insert_with(|| Arc::new(T::default()))
+      .clone();
+    any.downcast::<T>().expect("kept under its own type id")
+  }
+
+  fn peek<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
+    let map = self.0.lock().expect("states");
+    map
+      .get(&TypeId::of::<T>())
+      .cloned()
+      .and_then(|a| a.downcast::<T>().ok())
   }
 }
 
@@ -261,6 +277,20 @@ mod tests {
       .spawn_cancellable(tokio::time::sleep(Duration::from_secs(3600)));
     assert_eq!(shared.stats().background_tasks, 1);
     shared.background.stop().await;
+  }
+
+  #[test]
+  fn states_are_kept_by_type() {
+    #[derive(Default)]
+    struct A(Mutex<u32>);
+    #[derive(Default)]
+    struct B;
+    let shared = EngineShared::default();
+    assert!(shared.peek::<A>().is_none());
+    *shared.state::<A>().0.lock().unwrap() = 7;
+    assert_eq!(*shared.state::<A>().0.lock().unwrap(), 7);
+    assert!(shared.peek::<B>().is_none());
+    assert!(shared.peek::<A>().is_some());
   }
 
   #[test]

@@ -43,7 +43,7 @@ pub fn fingerprint(cfg: &ProviderConfig, image: &str) -> String {
     .collect()
 }
 
-/// Per-engine state (held in `shared::EngineShared`), by configuration fingerprint.
+/// Per-engine state (kept per engine: `EngineShared::state`), by configuration fingerprint.
 #[derive(Default)]
 pub struct State {
   /// uid:gid of members, learnt when this process made them, so a claim needs no inspect.
@@ -109,7 +109,7 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
     }
     let owner = engine
       .shared
-      .pool
+      .state::<State>()
       .owners
       .lock()
       .expect("owners")
@@ -142,7 +142,8 @@ const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(750);
 pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log: &Logger) {
   let key = fp.to_string();
   {
-    let mut r = engine.shared.pool.refilling.lock().expect("refilling");
+    let state = engine.shared.state::<State>();
+    let mut r = state.refilling.lock().expect("refilling");
     if let Some(again) = r.get_mut(&key) {
       // One is running: it makes another pass when it is done, so claims made meanwhile are
       // replaced too.
@@ -206,7 +207,7 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
           let t = container::create(&engine, &cfg, &image, Some(&fp), &log).await?;
           engine
             .shared
-            .pool
+            .state::<State>()
             .owners
             .lock()
             .expect("owners")
@@ -217,7 +218,8 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
       if let Err(e) = pass.await {
         log.warn("warm pool refill failed", json!({ "error": e.to_string() }));
       }
-      let mut r = engine.shared.pool.refilling.lock().expect("refilling");
+      let state = engine.shared.state::<State>();
+      let mut r = state.refilling.lock().expect("refilling");
       if r.get(&key) == Some(&true) && !stop.is_cancelled() {
         r.insert(key.clone(), false);
         continue;
@@ -240,7 +242,7 @@ impl Drop for RefillEntry<'_> {
     self
       .0
       .shared
-      .pool
+      .state::<State>()
       .refilling
       .lock()
       .expect("refilling")

@@ -184,7 +184,7 @@ async fn reap_probes(engine: &Engine, now: u64) {
 /// Held by live providers; the background reaper runs while any is held.
 pub struct Lease;
 
-/// Per-engine state (held in `shared::EngineShared`).
+/// Per-engine state (kept per engine: `EngineShared::state`).
 #[derive(Default)]
 pub struct State {
   /// The background reaper of each namespace, alive while a provider holds its lease.
@@ -203,7 +203,8 @@ impl State {
 /// Joins (or starts) the background reaper for this engine and namespace. It ends when the
 /// last lease is dropped or the engine's background work is stopped.
 pub fn lease(engine: &Engine, namespace: &str, older_than: Duration, log: &Logger) -> Arc<Lease> {
-  let mut map = engine.shared.reaper.leases.lock().expect("leases");
+  let state = engine.shared.state::<State>();
+  let mut map = state.leases.lock().expect("leases");
   if let Some(l) = map.get(namespace).and_then(Weak::upgrade) {
     return l;
   }

@@ -128,7 +128,7 @@ pub fn needs_cdi(cfg: &ProviderConfig, picked: Option<&[String]>) -> bool {
   matches!(cfg.gpus, Some(Gpus::Cdi(_))) || picked.is_some_and(|p| p.iter().any(|d| is_cdi_name(d)))
 }
 
-/// Per-engine state (held in `shared::EngineShared`), each learnt once per engine.
+/// Per-engine state (kept per engine: `EngineShared::state`), each learnt once per engine.
 #[derive(Default)]
 pub struct State {
   /// `Some(None)`: asked, and the engine is not Podman.
@@ -140,7 +140,7 @@ pub struct State {
 /// The engine's Podman version (major, minor) when it is Podman (its version lists a "Podman
 /// Engine" component), else `None`. Asked once per engine address per process.
 pub async fn podman_version(engine: &Engine) -> Result<Option<(u32, u32)>> {
-  let seen = &engine.shared.gpu.podman_version;
+  let seen = &engine.shared.state::<State>().podman_version;
   if let Some(p) = *seen.lock().expect("seen") {
     return Ok(p);
   }
@@ -524,7 +524,7 @@ where
   if !cfg.gpu_devices.is_empty() {
     return Ok(cfg.gpu_devices.clone());
   }
-  let found = &engine.shared.gpu.inventory;
+  let found = &engine.shared.state::<State>().inventory;
   if let Some(v) = found.lock().expect("found").as_ref() {
     return Ok(v.clone());
   }

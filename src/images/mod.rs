@@ -101,7 +101,7 @@ enum Work {
   Failed(String),
 }
 
-/// Per-engine state (held in `shared::EngineShared`).
+/// Per-engine state (kept per engine: `EngineShared::state`).
 #[derive(Default)]
 pub struct State {
   /// Pulls and builds this process runs or ran, by image reference.
@@ -126,8 +126,9 @@ impl State {
   }
 }
 
-fn works(engine: &Engine) -> &Mutex<HashMap<String, Work>> {
-  &engine.shared.image.works
+/// Runs `f` on the engine's pulls and builds, under their lock.
+fn with_works<R>(engine: &Engine, f: impl FnOnce(&mut HashMap<String, Work>) -> R) -> R {
+  f(&mut engine.shared.state::<State>().works.lock().expect("works"))
 }
 
 fn key(image: &str) -> String {
@@ -374,7 +375,7 @@ fn warning(image: &str, p: &Probe) -> Option<String> {
 /// can run at all.
 pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe> {
   // One probe per image at a time: racing first reads wait for it instead of probing again.
-  let state = &engine.shared.image;
+  let state = &engine.shared.state::<State>();
   let _guard = state.probe_locks.lock(image_id.to_string()).await;
   if let Some(p) = state.probes.lock().expect("probes").get(image_id) {
     return Ok(p.clone());
@@ -485,7 +486,7 @@ async fn ready(
   if let Some(w) = warning(&src.reference, &p) {
     let first = engine
       .shared
-      .image
+      .state::<State>()
       .warned
       .lock()
       .expect("warned")
@@ -520,11 +521,7 @@ pub async fn status(engine: &Engine, src: &ImageSource, log: &Logger) -> Result<
   if let Some(info) = present(engine, &src.reference).await? {
     return ready(engine, src, info, log).await;
   }
-  let work = works(engine)
-    .lock()
-    .expect("works")
-    .get(&key(&src.reference))
-    .cloned();
+  let work = with_works(engine, |w| w.get(&key(&src.reference)).cloned());
   let what = if src.build.is_some() { "build" } else { "pull" };
   let build = |status, reason: String| Build {
     status,
@@ -593,7 +590,8 @@ pub async fn build(engine: &Engine, src: &ImageSource, log: &Logger) -> Result<B
 fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
   let k = key(&src.reference);
   let first = {
-    let mut w = works(engine).lock().expect("works");
+    let works = engine.shared.state::<State>();
+    let mut w = works.works.lock().expect("works");
     if matches!(w.get(&k), Some(Work::Pulling(_) | Work::Building(_))) {
       return;
     }
@@ -612,7 +610,7 @@ fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
     let lease = match work::acquire(&engine, &src.reference, what, progress).await {
       Ok(Acquired::Held(lease)) => Some(lease),
       Ok(Acquired::Elsewhere(seen)) => {
-        works(&engine).lock().expect("works").remove(&k);
+        with_works(&engine, |w| w.remove(&k));
         log.info(
           &format!("image {what} already running in another server process"),
           json!({ "image": src.reference, "holder": seen.record.holder }),
@@ -648,7 +646,7 @@ fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
       if let Some(lease) = lease {
         let _ = tokio::time::timeout(Duration::from_secs(5), lease.release(&engine)).await;
       }
-      works(&engine).lock().expect("works").remove(&k);
+      with_works(&engine, |w| w.remove(&k));
       log.info(
         &format!("image {what} stopped: the provider was disposed"),
         json!({ "image": src.reference }),
@@ -677,7 +675,8 @@ fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
         );
       }
     }
-    let mut w = works(&engine).lock().expect("works");
+    let works = &engine.shared.state::<State>();
+    let mut w = works.works.lock().expect("works");
     match outcome {
       Ok(()) => w.remove(&k),
       Err(reason) => w.insert(k, Work::Failed(reason)),
@@ -705,7 +704,7 @@ async fn with_heartbeat(
     tokio::select! {
       outcome = &mut work => return outcome,
       _ = tick.tick() => {
-        let current = works(engine).lock().expect("works").get(k).cloned();
+        let current = with_works(engine, |w| w.get(k).cloned());
         let progress = current.map(|w| describe(&w, image)).unwrap_or_default();
         // A missed beat is not fatal: the next one follows, and the work goes on regardless.
         let _ = lease.write(engine, &Record::running(what, progress)).await;
@@ -731,18 +730,17 @@ pub async fn ensure(
   );
   let k = key(&src.reference);
   // A failure from an earlier attempt is retried once here.
-  if matches!(
-    works(engine).lock().expect("works").get(&k),
-    Some(Work::Failed(_))
-  ) {
-    works(engine).lock().expect("works").remove(&k);
-  }
+  with_works(engine, |w| {
+    if matches!(w.get(&k), Some(Work::Failed(_))) {
+      w.remove(&k);
+    }
+  });
   start(engine, src, log);
   let deadline = Instant::now() + limit;
   let mut last_reason = String::new();
   let mut takeovers = 0;
   loop {
-    let work = works(engine).lock().expect("works").get(&k).cloned();
+    let work = with_works(engine, |w| w.get(&k).cloned());
     match work {
       None => {
         if present(engine, &src.reference).await?.is_some() {
@@ -807,7 +805,7 @@ pub async fn ensure(
       });
     }
     // Work elsewhere is followed through the engine: poll it less often than our own.
-    let elsewhere = works(engine).lock().expect("works").get(&k).is_none();
+    let elsewhere = with_works(engine, |w| w.get(&k).is_none());
     tokio::time::sleep(Duration::from_millis(if elsewhere { 1000 } else { 200 })).await;
   }
 }
@@ -889,7 +887,8 @@ async fn pull(
       .any(|p| st.starts_with(p))
     };
     if let (Some(id), Some(status)) = (info.id, info.status.filter(|s| is_layer(s))) {
-      let mut w = works(engine).lock().expect("works");
+      let works = engine.shared.state::<State>();
+      let mut w = works.works.lock().expect("works");
       if let Some(Work::Pulling(p)) = w.get_mut(k) {
         let entry = p.layers.entry(id).or_insert((0, 0, false));
         if let Some(d) = info.progress_detail {
@@ -971,7 +970,8 @@ async fn run_build(
     if let Some(line) = info.stream {
       if let Some(step) = line.lines().find(|l| l.starts_with("Step ")) {
         let step = step.split(" : ").next().unwrap_or(step).to_string();
-        let mut w = works(engine).lock().expect("works");
+        let works = engine.shared.state::<State>();
+        let mut w = works.works.lock().expect("works");
         if let Some(Work::Building(s)) = w.get_mut(k) {
           *s = format!("building {tag}: {step}");
         }

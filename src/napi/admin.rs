@@ -11,7 +11,7 @@ use napi::Env;
 
 use crate::config;
 use crate::engine::{self, Engine};
-use crate::napi::provider::{promise, to_js};
+use crate::napi::js::{promise, to_js};
 use crate::util::errors::SandboxError;
 use crate::util::logging::Logger;
 

@@ -2,4 +2,6 @@
 //! JavaScript errors carrying a stable code. No behaviour lives here.
 
 pub mod admin;
+pub mod diag;
+pub mod js;
 pub mod provider;

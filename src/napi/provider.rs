@@ -2,50 +2,21 @@
 //! JavaScript errors carrying a stable code. No behaviour lives here.
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::sync::Arc;
 
-use napi::bindgen_prelude::{Buffer, FnArgs, Function, JsObjectValue, PromiseRaw, ToNapiValue};
+use napi::bindgen_prelude::{Buffer, FnArgs, Function, PromiseRaw};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
-use napi::{Env, JsValue};
+use napi::Env;
 use napi_derive::napi;
 use serde_json::Value;
 
 use crate::codemode::{self, RequestSink, Session};
 use crate::config::ProviderConfig;
 use crate::images::Build;
+use crate::napi::js::{promise, to_js};
 use crate::provider::{ExecOutcome, ExecParams, Provider};
 use crate::sandbox::layout;
-use crate::util::errors::SandboxError;
 use crate::util::logging::{Logger, Sink};
-
-/// The one error boundary. napi's own async bridge rejects with an `Error<Status>`, whose `code`
-/// can only be one of napi's statuses; so every fallible call settles its promise here, on the
-/// JavaScript thread, where the rejection is built as an object with our stable `code` and the
-/// contract's fields (`SandboxError::fields`) beside the message.
-pub(crate) fn to_js(env: &Env, e: SandboxError) -> napi::Error {
-  let build = || -> napi::Result<napi::Error> {
-    let mut obj = env.create_error(napi::Error::from_reason(e.to_string()))?;
-    obj.set_named_property("code", e.code())?;
-    for (name, value) in e.fields() {
-      obj.set_named_property(&name, value)?;
-    }
-    Ok(napi::Error::from(obj.to_unknown()))
-  };
-  // Only a dying environment fails to build the object; the message still says what happened.
-  build().unwrap_or_else(|_| napi::Error::from_reason(e.to_string()))
-}
-
-/// Runs `fut` on napi's runtime; its `SandboxError` becomes the coded JavaScript error.
-pub(crate) fn promise<'env, T, F>(env: &'env Env, fut: F) -> napi::Result<PromiseRaw<'env, T>>
-where
-  T: ToNapiValue + Send + 'static,
-  F: Future<Output = Result<T, SandboxError>> + Send + 'static,
-{
-  env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, out| {
-    out.map_err(|e| to_js(env, e))
-  })
-}
 
 /// Parameters of one exec.
 #[napi(object)]
@@ -342,58 +313,6 @@ pub fn reap_sandboxes(
     )
     .await
   })
-}
-
-/// Counts of what one engine connection holds in this process, for tests and diagnostics.
-#[napi(object)]
-pub struct NativeEngineStats {
-  /// Providers that made a call on the engine and are not disposed.
-  pub providers: u32,
-  /// Background tasks running (pool refills, image work, reapers, clean-ups …).
-  pub background_tasks: u32,
-  /// Containers with a start in progress or waited for.
-  pub start_locks: u32,
-  /// Images with a probe in progress or waited for.
-  pub probe_locks: u32,
-  /// Containers cached as ours.
-  pub cached_targets: u32,
-  /// Images probed.
-  pub probes: u32,
-  /// Pulls and builds remembered (running or failed).
-  pub image_works: u32,
-  /// Warm-pool refills in flight.
-  pub pool_refills: u32,
-  /// Namespaces with a live background reaper.
-  pub reaper_leases: u32,
-}
-
-impl From<crate::engine::runtime::Stats> for NativeEngineStats {
-  fn from(s: crate::engine::runtime::Stats) -> Self {
-    let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
-    Self {
-      providers: n(s.providers),
-      background_tasks: n(s.background_tasks),
-      start_locks: n(s.start_locks),
-      probe_locks: n(s.probe_locks),
-      cached_targets: n(s.cached_targets),
-      probes: n(s.probes),
-      image_works: n(s.image_works),
-      pool_refills: n(s.pool_refills),
-      reaper_leases: n(s.reaper_leases),
-    }
-  }
-}
-
-/// What the engine at `dockerHost` (default: as a provider without one picks it; reached
-/// without TLS options) holds in this process; null when this process has not connected to it.
-#[napi]
-pub fn engine_stats(
-  env: &Env,
-  docker_host: Option<String>,
-) -> napi::Result<Option<NativeEngineStats>> {
-  let endpoint =
-    crate::engine::effective_endpoint(docker_host.as_deref(), None).map_err(|e| to_js(env, e))?;
-  Ok(crate::engine::connected(&endpoint).map(|e| e.shared.stats().into()))
 }
 
 /// One Code Mode transport's relay session (see `codemode::Session`).

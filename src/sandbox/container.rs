@@ -53,7 +53,7 @@ pub struct Target {
   pub saved: crate::gpu::relocate::Saved,
 }
 
-/// Per-engine state (held in `shared::EngineShared`).
+/// Per-engine state (kept per engine: `EngineShared::state`).
 #[derive(Default)]
 pub struct State {
   /// Containers verified as ours, by container name.
@@ -77,7 +77,7 @@ impl State {
 pub fn remember(engine: &Engine, target: &Target) {
   engine
     .shared
-    .lifecycle
+    .state::<State>()
     .targets
     .lock()
     .expect("targets")
@@ -88,7 +88,7 @@ pub fn remember(engine: &Engine, target: &Target) {
 pub fn forget(engine: &Engine, name: &str) {
   engine
     .shared
-    .lifecycle
+    .state::<State>()
     .targets
     .lock()
     .expect("targets")
@@ -143,7 +143,7 @@ pub fn is_ours(
 /// Finds our container for `sandbox_id`, from the process cache or one inspect.
 pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result<Target> {
   let name = name_for(&scope.namespace, sandbox_id)?;
-  if let Some(t) = engine.shared.lifecycle.get(&name) {
+  if let Some(t) = engine.shared.state::<State>().get(&name) {
     if t.tenant == scope.tenant {
       return Ok(t);
     }
@@ -226,12 +226,8 @@ pub async fn ensure_started(
   target: &Target,
   log: &Logger,
 ) -> Result<()> {
-  let _guard = engine
-    .shared
-    .lifecycle
-    .start_locks
-    .lock(target.container_id.clone())
-    .await;
+  let state = engine.shared.state::<State>();
+  let _guard = state.start_locks.lock(target.container_id.clone()).await;
   let Some(info) = engine
     .inspect_container("inspect the sandbox container", &target.container_id)
     .await?

@@ -1,0 +1,36 @@
+//! The one error boundary and the promise bridge every napi function uses.
+
+use std::future::Future;
+
+use napi::bindgen_prelude::{JsObjectValue, PromiseRaw, ToNapiValue};
+use napi::{Env, JsValue};
+
+use crate::util::errors::SandboxError;
+
+/// The one error boundary. napi's own async bridge rejects with an `Error<Status>`, whose `code`
+/// can only be one of napi's statuses; so every fallible call settles its promise here, on the
+/// JavaScript thread, where the rejection is built as an object with our stable `code` and the
+/// contract's fields (`SandboxError::fields`) beside the message.
+pub fn to_js(env: &Env, e: SandboxError) -> napi::Error {
+  let build = || -> napi::Result<napi::Error> {
+    let mut obj = env.create_error(napi::Error::from_reason(e.to_string()))?;
+    obj.set_named_property("code", e.code())?;
+    for (name, value) in e.fields() {
+      obj.set_named_property(&name, value)?;
+    }
+    Ok(napi::Error::from(obj.to_unknown()))
+  };
+  // Only a dying environment fails to build the object; the message still says what happened.
+  build().unwrap_or_else(|_| napi::Error::from_reason(e.to_string()))
+}
+
+/// Runs `fut` on napi's runtime; its `SandboxError` becomes the coded JavaScript error.
+pub fn promise<'env, T, F>(env: &'env Env, fut: F) -> napi::Result<PromiseRaw<'env, T>>
+where
+  T: ToNapiValue + Send + 'static,
+  F: Future<Output = Result<T, SandboxError>> + Send + 'static,
+{
+  env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, out| {
+    out.map_err(|e| to_js(env, e))
+  })
+}

@@ -1,0 +1,217 @@
+//! The crate's folders form one order, and a module uses only its own folder or folders before
+//! it: util → engine → config → sandbox → {images, gpu} → {fleet, codemode} → provider → napi.
+//! Folders of the same rank (images and gpu; fleet and codemode) do not use each other. This
+//! test reads every source file's `crate::…` paths and fails on an edge against the order,
+//! naming the file, the line and the item. It also keeps functions under 100 lines.
+
+use std::path::{Path, PathBuf};
+
+/// Each folder with its rank; equal ranks are siblings that must not use each other.
+const ORDER: [(&str, u32); 10] = [
+  ("util", 0),
+  ("engine", 1),
+  ("config", 2),
+  ("sandbox", 3),
+  ("images", 4),
+  ("gpu", 4),
+  ("fleet", 5),
+  ("codemode", 5),
+  ("provider", 6),
+  ("napi", 7),
+];
+
+/// The longest function body allowed, in lines.
+const MAX_FN_LINES: usize = 100;
+
+fn rank(folder: &str) -> Option<u32> {
+  ORDER.iter().find(|(f, _)| *f == folder).map(|(_, r)| *r)
+}
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+  for entry in std::fs::read_dir(dir).expect("read src") {
+    let path = entry.expect("entry").path();
+    if path.is_dir() {
+      sources(&path, out);
+    } else if path.extension().is_some_and(|e| e == "rs") {
+      out.push(path);
+    }
+  }
+}
+
+/// Every `crate::<folder>` a line names, with the item path that follows it.
+fn crate_paths(line: &str) -> Vec<(String, String)> {
+  let mut found = Vec::new();
+  let mut rest = line;
+  while let Some(at) = rest.find("crate::") {
+    let after = &rest[at + "crate::".len()..];
+    let end = after
+      .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+      .unwrap_or(after.len());
+    let path = after[..end].trim_end_matches(':');
+    let folder = path.split("::").next().unwrap_or("").to_string();
+    // `use crate::{a, b}` groups name several folders at once.
+    if folder.is_empty() && after.starts_with('{') {
+      let group = &after[1..after.find('}').unwrap_or(after.len())];
+      for item in group.split(',') {
+        let item = item.trim();
+        let f = item.split("::").next().unwrap_or("").to_string();
+        found.push((f, item.to_string()));
+      }
+    } else {
+      found.push((folder, path.to_string()));
+    }
+    rest = &after[end..];
+  }
+  found
+}
+
+fn code_part(line: &str) -> &str {
+  let t = line.trim_start();
+  if t.starts_with("//") {
+    return "";
+  }
+  // Good enough for this code base: no `//` inside the string literals that name paths.
+  match line.find("// ") {
+    Some(i) => &line[..i],
+    None => line,
+  }
+}
+
+#[test]
+fn folders_are_used_in_one_direction() {
+  let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+  let mut files = Vec::new();
+  sources(&src, &mut files);
+  files.sort();
+  let mut problems = Vec::new();
+  for file in &files {
+    let rel = file.strip_prefix(&src).expect("under src");
+    let mut parts = rel.components();
+    let first = parts
+      .next()
+      .expect("a path")
+      .as_os_str()
+      .to_string_lossy()
+      .to_string();
+    if parts.next().is_none() {
+      // lib.rs only declares the folders.
+      assert_eq!(
+        first,
+        "lib.rs",
+        "{} sits outside the folders",
+        rel.display()
+      );
+      continue;
+    }
+    let own = rank(&first).unwrap_or_else(|| panic!("{} is in an unknown folder", rel.display()));
+    let text = std::fs::read_to_string(file).expect("read");
+    for (n, line) in text.lines().enumerate() {
+      for (folder, item) in crate_paths(code_part(line)) {
+        let Some(r) = rank(&folder) else {
+          problems.push(format!(
+            "{}:{}: crate::{item} is outside the folders",
+            rel.display(),
+            n + 1
+          ));
+          continue;
+        };
+        if folder != first && r >= own {
+          problems.push(format!(
+            "{}:{}: {first} uses crate::{item}, but {folder} comes {} it",
+            rel.display(),
+            n + 1,
+            if r == own { "beside" } else { "after" }
+          ));
+        }
+      }
+    }
+  }
+  assert!(
+    problems.is_empty(),
+    "edges against the layer order:\n{}",
+    problems.join("\n")
+  );
+}
+
+/// The lines of each `fn` body, found by indentation (rustfmt puts a body's closing brace at
+/// the indentation of its `fn` line).
+fn long_functions(text: &str) -> Vec<(usize, String, usize)> {
+  let lines: Vec<&str> = text.lines().collect();
+  let mut out = Vec::new();
+  for (i, line) in lines.iter().enumerate() {
+    let t = line.trim_start();
+    let is_fn = [
+      "fn ",
+      "pub fn ",
+      "async fn ",
+      "pub async fn ",
+      "pub(crate) fn ",
+      "pub(crate) async fn ",
+    ]
+    .iter()
+    .any(|p| t.starts_with(p));
+    if !is_fn || t.ends_with(';') {
+      continue;
+    }
+    let indent = line.len() - t.len();
+    let close = format!("{}}}", " ".repeat(indent));
+    let Some(end) = lines[i + 1..].iter().position(|l| l.starts_with(&close)) else {
+      continue;
+    };
+    let name = t.split('(').next().unwrap_or(t).to_string();
+    out.push((i + 1, name, end + 1));
+  }
+  out
+}
+
+#[test]
+fn no_function_is_over_a_hundred_lines() {
+  let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+  let mut files = Vec::new();
+  sources(&src, &mut files);
+  let mut long = Vec::new();
+  for file in &files {
+    let text = std::fs::read_to_string(file).expect("read");
+    for (line, name, len) in long_functions(&text) {
+      if len > MAX_FN_LINES {
+        long.push(format!(
+          "{}:{line}: {name} is {len} lines",
+          file.strip_prefix(&src).unwrap().display()
+        ));
+      }
+    }
+  }
+  assert!(
+    long.is_empty(),
+    "functions over {MAX_FN_LINES} lines:\n{}",
+    long.join("\n")
+  );
+}
+
+#[test]
+fn the_scanner_sees_paths_and_groups() {
+  assert_eq!(
+    crate_paths("use crate::engine::{self, Engine};"),
+    vec![("engine".to_string(), "engine".to_string())]
+  );
+  assert_eq!(
+    crate_paths("let x = crate::gpu::held(e); crate::util::ids::holder()"),
+    vec![
+      ("gpu".to_string(), "gpu::held".to_string()),
+      ("util".to_string(), "util::ids::holder".to_string())
+    ]
+  );
+  assert_eq!(
+    crate_paths("use crate::{config::Gpus, engine::Engine};").len(),
+    2
+  );
+  assert!(code_part("  // crate::napi::x").is_empty());
+  let text = "fn a() {\n  x;\n}\n  pub async fn b(\n    y: u8,\n  ) {\n  }\n";
+  assert_eq!(
+    long_functions(text),
+    vec![
+      (1, "fn a".to_string(), 2),
+      (4, "pub async fn b".to_string(), 3)
+    ]
+  );
+}
