@@ -1,12 +1,15 @@
 //! Provider options: parsed from the JavaScript object, validated, defaults applied. Pure logic,
 //! no I/O, so every rule here is unit-tested.
 
+pub mod gpus;
 pub mod options;
 
 use std::collections::BTreeMap;
 
 use serde_json::{Number, Value};
 
+pub use crate::config::gpus::Gpus;
+use crate::config::gpus::{parse_gpu_wait, parse_gpus};
 use crate::config::options::{BuildOptions, Given, ProviderOptions, WarmPoolOptions};
 use crate::util::errors::{Result, SandboxError};
 
@@ -90,19 +93,6 @@ pub enum RegistryCredential {
   IdentityToken(String),
 }
 
-/// Which GPUs a sandbox gets: as `docker run --gpus` takes them, CDI device names, or a count
-/// of GPUs that no other running sandbox on the engine holds (see src/gpu.rs).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Gpus {
-  All,
-  Count(u32),
-  Devices(Vec<String>),
-  /// CDI device names (`vendor/class=name`), such as `nvidia.com/gpu=all`.
-  Cdi(Vec<String>),
-  /// `{ count, exclusive: true }`.
-  Exclusive(u32),
-}
-
 /// Validated provider configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProviderConfig {
@@ -145,7 +135,7 @@ pub struct ProviderConfig {
   pub engine_timeout_ms: u64,
 }
 
-fn bad(option: &str, reason: impl Into<String>) -> SandboxError {
+pub(crate) fn bad(option: &str, reason: impl Into<String>) -> SandboxError {
   SandboxError::InvalidOption {
     option: option.to_string(),
     reason: reason.into(),
@@ -174,7 +164,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
     let docker_host = typed(o.docker_host, "dockerHost", |_| {
       "expected a string such as unix:///var/run/docker.sock".into()
     })?
-    .map(|s| normalize_docker_host(&s, "dockerHost"))
+    .map(|s| crate::engine::endpoint::normalize_docker_host(&s, "dockerHost"))
     .transpose()?;
     let tls = crate::engine::endpoint::parse_tls_option(&o.tls.unwrap_or(Value::Null))?;
     let namespace = typed(o.namespace, "namespace", |_| {
@@ -213,7 +203,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
       ));
     }
     let gpus = o.gpus.map(parse_gpus).transpose()?;
-    let gpu_devices = crate::gpu::parse_devices(o.gpu_devices, gpus.as_ref())?;
+    let gpu_devices = gpus::parse_devices(o.gpu_devices, gpus.as_ref())?;
     let gpu_wait_ms = parse_gpu_wait(o.gpu_wait_ms)?;
     let env = parse_env(o.env)?;
     let labels = parse_labels(o.labels)?;
@@ -310,7 +300,7 @@ fn must<T>(v: Given<T>, option: &str, expected: impl FnOnce(&Value) -> String) -
 }
 
 /// As `must`, for an option that may be absent.
-fn typed<T>(
+pub(crate) fn typed<T>(
   v: Option<Given<T>>,
   option: &str,
   expected: impl FnOnce(&Value) -> String,
@@ -373,21 +363,6 @@ fn parse_tenant(v: Option<Given<String>>) -> Result<Option<String>> {
       },
     )
     .transpose()
-}
-
-fn parse_gpu_wait(v: Option<Given<Number>>) -> Result<u64> {
-  let expected = |got: &dyn std::fmt::Display| {
-    format!(
-      "expected a whole number of milliseconds from 0 to {}, got {got}",
-      crate::gpu::MAX_WAIT_MS
-    )
-  };
-  let Some(n) = typed(v, "gpuWaitMs", |v| expected(v))? else {
-    return Ok(0);
-  };
-  n.as_u64()
-    .filter(|ms| *ms <= crate::gpu::MAX_WAIT_MS)
-    .ok_or_else(|| bad("gpuWaitMs", expected(&n)))
 }
 
 fn parse_warm_pool(w: WarmPoolOptions) -> Result<u32> {
@@ -673,117 +648,6 @@ pub fn validate_namespace(s: &str) -> Result<String> {
       "namespace",
       format!("{s:?} must match [a-z0-9-]{{1,32}} and not start with '-'"),
     ))
-  }
-}
-
-/// Accepts `unix:///path`, `tcp://host:port` and `http://host:port`; returns the normalised form.
-pub fn normalize_docker_host(s: &str, option: &str) -> Result<String> {
-  let s = s.trim();
-  if let Some(path) = s.strip_prefix("unix://") {
-    if !path.starts_with('/') {
-      return Err(bad(
-        option,
-        format!("{s:?}: a unix socket needs an absolute path, as unix:///var/run/docker.sock"),
-      ));
-    }
-    return Ok(s.to_string());
-  }
-  if s.starts_with("ssh://") {
-    return match crate::engine::ssh::parse(s) {
-      Some(_) => Ok(s.trim_end_matches('/').to_string()),
-      None => Err(bad(
-        option,
-        format!("{s:?}: expected ssh://[user@]host[:port]"),
-      )),
-    };
-  }
-  let rest = s
-    .strip_prefix("tcp://")
-    .or_else(|| s.strip_prefix("http://"));
-  match rest {
-    Some(hp) if !hp.is_empty() && !hp.contains(['/', '?', '#', ' ']) => Ok(format!("tcp://{hp}")),
-    _ => Err(bad(
-      option,
-      format!("{s:?} is not supported; use unix:///path/to/docker.sock, ssh://user@host or tcp://host:port (with TLS from DOCKER_TLS_VERIFY, a context or the `tls` option)"),
-    )),
-  }
-}
-
-fn parse_gpus(v: Value) -> Result<Gpus> {
-  let count = |n: &serde_json::Number| match n.as_u64() {
-    Some(c) if (1..=64).contains(&c) => Ok(c as u32),
-    _ => Err(bad(
-      "gpus",
-      format!("a count must be a whole number from 1 to 64, got {n}"),
-    )),
-  };
-  match v {
-    Value::String(s) if s == "all" => Ok(Gpus::All),
-    Value::String(s) if crate::gpu::is_cdi_name(&s) => Ok(Gpus::Cdi(vec![s])),
-    Value::Number(n) => count(&n).map(Gpus::Count),
-    Value::Array(items) => {
-      if items.is_empty() {
-        return Err(bad(
-          "gpus",
-          "the device list is empty; omit `gpus` for no GPU",
-        ));
-      }
-      let items = items
-        .into_iter()
-        .map(|i| match i {
-          Value::String(s) if crate::gpu::is_cdi_name(&s) || crate::gpu::is_device_id(&s) => Ok(s),
-          other => Err(bad(
-            "gpus",
-            format!("device {other} is not an index, a GPU UUID or a CDI name (vendor/class=name)"),
-          )),
-        })
-        .collect::<Result<Vec<_>>>()?;
-      let cdi = items.iter().filter(|s| crate::gpu::is_cdi_name(s)).count();
-      if cdi == items.len() {
-        Ok(Gpus::Cdi(items))
-      } else if cdi == 0 {
-        Ok(Gpus::Devices(items))
-      } else {
-        Err(bad(
-          "gpus",
-          "mixes CDI names and device ids; use one kind (CDI names such as nvidia.com/gpu=0, or ids such as 0)",
-        ))
-      }
-    }
-    Value::Object(m) => {
-      let mut n = None;
-      let mut exclusive = false;
-      for (k, v) in m {
-        match (k.as_str(), v) {
-          ("count", Value::Number(c)) => n = Some(count(&c)?),
-          ("exclusive", Value::Bool(b)) => exclusive = b,
-          ("exclusive", Value::Null) => {}
-          (k, v) => {
-            return Err(bad(
-              "gpus",
-              format!(
-                "{k}: {v} is not understood; expected {{ count: number, exclusive?: boolean }}"
-              ),
-            ))
-          }
-        }
-      }
-      let n = n.ok_or_else(|| {
-        bad(
-          "gpus",
-          "an object needs `count`, as in { count: 1, exclusive: true }",
-        )
-      })?;
-      Ok(if exclusive {
-        Gpus::Exclusive(n)
-      } else {
-        Gpus::Count(n)
-      })
-    }
-    other => Err(bad(
-      "gpus",
-      format!("expected 'all', a count, a list of device ids, CDI names, or {{ count, exclusive }}, got {other}"),
-    )),
   }
 }
 
@@ -1206,22 +1070,22 @@ mod tests {
   #[test]
   fn docker_hosts() {
     assert_eq!(
-      normalize_docker_host("tcp://1.2.3.4:2375", "h").unwrap(),
+      crate::engine::endpoint::normalize_docker_host("tcp://1.2.3.4:2375", "h").unwrap(),
       "tcp://1.2.3.4:2375"
     );
     assert_eq!(
-      normalize_docker_host("http://h:1", "h").unwrap(),
+      crate::engine::endpoint::normalize_docker_host("http://h:1", "h").unwrap(),
       "tcp://h:1"
     );
     assert_eq!(
-      normalize_docker_host("unix:///run/d.sock", "h").unwrap(),
+      crate::engine::endpoint::normalize_docker_host("unix:///run/d.sock", "h").unwrap(),
       "unix:///run/d.sock"
     );
-    assert!(normalize_docker_host("h:1", "h").is_err());
+    assert!(crate::engine::endpoint::normalize_docker_host("h:1", "h").is_err());
     assert_eq!(
-      normalize_docker_host("ssh://me@h:22/", "h").unwrap(),
+      crate::engine::endpoint::normalize_docker_host("ssh://me@h:22/", "h").unwrap(),
       "ssh://me@h:22"
     );
-    assert!(normalize_docker_host("ssh://-oProxyCommand=x", "h").is_err());
+    assert!(crate::engine::endpoint::normalize_docker_host("ssh://-oProxyCommand=x", "h").is_err());
   }
 }

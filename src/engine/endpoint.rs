@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::config::normalize_docker_host;
 use crate::util::errors::{Result, SandboxError};
 
 /// The socket used when nothing says otherwise.
@@ -465,6 +464,46 @@ fn context_endpoint(name: &str, via: &str, env: &dyn Env) -> Result<Endpoint> {
     None
   };
   finish(host, tls, &format!("context {name}"))
+}
+
+/// Accepts `unix:///path`, `tcp://host:port` and `http://host:port`; returns the normalised form.
+pub fn normalize_docker_host(s: &str, option: &str) -> Result<String> {
+  let s = s.trim();
+  if let Some(path) = s.strip_prefix("unix://") {
+    if !path.starts_with('/') {
+      return Err(invalid_option(
+        option,
+        format!("{s:?}: a unix socket needs an absolute path, as unix:///var/run/docker.sock"),
+      ));
+    }
+    return Ok(s.to_string());
+  }
+  if s.starts_with("ssh://") {
+    return match crate::engine::ssh::parse(s) {
+      Some(_) => Ok(s.trim_end_matches('/').to_string()),
+      None => Err(invalid_option(
+        option,
+        format!("{s:?}: expected ssh://[user@]host[:port]"),
+      )),
+    };
+  }
+  let rest = s
+    .strip_prefix("tcp://")
+    .or_else(|| s.strip_prefix("http://"));
+  match rest {
+    Some(hp) if !hp.is_empty() && !hp.contains(['/', '?', '#', ' ']) => Ok(format!("tcp://{hp}")),
+    _ => Err(invalid_option(
+      option,
+      format!("{s:?} is not supported; use unix:///path/to/docker.sock, ssh://user@host or tcp://host:port (with TLS from DOCKER_TLS_VERIFY, a context or the `tls` option)"),
+    )),
+  }
+}
+
+fn invalid_option(option: &str, reason: String) -> SandboxError {
+  SandboxError::InvalidOption {
+    option: option.to_string(),
+    reason,
+  }
 }
 
 #[cfg(test)]

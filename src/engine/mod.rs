@@ -52,6 +52,8 @@ pub struct Engine {
   pub host: Arc<str>,
   /// The engine is Podman (its Docker-compatible API differs in places; see docs/podman.md).
   pub podman: bool,
+  /// Podman's version (major, minor), when the engine is Podman.
+  pub podman_version: Option<(u32, u32)>,
   /// A TLS client certificate in use (TLS errors then say whether one was missing).
   pub client_cert: bool,
   /// Deadline for one control-plane request; a provider sets its own (`engineTimeoutMs`).
@@ -117,6 +119,7 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
     docker: docker.clone(),
     host: host.into(),
     podman: false,
+    podman_version: None,
     client_cert,
     control_timeout: limit,
     shared: shared.clone(),
@@ -128,24 +131,36 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
       docker.negotiate_version(),
     )
     .await?;
-  let podman = engine
+  // An engine that does not say what it is is taken as Docker.
+  let podman_version = engine
     .within(limit, "read the engine version", negotiated.version())
     .await
-    .map(|v| {
-      v.components
-        .unwrap_or_default()
-        .iter()
-        .any(|c| c.name.contains("Podman"))
-    })
-    .unwrap_or(false);
+    .ok()
+    .and_then(|v| podman_of(&v));
   Ok(Engine {
     docker: negotiated,
     host: host.into(),
-    podman,
+    podman: podman_version.is_some(),
+    podman_version,
     client_cert,
     control_timeout: CONTROL_TIMEOUT,
     shared,
   })
+}
+
+/// Podman's version (major, minor) when `v` lists a Podman component.
+fn podman_of(v: &SystemVersion) -> Option<(u32, u32)> {
+  v.components
+    .as_ref()?
+    .iter()
+    .find(|c| c.name.to_ascii_lowercase().contains("podman"))
+    .map(|c| {
+      let mut parts = c
+        .version
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+      (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+    })
 }
 
 impl Engine {

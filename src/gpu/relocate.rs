@@ -21,6 +21,7 @@ use crate::config::{Gpus, ProviderConfig};
 use crate::engine::Engine;
 use crate::gpu::{self, Lock};
 use crate::sandbox::container::{self, Target};
+use crate::sandbox::devices;
 use crate::util::errors::{Result, SandboxError};
 use crate::util::labels::{
   self, LABEL_CARRIED_VOLUMES, LABEL_GPUS, LABEL_SAVED_FROM, LABEL_SAVED_IMAGE,
@@ -259,7 +260,7 @@ async fn decide(
   if state.running == Some(true) {
     return Ok(Step::Done);
   }
-  let own = gpu::gpus_of(&info).unwrap_or_default();
+  let own = devices::gpus_of(&info).unwrap_or_default();
   let held = gpu::held(engine).await?;
   let taken = held
     .iter()
@@ -362,7 +363,7 @@ pub fn moved_body(
     .collect();
   let mut env = c.env.unwrap_or_default();
   env.retain(|e| {
-    !e.starts_with("NVIDIA_VISIBLE_DEVICES=") && !e.starts_with(&format!("{}=", gpu::ENV_GPUS))
+    !e.starts_with("NVIDIA_VISIBLE_DEVICES=") && !e.starts_with(&format!("{}=", devices::ENV_GPUS))
   });
   let mut labels = c.labels.unwrap_or_default();
   labels.remove(LABEL_GPUS);
@@ -403,7 +404,7 @@ pub fn moved_body(
     }),
     ..Default::default()
   };
-  gpu::shape(
+  devices::shape(
     &mut body,
     Some(&Gpus::Exclusive(picked.len() as u32)),
     Some(picked),
@@ -446,7 +447,7 @@ async fn move_to(
   let new_id = engine
     .create_container("create the moved sandbox container", Some(&moving), body)
     .await
-    .map_err(|e| gpu::explain(e, Some(&Gpus::Exclusive(picked.len() as u32)), Some(picked)))?;
+    .map_err(|e| devices::explain(e, Some(&Gpus::Exclusive(picked.len() as u32)), Some(picked)))?;
   if let Err(e) = engine
     .rename_container("rename the old sandbox container", &old_id, &moved)
     .await

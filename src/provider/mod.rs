@@ -18,6 +18,7 @@ use crate::fleet::reaper;
 use crate::gpu;
 use crate::images::{self, Build};
 use crate::sandbox::container::{self, After404, Scope, Target};
+use crate::sandbox::devices;
 use crate::sandbox::exec::{self, ExecRequest, StartError};
 use crate::sandbox::layout;
 use crate::sandbox::transfer;
@@ -498,7 +499,7 @@ impl Launcher for Provider {
 /// What the agent is told about its GPUs. The instructions are the same for every sandbox of a
 /// provider, so a sandbox's own GPUs are named by `$TRUEFORGE_GPUS` inside it.
 pub fn gpu_instructions(gpus: Option<&Gpus>) -> String {
-  let var = gpu::ENV_GPUS;
+  let var = devices::ENV_GPUS;
   match gpus {
     None => "No GPU is attached.".to_string(),
     Some(Gpus::All) => "Every GPU of the host is attached; `nvidia-smi -L` lists them.".into(),

@@ -5,11 +5,12 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use bollard::models::{ContainerCreateBody, ContainerInspectResponse, DeviceRequest, HostConfig};
+use bollard::models::{ContainerCreateBody, ContainerInspectResponse, HostConfig};
 use serde_json::json;
 
 use crate::config::{Gpus, ProviderConfig};
 use crate::engine::Engine;
+use crate::sandbox::devices;
 use crate::sandbox::layout;
 use crate::sandbox::transfer;
 use crate::util::errors::{Result, SandboxError};
@@ -180,7 +181,7 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
     container_id,
     owner,
     tenant: scope.tenant.clone(),
-    exclusive_gpus: crate::gpu::gpus_of(&info).is_some(),
+    exclusive_gpus: devices::gpus_of(&info).is_some(),
     saved: crate::gpu::relocate::saved_of(info.config.as_ref().and_then(|c| c.labels.as_ref())),
   };
   remember(engine, &t);
@@ -250,7 +251,7 @@ pub async fn ensure_started(
   }
   // An exclusive GPU sandbox starts only on GPUs no other sandbox holds, decided under the
   // engine's GPU lock: its own, or others (a move).
-  if crate::gpu::gpus_of(&info).is_some() {
+  if devices::gpus_of(&info).is_some() {
     return crate::gpu::relocate::start_exclusive(engine, cfg, target, log).await;
   }
   start_stopped(engine, target, log).await
@@ -269,12 +270,6 @@ pub async fn start_stopped(engine: &Engine, target: &Target, log: &Logger) -> Re
     forget(engine, &target.name);
   }
   Ok(())
-}
-
-/// The engine's device requests for the NVIDIA forms of `gpus`, as `docker run --gpus` builds
-/// them (CDI and exclusive GPUs: see `gpu::shape`).
-pub fn device_requests(gpus: &Gpus) -> Vec<DeviceRequest> {
-  crate::gpu::nvidia_requests(gpus).unwrap_or_default()
 }
 
 /// How often the init checks for idleness: often enough for short test intervals, at most
@@ -426,7 +421,7 @@ pub fn container_body_with(
     }),
     ..Default::default()
   };
-  crate::gpu::shape(&mut body, cfg.gpus.as_ref(), gpus_picked);
+  devices::shape(&mut body, cfg.gpus.as_ref(), gpus_picked);
   body
 }
 
@@ -453,17 +448,17 @@ pub async fn create_with(
   log: &Logger,
   gpus_picked: Option<&[String]>,
 ) -> Result<Target> {
-  if crate::gpu::needs_cdi(cfg, gpus_picked) {
+  if devices::needs_cdi(cfg, gpus_picked) {
     let names = match (&cfg.gpus, gpus_picked) {
       (_, Some(p)) => p.to_vec(),
       (Some(Gpus::Cdi(n)), None) => n.clone(),
       _ => Vec::new(),
     };
-    crate::gpu::check_cdi_support(engine, &names).await?;
+    devices::check_cdi_support(engine, &names)?;
   }
   create_inner(engine, cfg, image, pool, log, gpus_picked)
     .await
-    .map_err(|e| crate::gpu::explain(e, cfg.gpus.as_ref(), gpus_picked))
+    .map_err(|e| devices::explain(e, cfg.gpus.as_ref(), gpus_picked))
 }
 
 async fn create_inner(
@@ -793,17 +788,6 @@ mod tests {
     for other in ["agent", "1000", "1000:1000", "nobody:nogroup", "65534"] {
       assert!(non_root(Some(other)), "{other}");
     }
-  }
-
-  #[test]
-  fn gpu_requests_match_the_cli() {
-    let all = &device_requests(&Gpus::All)[0];
-    assert_eq!(all.count, Some(-1));
-    assert_eq!(all.capabilities, Some(vec![vec!["gpu".to_string()]]));
-    assert_eq!(device_requests(&Gpus::Count(2))[0].count, Some(2));
-    let d = &device_requests(&Gpus::Devices(vec!["0".into(), "3".into()]))[0];
-    assert_eq!(d.device_ids, Some(vec!["0".to_string(), "3".to_string()]));
-    assert_eq!(d.count, None);
   }
 
   #[test]

@@ -2,6 +2,7 @@
 //! files in it, and its layout.
 
 pub mod container;
+pub mod devices;
 pub mod exec;
 #[cfg(test)]
 mod fuzz_tests;
