@@ -34,7 +34,7 @@ pub const DIR: &str = "/trueforge/codemode";
 /// The client module TrueForge installs (its name is fixed: `from mcp_client import call_tool`).
 pub const CLIENT_PATH: &str = "/trueforge/codemode/mcp_client.py";
 /// `<dir>/bin`, where TrueForge links `mcp-client`; every exec has it first on `PATH`.
-pub const BIN_DIR: &str = "/trueforge/codemode/bin";
+pub const BIN_DIR: &str = crate::sandbox::layout::CODE_MODE_BIN_DIR;
 /// The relay, uploaded before each launch.
 pub const RELAY_PATH: &str = "/trueforge/codemode/relay.py";
 /// The relays' sockets (mode 0700, each socket 0600).
@@ -268,7 +268,7 @@ pub async fn launch(
       engine.control_timeout,
     )
     .await
-    .map_err(classify)?;
+    .map_err(StartError::from_engine)?;
   let started = engine
     .start_exec(
       "start the Code Mode relay",
@@ -277,7 +277,7 @@ pub async fn launch(
       engine.control_timeout,
     )
     .await
-    .map_err(classify)?;
+    .map_err(StartError::from_engine)?;
   let StartExecResults::Attached { mut output, input } = started else {
     return Err(StartError::Other(SandboxError::Internal(
       "the engine detached an attached exec".into(),
@@ -423,14 +423,6 @@ pub async fn launch(
     socket: socket.to_string(),
     engine: engine.clone(),
   })
-}
-
-fn classify(e: SandboxError) -> StartError {
-  match &e {
-    SandboxError::Engine { status: 409, .. } => StartError::NotRunning,
-    SandboxError::Engine { status: 404, .. } => StartError::Gone,
-    _ => StartError::Other(e),
-  }
 }
 
 /// Launches a relay for one sandbox; the provider supplies it (it knows how to resolve, start

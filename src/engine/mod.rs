@@ -4,6 +4,7 @@
 //! operation in its errors, turns "no such container" into a value where callers expect it, and
 //! bounds control-plane calls by a deadline so a hung engine cannot hang a caller.
 
+pub mod claim;
 pub mod credentials;
 pub mod endpoint;
 pub mod runtime;

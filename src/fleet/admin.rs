@@ -161,7 +161,7 @@ pub async fn remove(
         continue;
       };
       container::forget(engine, name.trim_end_matches("-pool"));
-      removed |= container::force_remove(engine, container).await?;
+      removed |= engine.force_remove(container).await?;
     }
     out.push(Removal {
       sandbox_id: wanted.clone(),

@@ -22,7 +22,8 @@ use crate::util::logging::Logger;
 /// A stable fingerprint of everything that shapes a sandbox: members are only handed to a
 /// provider whose configuration would have created the same container.
 pub fn fingerprint(cfg: &ProviderConfig, image: &str) -> String {
-  let body = container::container_body(cfg, "/workspace/00000000000000000000000000", image, None);
+  let body =
+    crate::sandbox::body::container_body(cfg, "/workspace/00000000000000000000000000", image, None);
   let mut h = Sha256::new();
   let host = body.host_config.clone().unwrap_or_default();
   h.update(format!("{:?}", host).as_bytes());
@@ -191,7 +192,7 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
             // this or another process) is left alone.
             Some(ContainerSummaryStateEnum::EXITED | ContainerSummaryStateEnum::DEAD) => {
               if let Some(id) = c.id {
-                let _ = container::force_remove(&engine, &id).await;
+                let _ = &engine.force_remove(&id).await;
               }
             }
             _ => {}
@@ -204,7 +205,7 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
           if stop.is_cancelled() {
             break;
           }
-          let t = container::create(&engine, &cfg, &image, Some(&fp), &log).await?;
+          let t = crate::sandbox::create::create(&engine, &cfg, &image, Some(&fp), &log).await?;
           engine
             .shared
             .state::<State>()

@@ -104,13 +104,13 @@ pub async fn reap(
       }
       // A container a move set aside shares its volumes with the sandbox's current one.
       let set_aside = info.name.as_deref().is_some_and(|n| {
-        n.ends_with(crate::gpu::relocate::MOVED_SUFFIX)
-          || n.ends_with(crate::gpu::relocate::MOVING_SUFFIX)
+        n.ends_with(crate::sandbox::swap::MOVED_SUFFIX)
+          || n.ends_with(crate::sandbox::swap::MOVING_SUFFIX)
       });
       if !set_aside {
-        crate::gpu::relocate::remove_saved(
+        crate::sandbox::swap::remove_saved(
           engine,
-          &crate::gpu::relocate::saved_of(Some(&labels)),
+          &crate::sandbox::swap::saved_of(Some(&labels)),
           log,
         )
         .await;
@@ -127,7 +127,7 @@ pub async fn reap(
   }
   if !dry_run {
     reap_probes(engine, now).await;
-    crate::gpu::relocate::sweep_saved_images(engine, now).await;
+    crate::sandbox::swap::sweep_saved_images(engine, now).await;
     // Best effort, like the probes: a lease left by a failed or crashed fetch long ago.
     let _ = crate::images::work::reap_forgotten(engine).await;
   }
@@ -176,7 +176,7 @@ async fn reap_probes(engine: &Engine, now: u64) {
       .map(|t| now.saturating_sub(t.max(0) as u64) > PROBE_GRACE_SECS)
       .unwrap_or(false);
     if let (true, Some(id)) = (old, c.id) {
-      let _ = crate::sandbox::container::force_remove(engine, &id).await;
+      let _ = engine.force_remove(&id).await;
     }
   }
 }

@@ -17,73 +17,40 @@ use bollard::models::{
 };
 use serde_json::json;
 
-use crate::config::{Gpus, ProviderConfig};
+use crate::config::Gpus;
 use crate::engine::Engine;
-use crate::gpu::{self, Lock};
-use crate::sandbox::container::{self, Target};
+use crate::gpu::alloc::{held, unavailable};
+use crate::gpu::inventory::inventory;
+use crate::gpu::lock::{self, Lock};
+use crate::gpu::StartSettings;
+use crate::sandbox::container::{self, remove_container, Target};
 use crate::sandbox::devices;
+use crate::sandbox::swap::{is_ours, MOVED_SUFFIX, MOVING_SUFFIX};
 use crate::util::errors::{Result, SandboxError};
 use crate::util::labels::{
   self, LABEL_CARRIED_VOLUMES, LABEL_GPUS, LABEL_SAVED_FROM, LABEL_SAVED_IMAGE,
 };
 use crate::util::logging::Logger;
 
-/// Suffix of the new container's name until it takes the sandbox's name.
-pub const MOVING_SUFFIX: &str = ".gpu-move";
-/// Suffix of the old container's name between the renames.
-pub const MOVED_SUFFIX: &str = ".gpu-moved";
-/// A saved image no container uses is swept once older than this (a move that crashed).
-pub const SAVED_IMAGE_STALE: Duration = Duration::from_secs(600);
-/// The renames of a move take milliseconds; a name absent for longer is a move that died.
-const SWAP_GRACE: Duration = Duration::from_secs(5);
 /// How long a commit may take: it copies everything the sandbox wrote outside its volumes.
 const COMMIT_LIMIT: Duration = Duration::from_secs(600);
 
-/// What a moved sandbox holds beyond its container; removed with it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Saved {
-  pub image: Option<String>,
-  pub volumes: Vec<String>,
-}
-
-/// The saved image and carried volumes a container's labels name (empty when never moved).
-pub fn saved_of(labels: Option<&HashMap<String, String>>) -> Saved {
-  let get = |k: &str| labels.and_then(|l| l.get(k)).filter(|v| !v.is_empty());
-  Saved {
-    image: get(LABEL_SAVED_IMAGE).cloned(),
-    volumes: get(LABEL_CARRIED_VOLUMES)
-      .map(|v| {
-        v.split(',')
-          .filter(|s| !s.is_empty())
-          .map(String::from)
-          .collect()
-      })
-      .unwrap_or_default(),
-  }
-}
-
-/// Removes what a removed moved sandbox held; best effort (a sweep finds a left image).
-pub async fn remove_saved(engine: &Engine, saved: &Saved, log: &Logger) {
-  for v in &saved.volumes {
-    if let Err(e) = engine.remove_unused_volume(v).await {
-      log.warn(
-        "could not remove a moved sandbox's volume",
-        json!({ "volume": v, "error": e.to_string() }),
-      );
-    }
-  }
-  if let Some(image) = &saved.image {
-    let _ = engine.remove_unused_image(image).await;
-  }
-}
-
 /// Removes an exclusive sandbox's container under the GPU lock, so never in the middle of a
 /// move, with anything a move left under the sandbox's name (`.gpu-move`, `.gpu-moved`), which
-/// a later lookup would otherwise bring back. `false` when the container was already gone.
-pub async fn remove_exclusive(engine: &Engine, target: &Target, log: &Logger) -> Result<bool> {
+/// a later lookup would otherwise bring back. `false` when the container was already gone (or,
+/// unforced, running).
+pub async fn remove_exclusive(
+  engine: &Engine,
+  target: &Target,
+  force: bool,
+  log: &Logger,
+) -> Result<bool> {
   let lock = Lock::take(engine).await?;
   let outcome = async {
-    let removed = container::force_remove(engine, &target.container_id).await?;
+    let removed = remove_container(engine, &target.container_id, force).await?;
+    if !removed && !force {
+      return Ok(false);
+    }
     for suffix in [MOVING_SUFFIX, MOVED_SUFFIX] {
       let name = format!("{}{suffix}", target.name);
       if let Some(left) = engine
@@ -96,7 +63,9 @@ pub async fn remove_exclusive(engine: &Engine, target: &Target, log: &Logger) ->
           .and_then(|c| c.labels.as_ref())
           .and_then(|l| l.get(labels::LABEL_ID));
         if is_ours(&left) && sandbox == Some(&target.sandbox_id) {
-          container::force_remove(engine, left.id.as_deref().unwrap_or(&name)).await?;
+          engine
+            .force_remove(left.id.as_deref().unwrap_or(&name))
+            .await?;
         }
       }
     }
@@ -105,54 +74,6 @@ pub async fn remove_exclusive(engine: &Engine, target: &Target, log: &Logger) ->
   .await;
   lock.release(log).await;
   outcome
-}
-
-/// Removes saved images that no container uses and that are older than `SAVED_IMAGE_STALE`
-/// (younger ones may belong to a move under way). Best effort.
-pub async fn sweep_saved_images(engine: &Engine, now_secs: u64) {
-  let Ok(images) = engine
-    .list_dangling_images(vec![LABEL_SAVED_FROM.to_string()])
-    .await
-  else {
-    return;
-  };
-  for i in images {
-    let age = now_secs.saturating_sub(u64::try_from(i.created).unwrap_or(u64::MAX));
-    if i.containers <= 0 && age >= SAVED_IMAGE_STALE.as_secs() {
-      let _ = engine.remove_unused_image(&i.id).await;
-    }
-  }
-}
-
-/// After a lookup of `name` missed: whether a move of that sandbox is between its renames (the
-/// old container set aside under `{name}.gpu-moved`). Waits up to `SWAP_GRACE` for the new one
-/// to take the name; a set-aside container still alone after that is from a move that died,
-/// and gets its name back. `true` when the caller should look again.
-pub async fn await_move(engine: &Engine, name: &str) -> Result<bool> {
-  let moved = format!("{name}{MOVED_SUFFIX}");
-  let Some(aside) = engine
-    .inspect_container("inspect a sandbox being moved", &moved)
-    .await?
-  else {
-    return Ok(false);
-  };
-  let until = Instant::now() + SWAP_GRACE;
-  while Instant::now() < until {
-    tokio::time::sleep(Duration::from_millis(25)).await;
-    if engine
-      .inspect_container("inspect the sandbox container", name)
-      .await?
-      .is_some()
-    {
-      return Ok(true);
-    }
-  }
-  if let (true, Some(id)) = (is_ours(&aside), aside.id.as_deref()) {
-    let _ = engine
-      .rename_container("give a sandbox container its name back", id, name)
-      .await;
-  }
-  Ok(true)
 }
 
 /// What one pass under the lock decided.
@@ -167,22 +88,20 @@ enum Step {
 /// (moving it), else `GpusUnavailable` naming the holders, at once or after `gpuWaitMs`.
 pub async fn start_exclusive(
   engine: &Engine,
-  cfg: &ProviderConfig,
+  settings: &StartSettings,
   target: &Target,
   log: &Logger,
 ) -> Result<()> {
   // Which GPUs exist is known before the lock is taken (discovery runs a container, of the
   // provider's image: a saved one carries the old GPUs' environment).
-  let inventory = gpu::inventory(engine, cfg, || async {
-    Ok(crate::images::source(cfg).await?.reference)
-  })
-  .await?;
-  let deadline = Instant::now() + Duration::from_millis(cfg.gpu_wait_ms);
+  let inventory = inventory(engine, &settings.devices, || (settings.image)()).await?;
+  let deadline = Instant::now() + settings.wait;
   let mut saved: Option<(String, String)> = None;
   let outcome = loop {
-    let lock = Lock::take(engine).await?;
-    let step = decide(engine, &inventory, target, saved.as_ref(), log).await;
-    lock.release(log).await;
+    let step = lock::until_free(engine, deadline, log, || {
+      decide(engine, &inventory, target, saved.as_ref(), log)
+    })
+    .await;
     match step {
       Ok(Step::Done) => break Ok(()),
       Ok(Step::Save { version }) => {
@@ -190,30 +109,12 @@ pub async fn start_exclusive(
         if let Some((old, _)) = saved.take() {
           let _ = engine.remove_unused_image(&old).await;
         }
-        log.info(
-          "saving a stopped sandbox's files to move it to free GPUs",
-          json!({ "sandboxId": target.sandbox_id }),
-        );
-        let image = engine
-          .commit_container(
-            &target.container_id,
-            HashMap::from([(LABEL_SAVED_FROM.to_string(), target.sandbox_id.clone())]),
-            COMMIT_LIMIT,
-          )
-          .await;
-        match image {
-          Ok(image) => saved = Some((image, version)),
+        match save(engine, target, log).await {
+          Ok(Some(image)) => saved = Some((image, version)),
           // Removed meanwhile: the caller's next try finds it gone (or moved by another process).
-          Err(SandboxError::Engine { status: 404, .. }) => break Ok(()),
+          Ok(None) => break Ok(()),
           Err(e) => break Err(e),
         }
-      }
-      Err(e @ SandboxError::GpusUnavailable { .. }) if Instant::now() < deadline => {
-        log.debug(
-          "no GPU free yet; waiting",
-          json!({ "error": e.to_string() }),
-        );
-        tokio::time::sleep(gpu::POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
       }
       Err(e) => break Err(e),
     }
@@ -223,6 +124,27 @@ pub async fn start_exclusive(
     let _ = engine.remove_unused_image(&image).await;
   }
   outcome
+}
+
+/// Saves a stopped sandbox's files as an image (outside the lock: it copies the whole writable
+/// layer); `None` when the container was removed meanwhile.
+async fn save(engine: &Engine, target: &Target, log: &Logger) -> Result<Option<String>> {
+  log.info(
+    "saving a stopped sandbox's files to move it to free GPUs",
+    json!({ "sandboxId": target.sandbox_id }),
+  );
+  let image = engine
+    .commit_container(
+      &target.container_id,
+      HashMap::from([(LABEL_SAVED_FROM.to_string(), target.sandbox_id.clone())]),
+      COMMIT_LIMIT,
+    )
+    .await;
+  match image {
+    Ok(image) => Ok(Some(image)),
+    Err(SandboxError::Engine { status: 404, .. }) => Ok(None),
+    Err(e) => Err(e),
+  }
 }
 
 /// Changes whenever the container runs: a save with the same version has every file.
@@ -261,7 +183,7 @@ async fn decide(
     return Ok(Step::Done);
   }
   let own = devices::gpus_of(&info).unwrap_or_default();
-  let held = gpu::held(engine).await?;
+  let held = held(engine).await?;
   let taken = held
     .iter()
     .any(|(g, who)| own.contains(g) && *who != target.sandbox_id);
@@ -270,12 +192,7 @@ async fn decide(
     return Ok(Step::Done);
   }
   let Some(picked) = pick_keeping(inventory, &own, &held, own.len()) else {
-    return Err(gpu::unavailable(
-      own.len() as u32,
-      inventory,
-      &held,
-      inventory,
-    ));
+    return Err(unavailable(own.len() as u32, inventory, &held, inventory));
   };
   let version = version_of(&info);
   match saved {
@@ -499,19 +416,10 @@ async fn move_to(
   Ok(())
 }
 
-fn is_ours(info: &ContainerInspectResponse) -> bool {
-  info
-    .config
-    .as_ref()
-    .and_then(|c| c.labels.as_ref())
-    .and_then(|l| l.get(labels::LABEL_MANAGED_BY))
-    .map(String::as_str)
-    == Some(labels::MANAGED_BY)
-}
-
 #[cfg(test)]
 mod tests {
   use super::*;
+  use crate::sandbox::swap::{saved_of, Saved};
   use bollard::models::{ContainerConfig, MountPoint};
 
   fn s(v: &[&str]) -> Vec<String> {

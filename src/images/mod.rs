@@ -416,7 +416,7 @@ pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe
     Ok::<_, SandboxError>(parse_probe(&text))
   };
   let outcome = tokio::time::timeout(Duration::from_secs(90), run).await;
-  let _ = crate::sandbox::container::force_remove(engine, &id).await;
+  let _ = engine.force_remove(&id).await;
   let p = outcome.map_err(|_| engine.timeout("probe the image", Duration::from_secs(90)))??;
   state
     .probes

@@ -8,17 +8,12 @@
 //! The record's timestamp is the holder's wall clock, read by other processes with theirs: the
 //! server replicas sharing an engine are assumed to keep their clocks within a few seconds.
 
-use std::collections::HashMap;
-use std::io::Read;
 use std::time::Duration;
 
-use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters::{CreateImageOptions, UploadToContainerOptions};
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::engine::Engine;
+use crate::engine::{claim, Engine};
 use crate::util::errors::{Result, SandboxError};
 use crate::util::labels;
 use crate::util::labels::LABEL_IMAGEWORK;
@@ -29,10 +24,6 @@ pub const HEARTBEAT: Duration = Duration::from_secs(2);
 pub const STALE_AFTER: Duration = Duration::from_secs(12);
 /// Dead or failed leases nobody asked about for this long are removed by the reaper.
 const FORGOTTEN_AFTER: Duration = Duration::from_secs(3600);
-/// A few bytes' image the leases are created from (never started, so nothing in it runs).
-const LEASE_IMAGE_REPO: &str = "trueforge-sandbox-lease";
-const LEASE_IMAGE_TAG: &str = "1";
-const RECORD_FILE: &str = "lease.json";
 
 /// What a lease says about the work.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,64 +118,6 @@ pub fn lease_name(image: &str) -> String {
   format!("trueforge-imagework-{hex}")
 }
 
-/// A tar holding only the record file.
-fn record_tar(record: &Record) -> Result<Vec<u8>> {
-  let body = serde_json::to_vec(record)
-    .map_err(|e| SandboxError::Internal(format!("encoding the image-work record: {e}")))?;
-  let mut header = tar::Header::new_gnu();
-  header.set_size(body.len() as u64);
-  header.set_mode(0o644);
-  header.set_mtime(crate::util::timestamps::now_ms() / 1000);
-  let mut builder = tar::Builder::new(Vec::new());
-  builder
-    .append_data(&mut header, RECORD_FILE, body.as_slice())
-    .and_then(|_| builder.into_inner())
-    .map_err(|e| SandboxError::Internal(format!("packing the image-work record: {e}")))
-}
-
-/// The image leases (and the GPU allocation lock) are created from.
-pub(crate) fn lease_image() -> String {
-  format!("{LEASE_IMAGE_REPO}:{LEASE_IMAGE_TAG}")
-}
-
-/// Makes the lease image when the engine lacks it: imported from a one-file tar, so no
-/// registry is needed (two processes racing here both import the same tag, harmlessly).
-pub(crate) async fn ensure_lease_image(engine: &Engine) -> Result<()> {
-  let reference = format!("{LEASE_IMAGE_REPO}:{LEASE_IMAGE_TAG}");
-  if crate::images::present(engine, &reference).await?.is_some() {
-    return Ok(());
-  }
-  let tar = record_tar(&Record::failed("none", "placeholder".into()))?;
-  let opts = CreateImageOptions {
-    from_src: Some("-".into()),
-    repo: Some(LEASE_IMAGE_REPO.into()),
-    tag: Some(LEASE_IMAGE_TAG.into()),
-    ..Default::default()
-  };
-  let operation = "import the image-work lease image";
-  let import = async {
-    let stream = engine.create_image(operation, opts, Some(tar.into()), None);
-    futures_util::pin_mut!(stream);
-    while let Some(item) = stream.next().await {
-      if let Some(detail) = item?.error_detail.and_then(|d| d.message) {
-        return Err(SandboxError::Engine {
-          operation: operation.to_string(),
-          status: 500,
-          detail,
-        });
-      }
-    }
-    Ok(())
-  };
-  engine
-    .bounded(
-      engine.control_timeout,
-      "import the image-work lease image",
-      import,
-    )
-    .await
-}
-
 /// Takes the lease for `image`, or reports who holds it. A dead or failed lease is removed
 /// (by its container id, so a fresh one made meanwhile by another process is never touched)
 /// and taken over.
@@ -194,30 +127,15 @@ pub async fn acquire(
   kind: &str,
   progress: String,
 ) -> Result<Acquired> {
-  ensure_lease_image(engine).await?;
   let name = lease_name(image);
   for _ in 0..3 {
-    let body = ContainerCreateBody {
-      image: Some(format!("{LEASE_IMAGE_REPO}:{LEASE_IMAGE_TAG}")),
-      cmd: Some(vec!["/lease".into()]),
-      labels: Some(HashMap::from([
-        (
-          labels::LABEL_MANAGED_BY.to_string(),
-          labels::MANAGED_BY.to_string(),
-        ),
-        (LABEL_IMAGEWORK.to_string(), image.to_string()),
-      ])),
-      network_disabled: Some(true),
-      host_config: Some(HostConfig {
-        network_mode: Some("none".into()),
-        ..Default::default()
-      }),
-      ..Default::default()
-    };
-    // Not retried on a broken connection: a second create could find our own first one.
-    let created = engine
-      .create_named("create the image-work lease", &name, body)
-      .await?;
+    let created = claim::create(
+      engine,
+      "create the image-work lease",
+      &name,
+      [(LABEL_IMAGEWORK.to_string(), image.to_string())],
+    )
+    .await?;
     match created {
       Some(container_id) => {
         let lease = Lease { container_id };
@@ -258,7 +176,7 @@ pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
     .and_then(|c| c.labels.clone())
     .unwrap_or_default();
   // A container of that name that is not our lease for this image is nobody's lease.
-  if labels.get(labels::LABEL_MANAGED_BY).map(String::as_str) != Some(labels::MANAGED_BY)
+  if !labels::managed(Some(&labels))
     || labels.get(LABEL_IMAGEWORK).map(String::as_str) != Some(image)
   {
     return Ok(None);
@@ -272,76 +190,39 @@ pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
     .and_then(crate::util::timestamps::parse_time)
     .map(|s| s * 1000)
     .unwrap_or_else(crate::util::timestamps::now_ms);
-  let record = match read_record(engine, &container_id).await {
-    Ok(Some(r)) => r,
-    Ok(None) => Record {
-      beat_ms: created_ms,
-      ..Record::running("pull", String::new())
-    },
+  let body = match claim::read(engine, "read the image-work lease", &container_id).await {
+    Ok(body) => body,
     // Removed since the inspect: the lease is gone.
     Err(SandboxError::FileNotFound { .. }) => return Ok(None),
     Err(e) => return Err(e),
   };
+  // The placeholder the claim image ships, or a torn write, reads as "not written yet": running
+  // since the lease was created.
+  let record = body
+    .and_then(|b| serde_json::from_slice::<Record>(&b).ok())
+    .filter(|r| r.kind != "none")
+    .unwrap_or_else(|| Record {
+      beat_ms: created_ms,
+      ..Record::running("pull", String::new())
+    });
   Ok(Some(Observed {
     container_id,
     record,
   }))
 }
 
-async fn read_record(engine: &Engine, container_id: &str) -> Result<Option<Record>> {
-  let path = format!("/{RECORD_FILE}");
-  let fetch = async {
-    let stream = engine.download_tar("read the image-work lease", container_id, &path);
-    futures_util::pin_mut!(stream);
-    let mut bytes = Vec::new();
-    while let Some(chunk) = stream.next().await {
-      bytes.extend_from_slice(&chunk?);
-      if bytes.len() > 1 << 20 {
-        break;
-      }
-    }
-    Ok(bytes)
-  };
-  let tar = engine
-    .bounded(engine.control_timeout, "read the image-work lease", fetch)
-    .await?;
-  let mut archive = tar::Archive::new(tar.as_slice());
-  let Ok(mut entries) = archive.entries() else {
-    return Ok(None);
-  };
-  let Some(Ok(mut entry)) = entries.next() else {
-    return Ok(None);
-  };
-  let mut body = Vec::new();
-  if entry.read_to_end(&mut body).is_err() {
-    return Ok(None);
-  }
-  // The placeholder the lease image ships, or a torn write, reads as "not written yet".
-  Ok(
-    serde_json::from_slice::<Record>(&body)
-      .ok()
-      .filter(|r| r.kind != "none"),
-  )
-}
-
 impl Lease {
   /// Rewrites the record (the heartbeat).
   pub async fn write(&self, engine: &Engine, record: &Record) -> Result<()> {
-    let tar = record_tar(record)?;
-    let opts = UploadToContainerOptions {
-      path: "/".into(),
-      ..Default::default()
-    };
-    engine
-      .upload_tar(
-        "write the image-work lease",
-        &self.container_id,
-        opts,
-        tar.into(),
-        engine.control_timeout,
-        false,
-      )
-      .await
+    let body = serde_json::to_vec(record)
+      .map_err(|e| SandboxError::Internal(format!("encoding the image-work record: {e}")))?;
+    claim::write(
+      engine,
+      "write the image-work lease",
+      &self.container_id,
+      &body,
+    )
+    .await
   }
 
   /// Ends the lease: the work is done and its result is in the engine (the image).
@@ -353,10 +234,7 @@ impl Lease {
 /// Removes leases that are dead or failed and were last written over an hour ago: nobody is
 /// waiting on them any more, and a failed one has long been reported.
 pub async fn reap_forgotten(engine: &Engine) -> Result<usize> {
-  let labels = vec![
-    format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
-    LABEL_IMAGEWORK.to_string(),
-  ];
+  let labels = vec![labels::ours(), LABEL_IMAGEWORK.to_string()];
   let list = engine
     .list_labelled("list image-work leases", labels)
     .await?;
@@ -415,14 +293,11 @@ mod tests {
   }
 
   #[test]
-  fn the_record_tar_holds_one_json_file() {
+  fn records_round_trip_as_json() {
     let rec = Record::running("build", "step 2/5".into());
-    let tar = record_tar(&rec).unwrap();
-    let mut archive = tar::Archive::new(tar.as_slice());
-    let mut entry = archive.entries().unwrap().next().unwrap().unwrap();
-    assert_eq!(entry.path().unwrap().to_str(), Some(RECORD_FILE));
-    let mut body = String::new();
-    entry.read_to_string(&mut body).unwrap();
-    assert_eq!(serde_json::from_str::<Record>(&body).unwrap(), rec);
+    let body = serde_json::to_vec(&rec).unwrap();
+    assert_eq!(serde_json::from_slice::<Record>(&body).unwrap(), rec);
+    // The claim image's placeholder is no record.
+    assert!(serde_json::from_slice::<Record>(b"{}").is_err());
   }
 }

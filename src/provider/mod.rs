@@ -1,6 +1,8 @@
 //! The provider's behaviour in plain async Rust: what each SandboxProvider method does, built
 //! from the client, lifecycle, exec, transfer and image modules. No napi types here.
 
+mod retry;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -15,11 +17,11 @@ use crate::engine::runtime::Hold;
 use crate::engine::{self, Engine};
 use crate::fleet::pool;
 use crate::fleet::reaper;
-use crate::gpu;
+use crate::gpu::{self, GpuPlacement, ImageFn, StartSettings};
 use crate::images::{self, Build};
-use crate::sandbox::container::{self, After404, Scope, Target};
+use crate::sandbox::container::{self, Placement, Scope, Target};
 use crate::sandbox::devices;
-use crate::sandbox::exec::{self, ExecRequest, StartError};
+use crate::sandbox::exec::{self, ExecRequest};
 use crate::sandbox::layout;
 use crate::sandbox::transfer;
 use crate::util::errors::{Result, SandboxError};
@@ -51,6 +53,8 @@ pub struct Provider {
   scope: Scope,
   endpoint: crate::engine::endpoint::Endpoint,
   log: Logger,
+  /// How this provider's containers are started and removed (exclusive GPUs under the lock).
+  placement: Arc<dyn Placement>,
   /// Keeps the process's background reaper for this engine and namespace alive; `None` before
   /// the first call and after `dispose()`.
   lease: Mutex<Option<Arc<reaper::Lease>>>,
@@ -63,11 +67,19 @@ impl Provider {
   pub fn new(cfg: ProviderConfig, log: Logger) -> Result<Self> {
     let endpoint = engine::effective_endpoint(cfg.docker_host.as_deref(), cfg.tls.as_ref())?;
     let scope = Scope::of(&cfg);
+    // GPU discovery, when a restart needs it, runs in the provider's image.
+    let image_cfg = cfg.clone();
+    let image: ImageFn = Arc::new(move || {
+      let cfg = image_cfg.clone();
+      Box::pin(async move { Ok(images::source(&cfg).await?.reference) })
+    });
+    let placement = Arc::new(GpuPlacement::new(StartSettings::of(&cfg, image)));
     Ok(Self {
       cfg,
       scope,
       endpoint,
       log,
+      placement,
       lease: Mutex::new(None),
       hold: Mutex::new(None),
       disposed: Default::default(),
@@ -159,9 +171,11 @@ impl Provider {
     let make = || async {
       match self.cfg.gpus {
         Some(Gpus::Exclusive(n)) => {
-          gpu::create_exclusive(&engine, &self.cfg, &src.reference, n, &self.log).await
+          gpu::alloc::create_exclusive(&engine, &self.cfg, &src.reference, n, &self.log).await
         }
-        _ => container::create(&engine, &self.cfg, &src.reference, None, &self.log).await,
+        _ => {
+          crate::sandbox::create::create(&engine, &self.cfg, &src.reference, None, &self.log).await
+        }
       }
     };
     let t = match make().await {
@@ -243,7 +257,7 @@ impl Provider {
     exec::validate_command(&p.command)?;
     exec::validate_env(&p.env)?;
     let cwd = exec::working_dir(&p.sandbox_id, p.cwd.as_deref())?;
-    let (engine, mut target) = self.target(&p.sandbox_id).await?;
+    let (engine, target) = self.target(&p.sandbox_id).await?;
     let req = ExecRequest {
       command: p.command.clone(),
       cwd,
@@ -251,68 +265,24 @@ impl Provider {
       timeout,
       max_output: self.cfg.max_output_bytes as usize,
     };
-    // At most: one start of a stopped container (or one restart of one out of processes), one
-    // re-resolve of a stale cache entry.
-    let mut restarted = false;
-    for attempt in 0..3 {
-      match exec::run(&engine, &target.container_id, &req).await {
-        Ok(ran) => {
-          let out = ran?;
-          if out.timed_out {
-            self.log.info(
-              "exec timed out",
-              json!({ "sandboxId": p.sandbox_id, "seconds": timeout.as_secs_f64() }),
-            );
-          }
-          return Ok(ExecOutcome::Ran {
-            exit_code: out.exit_code,
-            result: out.output,
-          });
-        }
-        Err(StartError::NotRunning) if attempt < 2 => {
-          container::ensure_started(&engine, &self.cfg, &target, &self.log).await?;
-          // Cached, unless the start found it gone or moved it to other GPUs.
-          target = container::resolve(&engine, &self.scope, &p.sandbox_id).await?;
-        }
-        Err(StartError::Gone) if attempt < 2 => {
-          container::forget(&engine, &target.name);
-          target = container::resolve(&engine, &self.scope, &p.sandbox_id).await?;
-        }
-        Err(StartError::NotRunning) => {
-          return Err(SandboxError::Internal(
-            "the sandbox container stopped again right after it was started".into(),
-          ))
-        }
-        Err(StartError::Gone) => {
-          return Err(SandboxError::SandboxNotAvailable {
-            sandbox_id: p.sandbox_id.clone(),
-          })
-        }
-        Err(StartError::NeverStarted(text))
-          if attempt < 2 && !restarted && exec::is_pid_exhaustion(&text) =>
-        {
-          // Something (a fork bomb) holds every process the sandbox may have: nothing can run
-          // until it is gone. Restarting kills it; files are kept.
-          self.log.warn(
-            "sandbox out of processes; restarting it",
-            json!({ "sandboxId": p.sandbox_id, "engine": text }),
-          );
-          restarted = true;
-          if !container::restart(&engine, &target.container_id, engine.control_timeout).await {
-            return Err(SandboxError::Internal(format!(
-              "the sandbox is out of processes and could not be restarted: {text}"
-            )));
-          }
-        }
-        Err(StartError::NeverStarted(text)) => {
-          return Err(SandboxError::Internal(format!(
-            "the command could not be started: {text}"
-          )))
-        }
-        Err(StartError::Other(e)) => return Err(e),
-      }
+    let never_started =
+      |text: String| SandboxError::Internal(format!("the command could not be started: {text}"));
+    let out = self
+      .with_running(&engine, target, never_started, |t| {
+        let (engine, req) = (&engine, &req);
+        async move { exec::run(engine, &t.container_id, req).await }
+      })
+      .await??;
+    if out.timed_out {
+      self.log.info(
+        "exec timed out",
+        json!({ "sandboxId": p.sandbox_id, "seconds": timeout.as_secs_f64() }),
+      );
     }
-    unreachable!("the loop returns on its last attempt")
+    Ok(ExecOutcome::Ran {
+      exit_code: out.exit_code,
+      result: out.output,
+    })
   }
 
   /// Launches a Code Mode relay in a sandbox: a stopped container is started first (files
@@ -323,36 +293,15 @@ impl Provider {
     socket: &str,
     sink: RequestSink,
   ) -> Result<Relay> {
-    let (engine, mut target) = self.target(sandbox_id).await?;
+    let (engine, target) = self.target(sandbox_id).await?;
     let ro = self.cfg.read_only_rootfs;
-    for attempt in 0..3 {
-      match codemode::launch(&engine, &target, socket, ro, sink.clone(), &self.log).await {
-        Ok(relay) => return Ok(relay),
-        Err(StartError::NotRunning) if attempt < 2 => {
-          container::ensure_started(&engine, &self.cfg, &target, &self.log).await?;
-          target = container::resolve(&engine, &self.scope, sandbox_id).await?;
-        }
-        Err(StartError::Gone) if attempt < 2 => {
-          container::forget(&engine, &target.name);
-          target = container::resolve(&engine, &self.scope, sandbox_id).await?;
-        }
-        Err(StartError::NotRunning) => {
-          return Err(SandboxError::Internal(
-            "the sandbox container stopped again right after it was started".into(),
-          ))
-        }
-        Err(StartError::Gone) => {
-          return Err(SandboxError::SandboxNotAvailable {
-            sandbox_id: sandbox_id.to_string(),
-          })
-        }
-        Err(StartError::NeverStarted(reason)) => {
-          return Err(SandboxError::CodeModeUnavailable { reason })
-        }
-        Err(StartError::Other(e)) => return Err(e),
-      }
-    }
-    unreachable!("the loop returns on its last attempt")
+    let unavailable = |reason: String| SandboxError::CodeModeUnavailable { reason };
+    self
+      .with_running(&engine, target, unavailable, |t| {
+        let (engine, sink, log) = (&engine, sink.clone(), &self.log);
+        async move { codemode::launch(engine, &t, socket, ro, sink, log).await }
+      })
+      .await
   }
 
   /// Writes a file; relative paths are taken from the sandbox root.
@@ -377,66 +326,52 @@ impl Provider {
     if target.exclusive_gpus {
       // Files go only into a running exclusive sandbox: a stopped one may be moving to other
       // GPUs, and a write into the container it leaves would be lost.
-      container::ensure_started(&engine, &self.cfg, &target, &self.log).await?;
+      container::ensure_started(&engine, &target, self.placement.as_ref(), &self.log).await?;
       target = container::resolve(&engine, &self.scope, sandbox_id).await?;
     }
-    for attempt in 0..2 {
-      let sent = transfer::upload(
-        &engine,
-        &target.container_id,
-        remote_path,
-        &path,
-        content.clone(),
-        target.owner,
-        self.cfg.read_only_rootfs,
-      )
-      .await;
-      match sent {
-        Err(e @ SandboxError::FileNotFound { .. }) => {
-          match container::after_404(&engine, &self.scope, &target).await? {
-            After404::Same => return Err(e),
-            After404::Replaced(t) if attempt == 0 => target = t,
-            _ => return Err(not_available(sandbox_id)),
-          }
+    let ro = self.cfg.read_only_rootfs;
+    self
+      .after_404(&engine, target, |t| {
+        let (engine, path, content) = (&engine, &path, content.clone());
+        async move {
+          transfer::upload(
+            engine,
+            &t.container_id,
+            remote_path,
+            path,
+            content,
+            t.owner,
+            ro,
+          )
+          .await
         }
-        other => return other,
-      }
-    }
-    Err(not_available(sandbox_id))
+      })
+      .await
   }
 
   /// Reads a regular file (symlinks followed inside the container).
   pub async fn download_file(&self, sandbox_id: &str, path: &str) -> Result<Vec<u8>> {
     container::name_for(&self.cfg.namespace, sandbox_id)?;
     let abs = layout::resolve_path(sandbox_id, path)?;
-    let (engine, mut target) = self.target(sandbox_id).await?;
+    let (engine, target) = self.target(sandbox_id).await?;
     let max = self.cfg.file_max_bytes;
-    let mut out = Err(not_available(sandbox_id));
-    for attempt in 0..2 {
-      out = match transfer::download(&engine, &target.container_id, path, &abs, max).await {
-        Err(e @ SandboxError::FileNotFound { .. }) => {
-          match container::after_404(&engine, &self.scope, &target).await? {
-            After404::Same => Err(e),
-            After404::Replaced(t) if attempt == 0 => {
-              target = t;
-              continue;
-            }
-            _ => Err(not_available(sandbox_id)),
+    let touch = self.cfg.auto_stop_secs.is_some();
+    self
+      .after_404(&engine, target, |t| {
+        let (engine, abs) = (&engine, &abs);
+        async move {
+          let bytes = transfer::download(engine, &t.container_id, path, abs, max).await?;
+          // A download is activity too; recording it must not delay the caller.
+          if touch {
+            let (task_engine, container, owner) = (engine.clone(), t.container_id, t.owner);
+            engine.shared.background.spawn_cancellable(async move {
+              transfer::touch_activity(&task_engine, &container, owner).await
+            });
           }
+          Ok(bytes)
         }
-        other => other,
-      };
-      break;
-    }
-    // A download is activity too; recording it must not delay the caller.
-    if out.is_ok() && self.cfg.auto_stop_secs.is_some() {
-      let (task_engine, container, owner) =
-        (engine.clone(), target.container_id.clone(), target.owner);
-      engine.shared.background.spawn_cancellable(async move {
-        transfer::touch_activity(&task_engine, &container, owner).await
-      });
-    }
-    out
+      })
+      .await
   }
 
   /// Deletes a sandbox now. Idempotent: true when something was removed.
@@ -445,7 +380,14 @@ impl Provider {
       return Ok(false);
     }
     let engine = self.engine().await?;
-    let removed = container::remove(&engine, &self.scope, sandbox_id, &self.log).await?;
+    let removed = container::remove(
+      &engine,
+      &self.scope,
+      sandbox_id,
+      self.placement.as_ref(),
+      &self.log,
+    )
+    .await?;
     if removed {
       self
         .log
@@ -480,12 +422,6 @@ impl Provider {
       uploads = layout::UPLOADS_DIR,
       results = layout::TOOL_RESULTS_DIR,
     )
-  }
-}
-
-fn not_available(sandbox_id: &str) -> SandboxError {
-  SandboxError::SandboxNotAvailable {
-    sandbox_id: sandbox_id.to_string(),
   }
 }
 

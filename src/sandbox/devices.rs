@@ -170,14 +170,18 @@ pub fn explain(e: SandboxError, gpus: Option<&Gpus>, picked: Option<&[String]>) 
   SandboxError::GpuUnsupported { reason }
 }
 
-/// The GPUs an exclusive container holds while it runs (from its label), if any.
-pub fn gpus_of(info: &ContainerInspectResponse) -> Option<Vec<String>> {
-  let v = info.config.as_ref()?.labels.as_ref()?.get(LABEL_GPUS)?;
-  let ids: Vec<String> = v
+/// The GPUs a `trueforge.sandbox.gpus` label value names.
+pub fn gpus_in(label: &str) -> Vec<String> {
+  label
     .split(',')
     .filter(|g| !g.is_empty())
     .map(String::from)
-    .collect();
+    .collect()
+}
+
+/// The GPUs an exclusive container holds while it runs (from its label), if any.
+pub fn gpus_of(info: &ContainerInspectResponse) -> Option<Vec<String>> {
+  let ids = gpus_in(info.config.as_ref()?.labels.as_ref()?.get(LABEL_GPUS)?);
   (!ids.is_empty()).then_some(ids)
 }
 
@@ -207,7 +211,7 @@ mod tests {
 
   fn body(gpus: Value, picked: Option<&[String]>, env: Value) -> ContainerCreateBody {
     let c = cfg(json!({ "gpus": gpus, "env": env })).expect("valid");
-    crate::sandbox::container::container_body_with(&c, "/workspace/x", "img", None, picked)
+    crate::sandbox::body::container_body_with(&c, "/workspace/x", "img", None, picked)
   }
 
   fn env_of(b: &ContainerCreateBody) -> Vec<String> {
@@ -294,7 +298,7 @@ mod tests {
     assert_eq!(req.driver.as_deref(), Some("cdi"));
     // No gpus: nothing at all.
     let c = cfg(json!({})).expect("valid");
-    let b = crate::sandbox::container::container_body(&c, "/workspace/x", "img", None);
+    let b = crate::sandbox::body::container_body(&c, "/workspace/x", "img", None);
     assert!(b.host_config.unwrap().device_requests.is_none());
     assert!(!b.env.unwrap().iter().any(|e| e.starts_with("NVIDIA_")));
   }

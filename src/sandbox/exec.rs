@@ -178,7 +178,7 @@ async fn start(
   let created = engine
     .create_exec("create an exec", container, opts, left())
     .await
-    .map_err(classify_start)?;
+    .map_err(StartError::from_engine)?;
   let started = match engine
     .start_exec("start an exec", &created, Some(64 * 1024), left())
     .await
@@ -211,7 +211,7 @@ async fn start(
           }
         });
       }
-      return Err(classify_start(e));
+      return Err(StartError::from_engine(e));
     }
   };
   let StartExecResults::Attached { mut output, input } = started else {
@@ -320,7 +320,7 @@ async fn kill_after_timeout(
   }
   // Out of processes (a fork bomb), the killer itself cannot start: restarting the container
   // is then the only way to kill everything. Files are kept.
-  if !left().is_zero() && crate::sandbox::container::restart(engine, container, left()).await {
+  if !left().is_zero() && engine.restart_container(container, 1, left()).await.is_ok() {
     return Ok(());
   }
   // Never claim a kill that did not happen.
@@ -374,17 +374,20 @@ fn format_secs(d: Duration) -> String {
   }
 }
 
-fn classify_start(e: SandboxError) -> StartError {
-  match &e {
-    SandboxError::Engine { status: 409, .. } => StartError::NotRunning,
-    // Podman says the same with a 500.
-    SandboxError::Engine {
-      status: 500,
-      detail,
-      ..
-    } if detail.contains("container state improper") => StartError::NotRunning,
-    SandboxError::Engine { status: 404, .. } => StartError::Gone,
-    _ => StartError::Other(e),
+impl StartError {
+  /// What an engine error on creating or starting an exec means for the caller.
+  pub fn from_engine(e: SandboxError) -> Self {
+    match &e {
+      SandboxError::Engine { status: 409, .. } => Self::NotRunning,
+      // Podman says the same with a 500.
+      SandboxError::Engine {
+        status: 500,
+        detail,
+        ..
+      } if detail.contains("container state improper") => Self::NotRunning,
+      SandboxError::Engine { status: 404, .. } => Self::Gone,
+      _ => Self::Other(e),
+    }
   }
 }
 
@@ -519,7 +522,10 @@ mod tests {
 
   #[test]
   fn code_mode_bin_dir_leads_path() {
-    assert!(WRAPPER.contains(&format!("PATH=\"{}:", crate::codemode::BIN_DIR)));
+    assert!(WRAPPER.contains(&format!(
+      "PATH=\"{}:",
+      crate::sandbox::layout::CODE_MODE_BIN_DIR
+    )));
   }
 
   #[test]

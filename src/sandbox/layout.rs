@@ -10,6 +10,8 @@ pub const UPLOADS_DIR: &str = "/trueforge/uploads";
 pub const SKILLS_DIR: &str = "/trueforge/skills";
 pub const TOOL_RESULTS_DIR: &str = "/trueforge/tool-results";
 pub const BIN_DIR: &str = "/trueforge/bin";
+/// Where Code Mode links `mcp-client`; every command has it first on `PATH`.
+pub const CODE_MODE_BIN_DIR: &str = "/trueforge/codemode/bin";
 pub const GIT_DOWNLOADER_PATH: &str = "/trueforge/bin/git_downloader.py";
 pub const GIT_CREDENTIALS_PATH: &str = "/trueforge/.git-credentials";
 /// The activity file's name in `LAYOUT_ROOT`: its mtime is the idle timer's clock (touched by
@@ -119,7 +121,7 @@ mod tests {
   #[test]
   fn the_scripts_record_activity_where_the_layout_says() {
     assert_eq!(ACTIVITY_FILE, format!("{LAYOUT_ROOT}/{ACTIVITY_NAME}"));
-    assert!(crate::sandbox::container::INIT_SCRIPT.contains(&format!("act={ACTIVITY_FILE}\n")));
+    assert!(crate::sandbox::body::INIT_SCRIPT.contains(&format!("act={ACTIVITY_FILE}\n")));
     assert!(crate::sandbox::exec::WRAPPER.contains(&format!(": > {ACTIVITY_FILE} ")));
   }
 

@@ -1,11 +1,15 @@
 //! One sandbox's container: finding, starting and removing it, running commands and moving
 //! files in it, and its layout.
 
+pub mod body;
 pub mod container;
+pub mod create;
 pub mod devices;
 pub mod exec;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod layout;
 pub mod output;
+pub mod owner;
+pub mod swap;
 pub mod transfer;

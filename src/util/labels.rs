@@ -2,6 +2,8 @@
 //! is, and what kind of helper container it is. Only containers carrying `LABEL_MANAGED_BY` with
 //! `MANAGED_BY` are ever touched.
 
+use std::collections::HashMap;
+
 /// Label keys we set ourselves; a user label may not shadow them.
 pub const LABEL_PREFIX: &str = "trueforge.sandbox.";
 
@@ -36,6 +38,24 @@ pub const LABEL_CARRIED_VOLUMES: &str = "trueforge.sandbox.carried-volumes";
 /// On an image saved from a sandbox for a move (its value: the sandbox id), so a sweep finds
 /// one a crashed move left behind.
 pub const LABEL_SAVED_FROM: &str = "trueforge.sandbox.saved-from";
+
+/// The engine's list filter (`label=…`) matching every container of ours.
+pub fn ours() -> String {
+  format!("{LABEL_MANAGED_BY}={MANAGED_BY}")
+}
+
+/// The filter matching `key=value`.
+pub fn filter(key: &str, value: &str) -> String {
+  format!("{key}={value}")
+}
+
+/// Whether a container's labels mark it as ours (managed by this package).
+pub fn managed(labels: Option<&HashMap<String, String>>) -> bool {
+  labels
+    .and_then(|l| l.get(LABEL_MANAGED_BY))
+    .map(String::as_str)
+    == Some(MANAGED_BY)
+}
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,227 @@
+//! The container definition of a new sandbox: least privilege by default (see README), the
+//! init that stops an idle sandbox by itself, and what Podman needs changed.
+
+use std::collections::HashMap;
+
+use bollard::models::{ContainerCreateBody, HostConfig};
+
+use crate::config::ProviderConfig;
+use crate::sandbox::{devices, layout};
+use crate::util::errors::{Result, SandboxError};
+use crate::util::ids;
+use crate::util::labels::{self, LABEL_POOL, LABEL_TENANT};
+
+/// The container's main process (under the init, which reaps zombies). It keeps the container
+/// alive and stops it after `$1` idle seconds (0 = never), checking every `$2` seconds, so idle
+/// sandboxes stop with no server process alive. Activity is the mtime of the activity file
+/// (touched by every exec, upload and download) or a command still running (an exec wrapper,
+/// whose `$0` is `trueforge-exec`, is alive). Exits at once on SIGTERM so stops are fast.
+pub const INIT_SCRIPT: &str = r#"trap 'exit 0' TERM INT
+act=/trueforge/.activity
+: > "$act" 2>/dev/null
+last=$(date +%s 2>/dev/null || echo 0)
+if [ "$1" = 0 ]; then while :; do sleep 3600 & wait $!; done; fi
+while :; do
+  sleep "$2" & wait $!
+  now=$(date +%s)
+  if grep -qs 'trueforge-e[x]ec' /proc/[0-9]*/cmdline; then : > "$act" 2>/dev/null; last=$now; continue; fi
+  m=$(stat -c %Y "$act" 2>/dev/null) && [ "$m" -gt "$last" ] && last=$m
+  if [ $((now - last)) -ge "$1" ]; then exit 0; fi
+done
+"#;
+
+/// How often the init checks for idleness: often enough for short test intervals, at most
+/// every 30 s.
+pub fn idle_check_secs(idle: u64) -> u64 {
+  (idle / 6).clamp(1, 30)
+}
+
+/// Whether `user` (an image's `USER` or the `user` option: `name`, `uid`, `name:group` …) is
+/// someone other than root. No user at all means root.
+fn non_root(user: Option<&str>) -> bool {
+  user.is_some_and(|u| {
+    let user = u.split(':').next().unwrap_or("");
+    !user.is_empty() && user != "root" && user != "0"
+  })
+}
+
+/// Where Podman's Docker API differs in ways that matter for security (docs/podman.md):
+/// - a non-root exec gets the container's capabilities as *ambient* ones (Docker: none), so a
+///   sandbox whose user is not root keeps no capability at all there (root-only capabilities
+///   are useless to a non-root user on Docker anyway). That user is the `user` option, else the
+///   image's `USER` (`image_user`: the default image runs as `agent`);
+/// - `HostConfig.Runtime` is ignored, so asking for a runtime is refused rather than silently
+///   running under the default one.
+pub fn podman_adjust(
+  cfg: &ProviderConfig,
+  image_user: Option<&str>,
+  body: &mut ContainerCreateBody,
+) -> Result<()> {
+  if let Some(rt) = &cfg.runtime {
+    return Err(SandboxError::CreateFailed {
+      step: "runtime".into(),
+      detail: format!(
+        "the engine is Podman, whose Docker API ignores the OCI runtime asked for ({rt}); set it in Podman's containers.conf ([engine] runtime = \"{rt}\") and leave `runtime` unset"
+      ),
+    });
+  }
+  if non_root(cfg.user.as_deref().or(image_user)) {
+    if let Some(hc) = body.host_config.as_mut() {
+      hc.cap_add = Some(Vec::new());
+    }
+  }
+  Ok(())
+}
+
+/// The container definition for a new sandbox: least privilege by default (see README).
+pub fn container_body(
+  cfg: &ProviderConfig,
+  sandbox_id: &str,
+  image: &str,
+  pool: Option<&str>,
+) -> ContainerCreateBody {
+  container_body_with(cfg, sandbox_id, image, pool, None)
+}
+
+/// `container_body` with the GPUs picked for an exclusive sandbox (see `gpu::shape`).
+pub fn container_body_with(
+  cfg: &ProviderConfig,
+  sandbox_id: &str,
+  image: &str,
+  pool: Option<&str>,
+  gpus_picked: Option<&[String]>,
+) -> ContainerCreateBody {
+  let mut labels: HashMap<String, String> = cfg.labels.clone().into_iter().collect();
+  labels.insert(labels::LABEL_MANAGED_BY.into(), labels::MANAGED_BY.into());
+  labels.insert(labels::LABEL_NAMESPACE.into(), cfg.namespace.clone());
+  labels.insert(labels::LABEL_ID.into(), sandbox_id.to_string());
+  labels.insert(
+    labels::LABEL_CREATED_AT.into(),
+    crate::util::timestamps::rfc3339_now(),
+  );
+  if let Some(t) = &cfg.tenant {
+    labels.insert(LABEL_TENANT.into(), t.clone());
+  }
+  if let Some(p) = pool {
+    labels.insert(LABEL_POOL.into(), p.to_string());
+  }
+  let env: Vec<String> = cfg.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+  let idle = cfg.auto_stop_secs.unwrap_or(0);
+  let r = &cfg.resources;
+  let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+  // A read-only root still needs the sandbox root, the layout and /tmp writable: volumes keep
+  // the first two across stops (nothing stored is lost), /tmp is scratch.
+  let (volumes, tmpfs) = if cfg.read_only_rootfs {
+    (
+      Some(vec![
+        ids::WORKSPACE_ROOT.to_string(),
+        layout::LAYOUT_ROOT.to_string(),
+      ]),
+      Some(HashMap::from([(
+        "/tmp".to_string(),
+        "rw,nosuid,nodev,mode=1777".to_string(),
+      )])),
+    )
+  } else {
+    (None, None)
+  };
+  let mut body = ContainerCreateBody {
+    image: Some(image.to_string()),
+    entrypoint: Some(vec![
+      "/bin/sh".into(),
+      "-c".into(),
+      INIT_SCRIPT.into(),
+      "trueforge-init".into(),
+      idle.to_string(),
+      idle_check_secs(idle).to_string(),
+    ]),
+    env: Some(env),
+    labels: Some(labels),
+    working_dir: Some(sandbox_id.to_string()),
+    hostname: Some("sandbox".into()),
+    user: cfg.user.clone(),
+    volumes,
+    attach_stdin: Some(false),
+    attach_stdout: Some(false),
+    attach_stderr: Some(false),
+    tty: Some(false),
+    open_stdin: Some(false),
+    network_disabled: None,
+    host_config: Some(HostConfig {
+      init: Some(true),
+      cap_drop: Some(vec!["ALL".into()]),
+      cap_add: Some(cfg.capabilities.clone()),
+      security_opt: cfg
+        .no_new_privileges
+        .then(|| vec!["no-new-privileges:true".to_string()]),
+      privileged: Some(false),
+      memory: r.memory_bytes.map(to_i64),
+      // Swap never above memory: the same figure for memory+swap means no swap at all.
+      memory_swap: r.memory_bytes.map(to_i64),
+      nano_cpus: r.nano_cpus.map(to_i64),
+      pids_limit: r.pids_limit.map(to_i64),
+      network_mode: Some(cfg.network.clone()),
+      readonly_rootfs: Some(cfg.read_only_rootfs),
+      tmpfs,
+      runtime: cfg.runtime.clone(),
+      ..Default::default()
+    }),
+    ..Default::default()
+  };
+  devices::shape(&mut body, cfg.gpus.as_ref(), gpus_picked);
+  body
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn who_counts_as_non_root() {
+    for root in [
+      None,
+      Some(""),
+      Some("root"),
+      Some("0"),
+      Some("0:0"),
+      Some("root:wheel"),
+    ] {
+      assert!(!non_root(root), "{root:?}");
+    }
+    for other in ["agent", "1000", "1000:1000", "nobody:nogroup", "65534"] {
+      assert!(non_root(Some(other)), "{other}");
+    }
+  }
+
+  #[test]
+  fn body_carries_labels_init_and_no_gpu_by_default() {
+    let cfg = ProviderConfig::from_json(serde_json::json!({
+      "image": "img:1", "namespace": "ns1", "labels": { "team": "a" }, "env": { "A": "1" }
+    }))
+    .unwrap();
+    let b = container_body(&cfg, "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV", "img:1", None);
+    let l = b.labels.unwrap();
+    assert_eq!(l[labels::LABEL_MANAGED_BY], labels::MANAGED_BY);
+    assert_eq!(l[labels::LABEL_NAMESPACE], "ns1");
+    assert_eq!(l[labels::LABEL_ID], "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV");
+    assert_eq!(l["team"], "a");
+    assert!(l.contains_key(labels::LABEL_CREATED_AT));
+    let hc = b.host_config.unwrap();
+    assert_eq!(hc.init, Some(true));
+    assert_eq!(hc.device_requests, None);
+    assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+    assert_eq!(hc.privileged, Some(false));
+    assert_eq!(
+      hc.security_opt,
+      Some(vec!["no-new-privileges:true".to_string()])
+    );
+    assert_eq!(hc.memory, hc.memory_swap);
+    assert!(hc.pids_limit.is_some());
+    assert_eq!(hc.network_mode.as_deref(), Some("bridge"));
+    assert!(
+      hc.binds.is_none() && hc.mounts.is_none() && hc.pid_mode.is_none() && hc.ipc_mode.is_none()
+    );
+    assert!(b.volumes.is_none());
+    assert_eq!(b.env.unwrap(), vec!["A=1".to_string()]);
+  }
+}

@@ -1,0 +1,254 @@
+//! Creating a sandbox: the container, its layout, its start; on any failure the container is
+//! removed (later, in the background, when the engine did not answer).
+
+use serde_json::json;
+
+use crate::config::{Gpus, ProviderConfig};
+use crate::engine::Engine;
+use crate::sandbox::body::{container_body_with, podman_adjust};
+use crate::sandbox::container::{name_for, pool_name, remember, Target};
+use crate::sandbox::owner::resolve_owner;
+use crate::sandbox::{devices, layout, transfer};
+use crate::util::errors::{Result, SandboxError};
+use crate::util::ids;
+use crate::util::logging::Logger;
+
+/// The `USER` an image runs as, if it names one.
+async fn image_user(engine: &Engine, image: &str) -> Result<Option<String>> {
+  let info = engine.inspect_image(image).await?;
+  Ok(
+    info
+      .and_then(|i| i.config)
+      .and_then(|c| c.user)
+      .filter(|u| !u.is_empty()),
+  )
+}
+
+/// Creates, lays out and starts a sandbox from `image` (the resolved reference). A pool member
+/// (`pool` = the configuration's fingerprint) gets a name no id resolves to until it is claimed.
+/// On any failure the container is removed.
+pub async fn create(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  image: &str,
+  pool: Option<&str>,
+  log: &Logger,
+) -> Result<Target> {
+  create_with(engine, cfg, image, pool, log, None).await
+}
+
+/// `create` with the GPUs picked for an exclusive sandbox (`gpu::create_exclusive`). An engine
+/// that cannot give the GPUs asked for fails with `GpuUnsupported`.
+pub async fn create_with(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  image: &str,
+  pool: Option<&str>,
+  log: &Logger,
+  gpus_picked: Option<&[String]>,
+) -> Result<Target> {
+  if devices::needs_cdi(cfg, gpus_picked) {
+    let names = match (&cfg.gpus, gpus_picked) {
+      (_, Some(p)) => p.to_vec(),
+      (Some(Gpus::Cdi(n)), None) => n.clone(),
+      _ => Vec::new(),
+    };
+    devices::check_cdi_support(engine, &names)?;
+  }
+  create_inner(engine, cfg, image, pool, log, gpus_picked)
+    .await
+    .map_err(|e| devices::explain(e, cfg.gpus.as_ref(), gpus_picked))
+}
+
+async fn create_inner(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  image: &str,
+  pool: Option<&str>,
+  log: &Logger,
+  gpus_picked: Option<&[String]>,
+) -> Result<Target> {
+  let sandbox_id = ids::new_sandbox_id();
+  let final_name = name_for(&cfg.namespace, &sandbox_id)?;
+  let name = if pool.is_some() {
+    pool_name(&final_name)
+  } else {
+    final_name
+  };
+  let mut body = container_body_with(cfg, &sandbox_id, image, pool, gpus_picked);
+  if engine.podman {
+    // One more request, on Podman only: who the image runs as decides its capabilities there.
+    let image_user = match cfg.user {
+      Some(_) => None,
+      None => image_user(engine, image).await?,
+    };
+    podman_adjust(cfg, image_user.as_deref(), &mut body)?;
+  }
+  // Not retried: a create that reached the engine would collide with its own name.
+  let created = engine
+    .create_container("create the sandbox container", Some(&name), body)
+    .await
+    .map_err(|e| match e {
+      SandboxError::Engine {
+        status: 404,
+        detail,
+        ..
+      } if detail.contains("image") => SandboxError::ImageNotAvailable {
+        image: image.to_string(),
+        reason: format!(
+          "{detail}; call buildImage() and wait until getImageBuildStatus() says ready"
+        ),
+      },
+      SandboxError::Engine { detail, .. } if detail.contains("runtime") => {
+        SandboxError::CreateFailed {
+          step: "create the container".into(),
+          detail: format!(
+            "{detail}; the `runtime` option names a runtime this engine does not have"
+          ),
+        }
+      }
+      SandboxError::Engine { detail, .. } => SandboxError::CreateFailed {
+        step: "create the container".into(),
+        detail,
+      },
+      other => other,
+    });
+  let created = match created {
+    Ok(c) => c,
+    Err(e) => {
+      // No answer does not mean nothing happened: a hung engine may still run the buffered
+      // request once it wakes. Remove the container by name when it does.
+      if matches!(
+        e,
+        SandboxError::EngineTimeout { .. } | SandboxError::EngineUnreachable { .. }
+      ) {
+        remove_later(engine, &name, log);
+      }
+      return Err(e);
+    }
+  };
+  let container_id = created;
+  let finish = async {
+    let info = engine
+      .inspect_container("inspect the new sandbox", &container_id)
+      .await?
+      .ok_or_else(|| SandboxError::CreateFailed {
+        step: "inspect the new container".into(),
+        detail: "it was removed while it was being made".into(),
+      })?;
+    let user = info
+      .config
+      .as_ref()
+      .and_then(|c| c.user.clone())
+      .filter(|u| !u.is_empty());
+    let owner = resolve_owner(engine, &container_id, user.as_deref()).await?;
+    // With a read-only root the volumes at /workspace and /trueforge take the entries.
+    let mut dirs: Vec<String> = layout::LAYOUT_DIRS
+      .iter()
+      .filter(|d| !cfg.read_only_rootfs || **d != layout::LAYOUT_ROOT)
+      .map(|d| d.to_string())
+      .collect();
+    if !cfg.read_only_rootfs {
+      dirs.push(ids::WORKSPACE_ROOT.to_string());
+    }
+    dirs.push(sandbox_id.clone());
+    transfer::make_layout(engine, &container_id, &dirs, owner, cfg.read_only_rootfs)
+      .await
+      .map_err(|e| step_failed("create the sandbox layout", e))?;
+    let started = engine
+      .start_container("start the sandbox container", &container_id)
+      .await
+      .map_err(|e| step_failed("start the container", e))?;
+    if !started {
+      return Err(SandboxError::CreateFailed {
+        step: "start the container".into(),
+        detail: "it was removed while it was being made".into(),
+      });
+    }
+    Ok::<_, SandboxError>(Target {
+      sandbox_id: sandbox_id.clone(),
+      name: name.clone(),
+      container_id: container_id.clone(),
+      owner,
+      tenant: cfg.tenant.clone(),
+      exclusive_gpus: gpus_picked.is_some(),
+      saved: Default::default(),
+    })
+  };
+  match finish.await {
+    Ok(t) => {
+      // A pool member is nobody's until claimed (the claim caches it under its final name).
+      if pool.is_none() {
+        remember(engine, &t);
+      }
+      log.info(
+        "sandbox created",
+        json!({ "sandboxId": sandbox_id, "container": name, "image": image }),
+      );
+      Ok(t)
+    }
+    Err(e) => {
+      log.warn(
+        "sandbox creation failed; removing its container",
+        json!({ "container": name, "error": e.to_string() }),
+      );
+      if engine.force_remove(&container_id).await.is_err() {
+        remove_later(engine, &container_id, log);
+      }
+      Err(e)
+    }
+  }
+}
+
+/// Removes a half-made container in the background once the engine answers again: polls for up
+/// to ten minutes and, once the engine responds, keeps checking for half a minute more (a
+/// request it buffered while hung may land late). When the engine's last provider is disposed
+/// meanwhile, one last removal is tried (for at most `STOP_GRACE`, which dispose awaits) and
+/// the rest is left to the reaper: the container carries our labels, so it is found.
+fn remove_later(engine: &Engine, name_or_id: &str, log: &Logger) {
+  let (task_engine, target, log) = (engine.clone(), name_or_id.to_string(), log.clone());
+  engine.shared.background.spawn(|stop| async move {
+    let engine = task_engine;
+    let started = std::time::Instant::now();
+    let mut answered_at: Option<std::time::Instant> = None;
+    while started.elapsed() < std::time::Duration::from_secs(600) {
+      match engine.force_remove(&target).await {
+        Ok(_) => {
+          let since = *answered_at.get_or_insert_with(std::time::Instant::now);
+          if since.elapsed() > std::time::Duration::from_secs(30) {
+            return;
+          }
+        }
+        Err(e) => log.debug(
+          "half-made sandbox not removed yet",
+          json!({ "container": target, "error": e.to_string() }),
+        ),
+      }
+      tokio::select! {
+        _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+        _ = stop.cancelled() => {
+          let _ = tokio::time::timeout(STOP_GRACE, engine.force_remove(&target)).await;
+          return;
+        }
+      }
+    }
+    log.warn(
+      "gave up removing a half-made sandbox; the reaper will",
+      json!({ "container": target }),
+    );
+  });
+}
+
+/// How long a stopped clean-up still tries: dispose waits for it, so it stays short even when
+/// the engine does not answer.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn step_failed(step: &str, e: SandboxError) -> SandboxError {
+  match e {
+    SandboxError::Engine { detail, .. } => SandboxError::CreateFailed {
+      step: step.into(),
+      detail,
+    },
+    other => other,
+  }
+}
