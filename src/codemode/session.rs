@@ -1,0 +1,117 @@
+//! One Code Mode transport's session: its socket name, and the relay serving it in the sandbox
+//! it was last started for.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use rand::Rng;
+
+use crate::codemode::relay::Relay;
+use crate::codemode::SOCKET_DIR;
+use crate::util::errors::Result;
+
+/// Receives each request: the relay's generation, the request id and the raw JSON bytes. The
+/// answer goes back through `Session::reply` with the same generation and id.
+pub type RequestSink = Arc<dyn Fn(u32, u32, Bytes) + Send + Sync>;
+
+/// Launches a relay for one sandbox; the provider supplies it (it knows how to resolve, start
+/// and re-resolve a sandbox).
+pub trait Launcher {
+  fn launch_relay(
+    &self,
+    sandbox_id: &str,
+    socket: &str,
+    sink: RequestSink,
+  ) -> impl std::future::Future<Output = Result<Relay>> + Send;
+}
+
+/// One transport's Code Mode session: its socket name, and the relay serving it in the sandbox
+/// it was last started for. A transport is one agent turn; two transports on one sandbox (two
+/// sub-agents with different tools) have their own sockets and relays.
+pub struct Session {
+  sink: RequestSink,
+  socket: String,
+  state: tokio::sync::Mutex<Option<(String, Arc<Relay>)>>,
+  current: Mutex<Option<Arc<Relay>>>,
+}
+
+impl Session {
+  pub fn new(sink: RequestSink) -> Self {
+    let token = format!("{:032x}", rand::rng().random::<u128>());
+    Self {
+      sink,
+      socket: format!("{SOCKET_DIR}/{token}.sock"),
+      state: tokio::sync::Mutex::new(None),
+      current: Mutex::new(None),
+    }
+  }
+
+  /// The socket the client connects to (the same across relaunches).
+  pub fn socket_path(&self) -> &str {
+    &self.socket
+  }
+
+  /// Makes sure a live relay serves `sandbox_id`: nothing to do when one does; otherwise the
+  /// old one (another sandbox, or dead) is stopped and a new one launched. Callers racing here
+  /// wait for one launch.
+  pub async fn start(&self, launcher: &impl Launcher, sandbox_id: &str) -> Result<()> {
+    let mut state = self.state.lock().await;
+    if let Some((id, relay)) = state.as_ref() {
+      if id == sandbox_id && relay.is_alive() {
+        return Ok(());
+      }
+    }
+    if let Some((_, old)) = state.take() {
+      self.current.lock().expect("current").take();
+      old.stop().await;
+    }
+    let relay = Arc::new(
+      launcher
+        .launch_relay(sandbox_id, &self.socket, self.sink.clone())
+        .await?,
+    );
+    *self.current.lock().expect("current") = Some(relay.clone());
+    *state = Some((sandbox_id.to_string(), relay));
+    Ok(())
+  }
+
+  /// Sends a reply to the relay generation that asked. False when that relay is gone.
+  pub fn reply(&self, generation: u32, id: u32, payload: &[u8]) -> bool {
+    let relay = self.current.lock().expect("current").clone();
+    match relay {
+      Some(r) if r.generation == generation => r.send(id, payload),
+      _ => false,
+    }
+  }
+
+  /// The live relay's pid, if any.
+  pub fn relay_pid(&self) -> Option<u32> {
+    let relay = self.current.lock().expect("current").clone();
+    relay.filter(|r| r.is_alive()).map(|r| r.pid())
+  }
+
+  /// Stops the relay (if any) and waits until it has ended. Safe at any time.
+  pub async fn stop(&self) {
+    let mut state = self.state.lock().await;
+    self.current.lock().expect("current").take();
+    if let Some((_, relay)) = state.take() {
+      relay.stop().await;
+    }
+  }
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn sessions_have_distinct_owner_only_socket_paths() {
+    let sink: RequestSink = Arc::new(|_, _, _| {});
+    let a = Session::new(sink.clone());
+    let b = Session::new(sink);
+    assert_ne!(a.socket_path(), b.socket_path());
+    assert!(a.socket_path().starts_with(SOCKET_DIR));
+    // sun_path holds 108 bytes.
+    assert!(a.socket_path().len() < 108);
+  }
+}
