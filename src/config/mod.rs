@@ -155,53 +155,31 @@ impl ProviderConfig {
 impl TryFrom<ProviderOptions> for ProviderConfig {
   type Error = SandboxError;
 
-  fn try_from(o: ProviderOptions) -> Result<Self> {
-    let image = typed(o.image, "image", |_| {
+  fn try_from(mut o: ProviderOptions) -> Result<Self> {
+    let image = typed(o.image.take(), "image", |_| {
       "expected a string such as 'python:3.12'".into()
     })?
     .ok_or_else(|| bad("image", "required: the image every sandbox runs"))
     .and_then(|s| validate_image_ref(&s))?;
-    let docker_host = typed(o.docker_host, "dockerHost", |_| {
+    let docker_host = typed(o.docker_host.take(), "dockerHost", |_| {
       "expected a string such as unix:///var/run/docker.sock".into()
     })?
     .map(|s| crate::engine::endpoint::normalize_docker_host(&s, "dockerHost"))
     .transpose()?;
-    let tls = crate::engine::endpoint::parse_tls_option(&o.tls.unwrap_or(Value::Null))?;
-    let namespace = typed(o.namespace, "namespace", |_| {
+    let tls = crate::engine::endpoint::parse_tls_option(&o.tls.take().unwrap_or(Value::Null))?;
+    let namespace = typed(o.namespace.take(), "namespace", |_| {
       "expected a string of [a-z0-9-], 1 to 32 long".into()
     })?
     .map_or_else(
       || Ok(DEFAULT_NAMESPACE.to_string()),
       |s| validate_namespace(&s),
     )?;
-    let exec_timeout_ms = positive_int(
-      "execTimeoutMs",
-      o.exec_timeout_ms,
-      DEFAULT_EXEC_TIMEOUT_MS,
-      MAX_EXEC_TIMEOUT_MS,
-    )?;
-    let file_max_bytes = positive_int(
-      "fileMaxBytes",
-      o.file_max_bytes,
-      DEFAULT_FILE_MAX_BYTES,
-      MAX_BYTES_CAP,
-    )?;
-    let upload_max_bytes = o
-      .upload_max_bytes
-      .map(|v| positive_int("uploadMaxBytes", Some(v), 0, MAX_UPLOAD_CAP))
-      .transpose()?;
-    let max_output_bytes = positive_int(
-      "maxOutputBytes",
-      o.max_output_bytes,
-      DEFAULT_MAX_OUTPUT_BYTES,
-      MAX_BYTES_CAP,
-    )?;
-    if max_output_bytes < 1024 {
-      return Err(bad(
-        "maxOutputBytes",
-        "must be at least 1024 so that head and tail both fit",
-      ));
-    }
+    let Sizes {
+      exec_timeout_ms,
+      file_max_bytes,
+      upload_max_bytes,
+      max_output_bytes,
+    } = Sizes::take(&mut o)?;
     let gpus = o.gpus.map(parse_gpus).transpose()?;
     let gpu_devices = gpus::parse_devices(o.gpu_devices, gpus.as_ref())?;
     let gpu_wait_ms = parse_gpu_wait(o.gpu_wait_ms)?;
@@ -220,15 +198,8 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
     let capabilities = parse_capabilities(o.capabilities)?;
     let no_new_privileges = boolean("noNewPrivileges", o.no_new_privileges, true)?;
     let resources = parse_resources(o.resources)?;
-    let network = typed(o.network, "network", |v| {
-      format!("expected 'bridge', 'none' or a network name, got {v}")
-    })?
-    .map_or_else(|| Ok(DEFAULT_NETWORK.to_string()), |n| validate_network(&n))?;
-    let user = typed(o.user, "user", |v| {
-      format!("expected 'uid:gid' or a user name, got {v}")
-    })?
-    .map(|u| validate_user(&u))
-    .transpose()?;
+    let network = parse_network(o.network)?;
+    let user = parse_user(o.user)?;
     let read_only_rootfs = boolean("readOnlyRootfs", o.read_only_rootfs, false)?;
     let runtime = parse_runtime(o.runtime)?;
     let tenant = parse_tenant(o.tenant_name)?;
@@ -282,6 +253,54 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
       build,
       registry_auth,
       warm_pool_size,
+    })
+  }
+}
+
+/// The time and size limits of calls, checked in the order the options are reported.
+struct Sizes {
+  exec_timeout_ms: u64,
+  file_max_bytes: u64,
+  upload_max_bytes: Option<u64>,
+  max_output_bytes: u64,
+}
+
+impl Sizes {
+  fn take(o: &mut ProviderOptions) -> Result<Self> {
+    let exec_timeout_ms = positive_int(
+      "execTimeoutMs",
+      o.exec_timeout_ms.take(),
+      DEFAULT_EXEC_TIMEOUT_MS,
+      MAX_EXEC_TIMEOUT_MS,
+    )?;
+    let file_max_bytes = positive_int(
+      "fileMaxBytes",
+      o.file_max_bytes.take(),
+      DEFAULT_FILE_MAX_BYTES,
+      MAX_BYTES_CAP,
+    )?;
+    let upload_max_bytes = o
+      .upload_max_bytes
+      .take()
+      .map(|v| positive_int("uploadMaxBytes", Some(v), 0, MAX_UPLOAD_CAP))
+      .transpose()?;
+    let max_output_bytes = positive_int(
+      "maxOutputBytes",
+      o.max_output_bytes.take(),
+      DEFAULT_MAX_OUTPUT_BYTES,
+      MAX_BYTES_CAP,
+    )?;
+    if max_output_bytes < 1024 {
+      return Err(bad(
+        "maxOutputBytes",
+        "must be at least 1024 so that head and tail both fit",
+      ));
+    }
+    Ok(Self {
+      exec_timeout_ms,
+      file_max_bytes,
+      upload_max_bytes,
+      max_output_bytes,
     })
   }
 }
@@ -341,6 +360,21 @@ fn parse_labels(v: StringMap) -> Result<BTreeMap<String, String>> {
     }
   }
   Ok(labels)
+}
+
+fn parse_network(v: Option<Given<String>>) -> Result<String> {
+  typed(v, "network", |v| {
+    format!("expected 'bridge', 'none' or a network name, got {v}")
+  })?
+  .map_or_else(|| Ok(DEFAULT_NETWORK.to_string()), |n| validate_network(&n))
+}
+
+fn parse_user(v: Option<Given<String>>) -> Result<Option<String>> {
+  typed(v, "user", |v| {
+    format!("expected 'uid:gid' or a user name, got {v}")
+  })?
+  .map(|u| validate_user(&u))
+  .transpose()
 }
 
 fn parse_runtime(v: Option<Given<String>>) -> Result<Option<String>> {
@@ -919,9 +953,9 @@ mod tests {
     );
   }
 
-  #[test]
-  fn wrong_types_keep_their_messages() {
-    let cases = [
+  /// Options of the wrong type, with the option and reason each refusal names.
+  fn wrong_type_cases() -> Vec<(Value, &'static str, &'static str)> {
+    vec![
       (
         json!({ "execTimeoutMs": 1.5 }),
         "execTimeoutMs",
@@ -1012,8 +1046,12 @@ mod tests {
         "warmPool.size",
         "expected a whole number from 0 to 64, got 65",
       ),
-    ];
-    for (extra, option, reason) in cases {
+    ]
+  }
+
+  #[test]
+  fn wrong_types_keep_their_messages() {
+    for (extra, option, reason) in wrong_type_cases() {
       let mut v = json!({ "image": "x" });
       for (k, val) in extra.as_object().unwrap() {
         v[k] = val.clone();

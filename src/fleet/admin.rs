@@ -4,15 +4,19 @@
 //! not sandboxes and are left out.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use bollard::models::ContainerSummary;
 use serde::Serialize;
 
 use crate::engine::Engine;
-use crate::sandbox::container;
+use crate::fleet::reaper;
+use crate::gpu::GpuPlacement;
+use crate::sandbox::container::{self, Owned, Placement, Role, Target};
+use crate::sandbox::swap;
 use crate::util::errors::{Result, SandboxError};
-use crate::util::labels;
-use crate::util::labels::{LABEL_POOL, LABEL_TENANT};
+use crate::util::labels::{self, LABEL_TENANT};
+use crate::util::logging::Logger;
 use crate::util::timestamps::parse_time;
 
 /// One sandbox as `ls` shows it.
@@ -37,27 +41,10 @@ pub struct SandboxInfo {
   pub container: String,
 }
 
-fn ours(c: &ContainerSummary, namespace: Option<&str>) -> Option<(String, String, String)> {
-  let labels = c.labels.as_ref()?;
-  if labels.get(labels::LABEL_MANAGED_BY).map(String::as_str) != Some(labels::MANAGED_BY) {
-    return None;
-  }
-  let ns = labels.get(labels::LABEL_NAMESPACE)?;
-  if namespace.is_some_and(|n| n != ns) {
-    return None;
-  }
-  let id = labels.get(labels::LABEL_ID)?;
-  let expected = container::name_for(ns, id).ok()?;
-  let name = c
-    .names
-    .as_ref()?
-    .first()?
-    .trim_start_matches('/')
-    .to_string();
-  if name != expected && name != container::pool_name(&expected) {
-    return None;
-  }
-  Some((ns.clone(), id.clone(), name))
+/// Ours and in `namespace` (any with `None`): a sandbox or an unclaimed pool member.
+fn ours(c: &ContainerSummary, namespace: Option<&str>) -> Option<Owned> {
+  let name = c.names.as_ref()?.first()?;
+  container::owned(name, c.labels.as_ref(), namespace).filter(|o| o.role != Role::SetAside)
 }
 
 async fn list_raw(
@@ -65,13 +52,9 @@ async fn list_raw(
   namespace: Option<&str>,
   size: bool,
 ) -> Result<Vec<ContainerSummary>> {
-  let mut label = vec![format!(
-    "{}={}",
-    labels::LABEL_MANAGED_BY,
-    labels::MANAGED_BY
-  )];
+  let mut label = vec![labels::ours()];
   if let Some(ns) = namespace {
-    label.push(format!("{}={ns}", labels::LABEL_NAMESPACE));
+    label.push(labels::filter(labels::LABEL_NAMESPACE, ns));
   }
   let filters = HashMap::from([("label".to_string(), label)]);
   engine
@@ -84,7 +67,13 @@ pub async fn list(engine: &Engine, namespace: Option<&str>) -> Result<Vec<Sandbo
   let raw = list_raw(engine, namespace, true).await?;
   let mut out = Vec::new();
   for c in raw {
-    let Some((ns, sandbox_id, name)) = ours(&c, namespace) else {
+    let Some(Owned {
+      namespace: ns,
+      sandbox_id,
+      name,
+      role,
+    }) = ours(&c, namespace)
+    else {
       continue;
     };
     let labels = c.labels.clone().unwrap_or_default();
@@ -117,7 +106,7 @@ pub async fn list(engine: &Engine, namespace: Option<&str>) -> Result<Vec<Sandbo
       last_activity,
       image: c.image.unwrap_or_default(),
       tenant: labels.get(LABEL_TENANT).cloned(),
-      pool_member: labels.contains_key(LABEL_POOL) && name.ends_with("-pool"),
+      pool_member: role == Role::PoolMember,
       size_bytes: c.size_rw,
       container: name,
     });
@@ -139,29 +128,43 @@ pub struct Removal {
   pub outcome: String,
 }
 
-/// Removes the sandboxes with these ids (forced, volumes too), in `namespace` or any namespace.
-/// Containers that are not ours are never touched, whatever their name.
+/// Removes the sandboxes with these ids (forced, volumes too, and what a GPU move left), in
+/// `namespace` or any namespace, through the same placement a provider uses (an exclusive GPU
+/// sandbox goes under the GPU lock). Containers that are not ours are never touched, whatever
+/// their name.
 pub async fn remove(
   engine: &Engine,
   namespace: Option<&str>,
   sandbox_ids: &[String],
 ) -> Result<Vec<Removal>> {
   let raw = list_raw(engine, namespace, false).await?;
+  let placement = GpuPlacement::removal_only();
+  let log = Logger::default();
   let mut out = Vec::new();
   for wanted in sandbox_ids {
     let mut removed = false;
     for c in &raw {
-      let Some((_, id, name)) = ours(c, namespace) else {
+      let (Some(o), Some(container)) = (ours(c, namespace), c.id.as_deref()) else {
         continue;
       };
-      if &id != wanted {
+      if &o.sandbox_id != wanted {
         continue;
       }
-      let Some(container) = c.id.as_deref() else {
-        continue;
+      let labels = c.labels.clone().unwrap_or_default();
+      let target = Target {
+        sandbox_id: o.sandbox_id.clone(),
+        name: o.name.clone(),
+        container_id: container.to_string(),
+        owner: None,
+        tenant: labels.get(labels::LABEL_TENANT).cloned(),
+        exclusive_gpus: labels.contains_key(labels::LABEL_GPUS),
+        saved: swap::saved_of(Some(&labels)),
       };
-      container::forget(engine, name.trim_end_matches("-pool"));
-      removed |= engine.force_remove(container).await?;
+      container::forget(engine, o.name.trim_end_matches("-pool"));
+      if placement.remove(engine, &target, true, &log).await? {
+        swap::remove_saved(engine, &target.saved, &log).await;
+        removed = true;
+      }
     }
     out.push(Removal {
       sandbox_id: wanted.clone(),
@@ -169,4 +172,33 @@ pub async fn remove(
     });
   }
   Ok(out)
+}
+
+/// Removes the sandboxes stopped for at least `older_than`, in `namespace` or in every
+/// namespace that has sandboxes; their ids.
+pub async fn remove_stopped(
+  engine: &Engine,
+  namespace: Option<&str>,
+  older_than: Duration,
+) -> Result<Vec<String>> {
+  let namespaces = match namespace {
+    Some(n) => vec![n.to_string()],
+    None => {
+      let mut all: Vec<String> = list(engine, None)
+        .await?
+        .into_iter()
+        .map(|s| s.namespace)
+        .collect();
+      all.sort();
+      all.dedup();
+      all
+    }
+  };
+  let placement = GpuPlacement::removal_only();
+  let log = Logger::default();
+  let mut removed = Vec::new();
+  for n in namespaces {
+    removed.extend(reaper::reap(engine, &n, older_than, false, &placement, &log).await?);
+  }
+  Ok(removed)
 }

@@ -7,13 +7,13 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use bollard::models::ContainerSummaryStateEnum;
+use bollard::models::{ContainerSummary, ContainerSummaryStateEnum};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::config::ProviderConfig;
 use crate::engine::Engine;
-use crate::sandbox::container::{self, Scope, Target};
+use crate::sandbox::container::{self, Role, Scope, Target};
 use crate::util::errors::Result;
 use crate::util::labels;
 use crate::util::labels::LABEL_POOL;
@@ -64,11 +64,22 @@ fn list_filters(scope: &Scope, fp: &str) -> HashMap<String, Vec<String>> {
   HashMap::from([(
     "label".to_string(),
     vec![
-      format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
-      format!("{}={}", labels::LABEL_NAMESPACE, scope.namespace),
-      format!("{LABEL_POOL}={fp}"),
+      labels::ours(),
+      labels::filter(labels::LABEL_NAMESPACE, &scope.namespace),
+      labels::filter(LABEL_POOL, fp),
     ],
   )])
+}
+
+/// A container's id and sandbox id when it is an unclaimed member of ours for `scope` (its name,
+/// labels and tenant all say so).
+fn member(c: &ContainerSummary, scope: &Scope) -> Option<(String, String)> {
+  let name = c.names.as_ref()?.first()?;
+  let o = container::owned(name, c.labels.as_ref(), Some(&scope.namespace))?;
+  let tenant = c.labels.as_ref()?.get(labels::LABEL_TENANT);
+  (o.role == Role::PoolMember && tenant == scope.tenant.as_ref())
+    .then(|| (c.id.clone(), o.sandbox_id))
+    .and_then(|(id, s)| Some((id?, s)))
 }
 
 /// Takes one running member, if any. Returns the claimed sandbox.
@@ -79,27 +90,12 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
     .list_containers("list pool members", false, false, filters)
     .await?;
   for c in list {
-    let (Some(id), Some(labels)) = (c.id, c.labels) else {
+    let Some((id, sandbox_id)) = member(&c, scope) else {
       continue;
     };
-    let Some(sandbox_id) = labels.get(labels::LABEL_ID) else {
+    let Ok(final_name) = container::name_for(&scope.namespace, &sandbox_id) else {
       continue;
     };
-    let Ok(final_name) = container::name_for(&scope.namespace, sandbox_id) else {
-      continue;
-    };
-    let current = c
-      .names
-      .unwrap_or_default()
-      .into_iter()
-      .next()
-      .unwrap_or_default();
-    if current.trim_start_matches('/') != container::pool_name(&final_name) {
-      continue;
-    }
-    if labels.get(labels::LABEL_TENANT) != scope.tenant.as_ref() {
-      continue;
-    }
     // Not retried: a second attempt could "win" a member the first already took.
     if engine
       .rename_container("claim a pool member", &id, &final_name)
@@ -126,7 +122,7 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
         exclusive_gpus: false,
         saved: Default::default(),
       },
-      None => container::resolve(engine, scope, sandbox_id).await?,
+      None => container::resolve(engine, scope, &sandbox_id).await?,
     };
     container::remember(engine, &target);
     return Ok(Some(target));
@@ -178,12 +174,7 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
           .await?;
         let mut running = 0usize;
         for c in list {
-          let pooled = c
-            .names
-            .unwrap_or_default()
-            .iter()
-            .any(|n| n.ends_with("-pool"));
-          if !pooled {
+          if member(&c, &scope).is_none() {
             continue;
           }
           match c.state {
@@ -192,7 +183,7 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
             // this or another process) is left alone.
             Some(ContainerSummaryStateEnum::EXITED | ContainerSummaryStateEnum::DEAD) => {
               if let Some(id) = c.id {
-                let _ = &engine.force_remove(&id).await;
+                let _ = engine.force_remove(&id).await;
               }
             }
             _ => {}

@@ -10,11 +10,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
+use bollard::models::ContainerSummary;
+
 use crate::engine::Engine;
+use crate::gpu::GpuPlacement;
+use crate::sandbox::container::{self, Owned, Placement, Role, Target};
+use crate::sandbox::swap;
 use crate::util::errors::Result;
-use crate::util::labels;
-use crate::util::labels::LABEL_PROBE;
+use crate::util::labels::{self, LABEL_PROBE};
 use crate::util::logging::Logger;
+use crate::util::timestamps::parse_time;
 
 /// How often the background reaper runs.
 pub const REAP_PERIOD: Duration = Duration::from_secs(60);
@@ -29,30 +34,28 @@ fn now_secs() -> u64 {
 }
 
 /// Removes this namespace's sandboxes that have been stopped for at least `older_than`
-/// (created-but-never-started ones count from creation). Returns the sandbox ids removed (or,
-/// with `dry_run`, that would be).
+/// (created-but-never-started ones count from creation), through `placement` (so an exclusive
+/// GPU sandbox goes under the GPU lock, never in the middle of a move). Returns the sandbox ids
+/// removed (or, with `dry_run`, that would be).
 pub async fn reap(
   engine: &Engine,
   namespace: &str,
   older_than: Duration,
   dry_run: bool,
+  placement: &dyn Placement,
   log: &Logger,
 ) -> Result<Vec<String>> {
   let filters = HashMap::from([
     (
       "label".to_string(),
       vec![
-        format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
-        format!("{}={namespace}", labels::LABEL_NAMESPACE),
+        labels::ours(),
+        labels::filter(labels::LABEL_NAMESPACE, namespace),
       ],
     ),
     (
       "status".to_string(),
-      vec![
-        "exited".to_string(),
-        "created".to_string(),
-        "dead".to_string(),
-      ],
+      vec!["exited".into(), "created".into(), "dead".into()],
     ),
   ]);
   let list = engine
@@ -61,77 +64,106 @@ pub async fn reap(
   let now = now_secs();
   let mut removed = Vec::new();
   for c in list {
-    let Some(id) = c.id else { continue };
-    let labels = c.labels.unwrap_or_default();
-    // Belt and braces: the filter already says so, but never act on a container without both.
-    if labels.get(labels::LABEL_MANAGED_BY).map(String::as_str) != Some(labels::MANAGED_BY)
-      || labels.get(labels::LABEL_NAMESPACE).map(String::as_str) != Some(namespace)
-    {
-      continue;
-    }
-    let Some(info) = engine
-      .inspect_container("inspect a stopped sandbox", &id)
-      .await?
-    else {
+    let Some(found) = stale(engine, &c, namespace, now, older_than).await? else {
       continue;
     };
-    let state = info.state.unwrap_or_default();
-    if state.running == Some(true) || state.restarting == Some(true) || state.paused == Some(true) {
+    if !dry_run && !remove_stale(engine, &found, placement, log).await? {
       continue;
     }
-    let since = state
-      .finished_at
-      .as_deref()
-      .and_then(crate::util::timestamps::parse_time)
-      .or_else(|| {
-        info
-          .created
-          .as_deref()
-          .and_then(crate::util::timestamps::parse_time)
-      });
-    let Some(since) = since else { continue };
-    if now.saturating_sub(since) < older_than.as_secs() {
-      continue;
-    }
-    let sandbox_id = labels
-      .get(labels::LABEL_ID)
-      .cloned()
-      .unwrap_or_else(|| id.clone());
-    if !dry_run {
-      // Not forced: if a call started it again meanwhile, the engine refuses and it stays.
-      if !engine.remove_stopped("remove a stale sandbox", &id).await? {
-        continue;
-      }
-      // A container a move set aside shares its volumes with the sandbox's current one.
-      let set_aside = info.name.as_deref().is_some_and(|n| {
-        n.ends_with(crate::sandbox::swap::MOVED_SUFFIX)
-          || n.ends_with(crate::sandbox::swap::MOVING_SUFFIX)
-      });
-      if !set_aside {
-        crate::sandbox::swap::remove_saved(
-          engine,
-          &crate::sandbox::swap::saved_of(Some(&labels)),
-          log,
-        )
-        .await;
-      }
-      if let Ok(name) = crate::sandbox::container::name_for(namespace, &sandbox_id) {
-        crate::sandbox::container::forget(engine, &name);
-      }
-      log.info(
-        "removed stale sandbox",
-        json!({ "sandboxId": sandbox_id, "stoppedSeconds": now.saturating_sub(since) }),
-      );
-    }
-    removed.push(sandbox_id);
+    removed.push(found.owned.sandbox_id);
   }
   if !dry_run {
     reap_probes(engine, now).await;
-    crate::sandbox::swap::sweep_saved_images(engine, now).await;
+    swap::sweep_saved_images(engine, now).await;
     // Best effort, like the probes: a lease left by a failed or crashed fetch long ago.
     let _ = crate::images::work::reap_forgotten(engine).await;
   }
   Ok(removed)
+}
+
+/// A sandbox container found stale.
+struct Stale {
+  owned: Owned,
+  container_id: String,
+  labels: HashMap<String, String>,
+  stopped_secs: u64,
+}
+
+/// `Some` when `c` is a container of ours in `namespace` (by name *and* labels: forged labels
+/// and committed copies are not), stopped for at least `older_than`.
+async fn stale(
+  engine: &Engine,
+  c: &ContainerSummary,
+  namespace: &str,
+  now: u64,
+  older_than: Duration,
+) -> Result<Option<Stale>> {
+  let (Some(id), Some(name)) = (c.id.as_deref(), c.names.as_ref().and_then(|n| n.first())) else {
+    return Ok(None);
+  };
+  let Some(owned) = container::owned(name, c.labels.as_ref(), Some(namespace)) else {
+    return Ok(None);
+  };
+  let Some(info) = engine
+    .inspect_container("inspect a stopped sandbox", id)
+    .await?
+  else {
+    return Ok(None);
+  };
+  let state = info.state.unwrap_or_default();
+  if state.running == Some(true) || state.restarting == Some(true) || state.paused == Some(true) {
+    return Ok(None);
+  }
+  let since = state
+    .finished_at
+    .as_deref()
+    .and_then(parse_time)
+    .or_else(|| info.created.as_deref().and_then(parse_time));
+  let Some(since) = since else { return Ok(None) };
+  let stopped_secs = now.saturating_sub(since);
+  if stopped_secs < older_than.as_secs() {
+    return Ok(None);
+  }
+  Ok(Some(Stale {
+    owned,
+    container_id: id.to_string(),
+    labels: c.labels.clone().unwrap_or_default(),
+    stopped_secs,
+  }))
+}
+
+/// Removes a stale container (not forced: if a call started it again meanwhile, the engine
+/// refuses and it stays) with what it holds; `false` when it stayed.
+async fn remove_stale(
+  engine: &Engine,
+  s: &Stale,
+  placement: &dyn Placement,
+  log: &Logger,
+) -> Result<bool> {
+  let target = Target {
+    sandbox_id: s.owned.sandbox_id.clone(),
+    name: s.owned.name.clone(),
+    container_id: s.container_id.clone(),
+    owner: None,
+    tenant: s.labels.get(labels::LABEL_TENANT).cloned(),
+    exclusive_gpus: s.labels.contains_key(labels::LABEL_GPUS),
+    saved: swap::saved_of(Some(&s.labels)),
+  };
+  if !placement.remove(engine, &target, false, log).await? {
+    return Ok(false);
+  }
+  // A container a move set aside shares its volumes with the sandbox's current one.
+  if s.owned.role != Role::SetAside {
+    swap::remove_saved(engine, &target.saved, log).await;
+  }
+  if let Ok(name) = container::name_for(&s.owned.namespace, &s.owned.sandbox_id) {
+    container::forget(engine, &name);
+  }
+  log.info(
+    "removed stale sandbox",
+    json!({ "sandboxId": s.owned.sandbox_id, "stoppedSeconds": s.stopped_secs }),
+  );
+  Ok(true)
 }
 
 /// The standalone reaper (the `reap` command): resolves the engine and the interval as a
@@ -157,16 +189,14 @@ pub async fn reap_standalone(
     &namespace,
     Duration::from_secs(secs),
     dry_run,
+    &GpuPlacement::removal_only(),
     &Logger::default(),
   )
   .await
 }
 
 async fn reap_probes(engine: &Engine, now: u64) {
-  let labels = vec![
-    format!("{}={}", labels::LABEL_MANAGED_BY, labels::MANAGED_BY),
-    format!("{LABEL_PROBE}=1"),
-  ];
+  let labels = vec![labels::ours(), labels::filter(LABEL_PROBE, "1")];
   let Ok(list) = engine.list_labelled("list probe containers", labels).await else {
     return;
   };
@@ -202,7 +232,13 @@ impl State {
 
 /// Joins (or starts) the background reaper for this engine and namespace. It ends when the
 /// last lease is dropped or the engine's background work is stopped.
-pub fn lease(engine: &Engine, namespace: &str, older_than: Duration, log: &Logger) -> Arc<Lease> {
+pub fn lease(
+  engine: &Engine,
+  namespace: &str,
+  older_than: Duration,
+  placement: Arc<dyn Placement>,
+  log: &Logger,
+) -> Arc<Lease> {
   let state = engine.shared.state::<State>();
   let mut map = state.leases.lock().expect("leases");
   if let Some(l) = map.get(namespace).and_then(Weak::upgrade) {
@@ -215,7 +251,16 @@ pub fn lease(engine: &Engine, namespace: &str, older_than: Duration, log: &Logge
   engine.shared.background.spawn_cancellable(async move {
     let engine = task_engine;
     while weak.upgrade().is_some() {
-      if let Err(e) = reap(&engine, &namespace, older_than, false, &log).await {
+      if let Err(e) = reap(
+        &engine,
+        &namespace,
+        older_than,
+        false,
+        placement.as_ref(),
+        &log,
+      )
+      .await
+      {
         log.warn(
           "background reaper failed; it will try again",
           json!({ "error": e.to_string() }),

@@ -1,5 +1,5 @@
 //! The napi functions behind the `ls`, `rm` and `doctor` commands. Conversion only: the work is
-//! in `admin`, `endpoint` and `client`.
+//! in `fleet::admin` and `engine`.
 
 use std::time::Duration;
 
@@ -13,7 +13,6 @@ use crate::config;
 use crate::engine::{self, Engine};
 use crate::napi::js::{promise, to_js};
 use crate::util::errors::SandboxError;
-use crate::util::logging::Logger;
 
 /// Which engine and which sandboxes a command is about.
 #[napi(object)]
@@ -83,27 +82,7 @@ pub fn remove_stopped_sandboxes(
     let secs =
       config::minutes("olderThanMinutes", older_than_minutes.map(Value::from), 0.0)?.unwrap_or(0);
     let e = engine(&options).await?;
-    let namespaces = match ns {
-      Some(n) => vec![n],
-      None => {
-        let mut all: Vec<String> = crate::fleet::admin::list(&e, None)
-          .await?
-          .into_iter()
-          .map(|s| s.namespace)
-          .collect();
-        all.sort();
-        all.dedup();
-        all
-      }
-    };
-    let mut removed = Vec::new();
-    for n in namespaces {
-      removed.extend(
-        crate::fleet::reaper::reap(&e, &n, Duration::from_secs(secs), false, &Logger::default())
-          .await?,
-      );
-    }
-    Ok(removed)
+    crate::fleet::admin::remove_stopped(&e, ns.as_deref(), Duration::from_secs(secs)).await
   })
 }
 

@@ -133,6 +133,7 @@ impl Provider {
             &engine,
             &self.cfg.namespace,
             Duration::from_secs(older_than),
+            self.placement.clone(),
             &self.log,
           ));
         }
@@ -219,6 +220,7 @@ impl Provider {
       &self.cfg.namespace,
       Duration::from_secs(secs),
       false,
+      self.placement.as_ref(),
       &self.log,
     )
     .await

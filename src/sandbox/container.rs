@@ -314,6 +314,62 @@ pub fn pool_name(final_name: &str) -> String {
   format!("{final_name}-pool")
 }
 
+/// What a container of ours is, told by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+  /// The sandbox's container, under the name its id derives from.
+  Sandbox,
+  /// An unclaimed warm-pool member (`<name>-pool`).
+  PoolMember,
+  /// Left under `<name>.gpu-move` or `<name>.gpu-moved` by a GPU move; it shares its volumes
+  /// with the sandbox's current container.
+  SetAside,
+}
+
+/// A container that is ours: its labels say so (managed-by, namespace, a well-formed id) *and*
+/// its name is one its id and namespace derive. Forged labels, or a container made from a
+/// commit of a sandbox (it inherits the labels, not the name), are not ours.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owned {
+  pub namespace: String,
+  pub sandbox_id: String,
+  /// The container's name, without the engine's leading `/`.
+  pub name: String,
+  pub role: Role,
+}
+
+/// `Some` when the container named `name` (with or without the engine's `/`) carrying
+/// `labels` is ours, in `namespace` when one is given.
+pub fn owned(
+  name: &str,
+  labels: Option<&HashMap<String, String>>,
+  namespace: Option<&str>,
+) -> Option<Owned> {
+  let labels = labels?;
+  if !labels::managed(Some(labels)) {
+    return None;
+  }
+  let ns = labels.get(labels::LABEL_NAMESPACE)?;
+  if namespace.is_some_and(|n| n != ns) {
+    return None;
+  }
+  let sandbox_id = labels.get(labels::LABEL_ID)?;
+  let derived = name_for(ns, sandbox_id).ok()?;
+  let name = name.trim_start_matches('/');
+  let role = match name.strip_prefix(derived.as_str())? {
+    "" => Role::Sandbox,
+    "-pool" if labels.contains_key(labels::LABEL_POOL) => Role::PoolMember,
+    s if s == swap::MOVED_SUFFIX || s == swap::MOVING_SUFFIX => Role::SetAside,
+    _ => return None,
+  };
+  Some(Owned {
+    namespace: ns.clone(),
+    sandbox_id: sandbox_id.clone(),
+    name: name.to_string(),
+    role,
+  })
+}
+
 /// Removes one sandbox; a sandbox that is already gone (or was never ours) is not an error.
 pub async fn remove(
   engine: &Engine,
@@ -336,4 +392,45 @@ pub async fn remove(
     }
   }
   Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn only_derived_names_with_our_labels_are_ours() {
+    let id = "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV";
+    let name = name_for("ns", id).unwrap();
+    let mut l = HashMap::from([
+      (
+        labels::LABEL_MANAGED_BY.to_string(),
+        labels::MANAGED_BY.to_string(),
+      ),
+      (labels::LABEL_NAMESPACE.to_string(), "ns".to_string()),
+      (labels::LABEL_ID.to_string(), id.to_string()),
+    ]);
+    let o = owned(&format!("/{name}"), Some(&l), Some("ns")).unwrap();
+    assert_eq!((o.role, o.sandbox_id.as_str()), (Role::Sandbox, id));
+    assert_eq!(
+      owned(&format!("{name}.gpu-moved"), Some(&l), None).map(|o| o.role),
+      Some(Role::SetAside)
+    );
+    // Another namespace, another name, a committed copy's random name, no pool label.
+    assert!(owned(&name, Some(&l), Some("other")).is_none());
+    assert!(owned("forged-name", Some(&l), None).is_none());
+    assert!(owned(&format!("{name}x"), Some(&l), None).is_none());
+    assert!(owned(&format!("{name}-pool"), Some(&l), None).is_none());
+    l.insert(labels::LABEL_POOL.to_string(), "fp".to_string());
+    assert_eq!(
+      owned(&format!("{name}-pool"), Some(&l), None).map(|o| o.role),
+      Some(Role::PoolMember)
+    );
+    // The labels must say the same namespace and id the name derives from.
+    l.insert(labels::LABEL_NAMESPACE.to_string(), "other".to_string());
+    assert!(owned(&name, Some(&l), None).is_none());
+    l.remove(labels::LABEL_MANAGED_BY);
+    assert!(owned(&name, Some(&l), None).is_none());
+    assert!(owned(&name, None, None).is_none());
+  }
 }

@@ -85,36 +85,11 @@ async fn create_inner(
     podman_adjust(cfg, image_user.as_deref(), &mut body)?;
   }
   // Not retried: a create that reached the engine would collide with its own name.
-  let created = engine
+  let container_id = match engine
     .create_container("create the sandbox container", Some(&name), body)
     .await
-    .map_err(|e| match e {
-      SandboxError::Engine {
-        status: 404,
-        detail,
-        ..
-      } if detail.contains("image") => SandboxError::ImageNotAvailable {
-        image: image.to_string(),
-        reason: format!(
-          "{detail}; call buildImage() and wait until getImageBuildStatus() says ready"
-        ),
-      },
-      SandboxError::Engine { detail, .. } if detail.contains("runtime") => {
-        SandboxError::CreateFailed {
-          step: "create the container".into(),
-          detail: format!(
-            "{detail}; the `runtime` option names a runtime this engine does not have"
-          ),
-        }
-      }
-      SandboxError::Engine { detail, .. } => SandboxError::CreateFailed {
-        step: "create the container".into(),
-        detail,
-      },
-      other => other,
-    });
-  let created = match created {
-    Ok(c) => c,
+  {
+    Ok(id) => id,
     Err(e) => {
       // No answer does not mean nothing happened: a hung engine may still run the buffered
       // request once it wakes. Remove the container by name when it does.
@@ -124,58 +99,16 @@ async fn create_inner(
       ) {
         remove_later(engine, &name, log);
       }
-      return Err(e);
+      return Err(create_failed(e, image));
     }
   };
-  let container_id = created;
-  let finish = async {
-    let info = engine
-      .inspect_container("inspect the new sandbox", &container_id)
-      .await?
-      .ok_or_else(|| SandboxError::CreateFailed {
-        step: "inspect the new container".into(),
-        detail: "it was removed while it was being made".into(),
-      })?;
-    let user = info
-      .config
-      .as_ref()
-      .and_then(|c| c.user.clone())
-      .filter(|u| !u.is_empty());
-    let owner = resolve_owner(engine, &container_id, user.as_deref()).await?;
-    // With a read-only root the volumes at /workspace and /trueforge take the entries.
-    let mut dirs: Vec<String> = layout::LAYOUT_DIRS
-      .iter()
-      .filter(|d| !cfg.read_only_rootfs || **d != layout::LAYOUT_ROOT)
-      .map(|d| d.to_string())
-      .collect();
-    if !cfg.read_only_rootfs {
-      dirs.push(ids::WORKSPACE_ROOT.to_string());
-    }
-    dirs.push(sandbox_id.clone());
-    transfer::make_layout(engine, &container_id, &dirs, owner, cfg.read_only_rootfs)
-      .await
-      .map_err(|e| step_failed("create the sandbox layout", e))?;
-    let started = engine
-      .start_container("start the sandbox container", &container_id)
-      .await
-      .map_err(|e| step_failed("start the container", e))?;
-    if !started {
-      return Err(SandboxError::CreateFailed {
-        step: "start the container".into(),
-        detail: "it was removed while it was being made".into(),
-      });
-    }
-    Ok::<_, SandboxError>(Target {
-      sandbox_id: sandbox_id.clone(),
-      name: name.clone(),
-      container_id: container_id.clone(),
-      owner,
-      tenant: cfg.tenant.clone(),
-      exclusive_gpus: gpus_picked.is_some(),
-      saved: Default::default(),
-    })
+  let made = Made {
+    sandbox_id: &sandbox_id,
+    name: &name,
+    container_id: &container_id,
+    exclusive_gpus: gpus_picked.is_some(),
   };
-  match finish.await {
+  match finish(engine, cfg, &made).await {
     Ok(t) => {
       // A pool member is nobody's until claimed (the claim caches it under its final name).
       if pool.is_none() {
@@ -188,15 +121,118 @@ async fn create_inner(
       Ok(t)
     }
     Err(e) => {
-      log.warn(
-        "sandbox creation failed; removing its container",
-        json!({ "container": name, "error": e.to_string() }),
-      );
-      if engine.force_remove(&container_id).await.is_err() {
-        remove_later(engine, &container_id, log);
-      }
+      clean_up(engine, &name, &container_id, &e, log).await;
       Err(e)
     }
+  }
+}
+
+/// What the engine says about a failed create, as the caller's error: an absent image is
+/// `ImageNotAvailable` (the caller pulls or builds it), a missing runtime says so.
+fn create_failed(e: SandboxError, image: &str) -> SandboxError {
+  match e {
+    SandboxError::Engine {
+      status: 404,
+      detail,
+      ..
+    } if detail.contains("image") => SandboxError::ImageNotAvailable {
+      image: image.to_string(),
+      reason: format!(
+        "{detail}; call buildImage() and wait until getImageBuildStatus() says ready"
+      ),
+    },
+    SandboxError::Engine { detail, .. } if detail.contains("runtime") => {
+      SandboxError::CreateFailed {
+        step: "create the container".into(),
+        detail: format!("{detail}; the `runtime` option names a runtime this engine does not have"),
+      }
+    }
+    SandboxError::Engine { detail, .. } => SandboxError::CreateFailed {
+      step: "create the container".into(),
+      detail,
+    },
+    other => other,
+  }
+}
+
+/// A container just created for a sandbox.
+struct Made<'a> {
+  sandbox_id: &'a str,
+  name: &'a str,
+  container_id: &'a str,
+  exclusive_gpus: bool,
+}
+
+/// Lays out and starts a created container: who owns its files, the layout, the start.
+async fn finish(engine: &Engine, cfg: &ProviderConfig, made: &Made<'_>) -> Result<Target> {
+  let info = engine
+    .inspect_container("inspect the new sandbox", made.container_id)
+    .await?
+    .ok_or_else(|| SandboxError::CreateFailed {
+      step: "inspect the new container".into(),
+      detail: "it was removed while it was being made".into(),
+    })?;
+  let user = info
+    .config
+    .as_ref()
+    .and_then(|c| c.user.clone())
+    .filter(|u| !u.is_empty());
+  let owner = resolve_owner(engine, made.container_id, user.as_deref()).await?;
+  let dirs = layout_dirs(made.sandbox_id, cfg.read_only_rootfs);
+  transfer::make_layout(
+    engine,
+    made.container_id,
+    &dirs,
+    owner,
+    cfg.read_only_rootfs,
+  )
+  .await
+  .map_err(|e| step_failed("create the sandbox layout", e))?;
+  let started = engine
+    .start_container("start the sandbox container", made.container_id)
+    .await
+    .map_err(|e| step_failed("start the container", e))?;
+  if !started {
+    return Err(SandboxError::CreateFailed {
+      step: "start the container".into(),
+      detail: "it was removed while it was being made".into(),
+    });
+  }
+  Ok(Target {
+    sandbox_id: made.sandbox_id.to_string(),
+    name: made.name.to_string(),
+    container_id: made.container_id.to_string(),
+    owner,
+    tenant: cfg.tenant.clone(),
+    exclusive_gpus: made.exclusive_gpus,
+    saved: Default::default(),
+  })
+}
+
+/// The directories a new sandbox gets: the layout and its root. With a read-only root the
+/// volumes at /workspace and /trueforge take the entries.
+fn layout_dirs(sandbox_id: &str, read_only_rootfs: bool) -> Vec<String> {
+  let mut dirs: Vec<String> = layout::LAYOUT_DIRS
+    .iter()
+    .filter(|d| !read_only_rootfs || **d != layout::LAYOUT_ROOT)
+    .map(|d| d.to_string())
+    .collect();
+  if !read_only_rootfs {
+    dirs.push(ids::WORKSPACE_ROOT.to_string());
+  }
+  dirs.push(sandbox_id.to_string());
+  dirs
+}
+
+/// Removes a container whose making failed (now, or in the background when the engine does
+/// not answer).
+async fn clean_up(engine: &Engine, name: &str, container_id: &str, e: &SandboxError, log: &Logger) {
+  log.warn(
+    "sandbox creation failed; removing its container",
+    json!({ "container": name, "error": e.to_string() }),
+  );
+  if engine.force_remove(container_id).await.is_err() {
+    remove_later(engine, container_id, log);
   }
 }
 

@@ -191,25 +191,7 @@ async fn start(
         e,
         SandboxError::EngineTimeout { .. } | SandboxError::EngineUnreachable { .. }
       ) {
-        // On dispose one last kill is tried within ENGINE_GRACE (dispose awaits it); a command
-        // that starts even later is left to the sandbox's own limits and idle stop.
-        let (task_engine, container, token) =
-          (engine.clone(), container.to_string(), token.to_string());
-        engine.shared.background.spawn(|stop| async move {
-          let engine = task_engine;
-          let killing = async {
-            for _ in 0..2 {
-              let _ = kill_tree(&engine, &container, None, &token, Duration::from_secs(600)).await;
-              tokio::time::sleep(ENGINE_GRACE).await;
-            }
-          };
-          tokio::select! {
-            _ = killing => {}
-            _ = stop.cancelled() => {
-              let _ = kill_tree(&engine, &container, None, &token, ENGINE_GRACE).await;
-            }
-          }
-        });
+        kill_when_answered(engine, container, token);
       }
       return Err(StartError::from_engine(e));
     }
@@ -247,6 +229,28 @@ async fn start(
     deadline,
     timed_out,
   })
+}
+
+/// Kills, in the background, whatever carries `token` once the engine answers again. On
+/// dispose one last kill is tried within ENGINE_GRACE (dispose awaits it); a command that
+/// starts even later is left to the sandbox's own limits and idle stop.
+fn kill_when_answered(engine: &Engine, container: &str, token: &str) {
+  let (task_engine, container, token) = (engine.clone(), container.to_string(), token.to_string());
+  engine.shared.background.spawn(|stop| async move {
+    let engine = task_engine;
+    let killing = async {
+      for _ in 0..2 {
+        let _ = kill_tree(&engine, &container, None, &token, Duration::from_secs(600)).await;
+        tokio::time::sleep(ENGINE_GRACE).await;
+      }
+    };
+    tokio::select! {
+      _ = killing => {}
+      _ = stop.cancelled() => {
+        let _ = kill_tree(&engine, &container, None, &token, ENGINE_GRACE).await;
+      }
+    }
+  });
 }
 
 /// Everything after the start. Its errors are never `StartError`s: the command may have run,
