@@ -5,7 +5,7 @@
 // it is checked in validate.js, and the binding's coded errors become the contract's classes (the
 // host's own when injected) in errors.js.
 
-const { NativeProvider, reapSandboxes: nativeReap, engineStats: nativeEngineStats } = require('./loader.js')
+const { NativeProvider } = require('./loader.js')
 const {
   SandboxError,
   SandboxNotAvailableError,
@@ -26,6 +26,7 @@ const {
 const { unrepresentable, pickErrors, pickLogger, execParamsError, requireStrings } = require('./validate.js')
 const { DockerCodeModeTransport } = require('./transport.js')
 const { fromTrueForgeManifest } = require('./trueforge.js')
+const { reapSandboxes, engineStats, shapeBuild, forward } = require('./standalone.js')
 
 /** @typedef {import('./index.d.ts').ExecResult} ExecResult */
 /** @typedef {import('./index.d.ts').SandboxBuild} SandboxBuild */
@@ -180,58 +181,6 @@ class DockerSandboxProvider {
   #call(fn) {
     return translated(fn, this.#errors)
   }
-}
-
-/**
- * @param {import('./binding').NativeBuild} b
- * @returns {SandboxBuild}
- */
-function shapeBuild(b) {
-  return {
-    status: /** @type {SandboxBuild['status']} */ (b.status),
-    reason: b.reason ?? null,
-    metadata: b.metadata ?? null,
-  }
-}
-
-function forward(logger, line) {
-  let ev
-  try {
-    ev = JSON.parse(line)
-  } catch {
-    return
-  }
-  const fn = logger[ev.level] ?? logger.info
-  if (typeof fn !== 'function') return
-  try {
-    fn.call(logger, ev.message, ev.meta)
-  } catch {
-    // A throwing logger must not break the provider.
-  }
-}
-
-/**
- * Removes sandboxes of one namespace that have been stopped for longer than `olderThanMinutes`
- * (default 7200), without a provider: what the `reap` command runs.
- */
-async function reapSandboxes(options = {}) {
-  const removed = await translated(() =>
-    nativeReap({
-      namespace: options.namespace,
-      dockerHost: options.dockerHost,
-      olderThanMinutes: options.olderThanMinutes,
-      dryRun: options.dryRun,
-    }),
-  )
-  return { removed }
-}
-
-/**
- * Counts of what this process holds for one engine (background tasks, lock and cache entries),
- * for tests and diagnostics; null when the process has not connected to that engine.
- */
-function engineStats(dockerHost) {
-  return nativeEngineStats(dockerHost ?? null)
 }
 
 // Listed name by name (not spread) so that ESM importers see every export statically.

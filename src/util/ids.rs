@@ -11,7 +11,6 @@ pub const WORKSPACE_ROOT: &str = "/workspace";
 const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 const ULID_LEN: usize = 26;
 
-/// A new ULID: 48 bits of milliseconds then 80 random bits, Crockford base32.
 /// `host:pid`: this process, as the holder of a lock or a lease other processes can see.
 pub fn holder() -> String {
   let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -23,6 +22,7 @@ pub fn holder() -> String {
   format!("{host}:{}", std::process::id())
 }
 
+/// A new ULID: 48 bits of milliseconds then 80 random bits, Crockford base32.
 pub fn new_ulid() -> String {
   let ms = SystemTime::now()
     .duration_since(UNIX_EPOCH)
