@@ -107,7 +107,7 @@ export function cleanupNamespace(namespace: string): void {
 }
 
 /**
- * Removes the image-work leases (containers named after an image, see src/imagework.rs) of the
+ * Removes the image-work leases (containers named after an image, see src/images/work.rs) of the
  * images `which` selects: a failed pull leaves one on purpose, so other server processes see why.
  */
 export function removeImageWorkLeases(which: (image: string) => boolean): void {

@@ -18,7 +18,7 @@ jest.setTimeout(120_000)
 
 const namespace = uniqueNamespace('t-img-shared')
 const images = new ImageTracker(namespace)
-/** The lease's silence limit (src/imagework.rs STALE_AFTER) plus room for polling and load. */
+/** The lease's silence limit (src/images/work.rs STALE_AFTER) plus room for polling and load. */
 const DEAD_WITHIN_MS = 12_000 + 10_000
 
 let server: Server
