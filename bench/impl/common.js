@@ -15,13 +15,13 @@ const IMAGE = process.env.BENCH_IMAGE || 'trueforge-sandbox-busybox:1'
 // whose default bridge is unusable.
 const NETWORK = process.env.BENCH_NETWORK || ''
 
-// The addon's own container main process, INIT_SCRIPT in src/lifecycle.rs, read from there so a
+// The addon's own container main process, INIT_SCRIPT in src/sandbox/body.rs, read from there so a
 // change to it reaches the other implementations too (a copy here once went stale). It exits at
 // once on SIGTERM, so removals are fast. Its arguments are the idle stop in seconds and the check
 // interval: 0, never, because the others have no activity file to keep them alive. The addon
 // mounts a volume at /trueforge; without that directory the script's first write to it would end
 // the shell, so the others make it first.
-const KEEPALIVE_SCRIPT = `mkdir -p /trueforge\n${initScript(path.resolve(__dirname, '..', '..', 'src', 'lifecycle.rs'))}`
+const KEEPALIVE_SCRIPT = `mkdir -p /trueforge\n${initScript(path.resolve(__dirname, '..', '..', 'src', 'sandbox', 'body.rs'))}`
 const KEEPALIVE_ARGS = ['trueforge-init', '0', '1']
 const KEEPALIVE_ENTRYPOINT = ['/bin/sh', '-c', KEEPALIVE_SCRIPT, ...KEEPALIVE_ARGS]
 
