@@ -6,7 +6,7 @@
 // network's gateway — are Docker's spellings and do not apply to Podman).
 
 import { DockerSandboxProvider } from '../..'
-import { TRUEFORGE, BUSYBOX, containersInNamespace, DEBIAN, docker, ok, rejection, run, SandboxTracker, sleep, uniqueNamespace } from '../helpers'
+import { TRUEFORGE, BUSYBOX, containerNameFor, containersInNamespace, DEBIAN, docker, ok, rejection, run, SandboxTracker, sleep, uniqueNamespace } from '../helpers'
 
 const onPodman = /podman\.sock$/.test(process.env.DOCKER_HOST ?? '')
 const suite = onPodman ? describe : describe.skip
@@ -103,5 +103,34 @@ suite('on Podman (skipped unless DOCKER_HOST is the Podman test socket: npm run 
     const id = await tracker.create(p)
     expect((await run(p, id, 'touch /etc/x')).exitCode).not.toBe(0)
     expect(await ok(p, id, 'echo w > f && cat f && touch /trueforge/uploads/u /tmp/t && echo ok')).toBe('w\nok\n')
+  })
+
+  test('Code Mode on a stopped sandbox starts it first (Podman refuses an exec there with a 500, not a 409)', async () => {
+    const p = provider({ image: DEBIAN })
+    const id = await tracker.create(p)
+    const install = p.createCodeModeTransport().getClientInstall({ sandboxId: id })
+    const dir = install.remotePath.replace(/\/[^/]+$/, '')
+    await ok(p, id, `mkdir -p ${dir}/bin`)
+    await p.uploadFile({ sandboxId: id, remotePath: install.remotePath, content: Buffer.from(install.content) })
+    await ok(p, id, `chmod 0555 ${install.remotePath} && ln -sf ../mcp_client.py ${dir}/bin/mcp-client`)
+    docker(['stop', '-t', '1', containerNameFor(namespace, id)])
+    const transport = p.createCodeModeTransport()
+    const dispatcher = {
+      close() {},
+      async dispatch({ request }: { request: { op: string } }) {
+        if (request.op === 'list_tools') return { ok: true, result: { tools: [{ name: 'ping', annotations: { readOnlyHint: true } }] } }
+        return { ok: true, result: { structuredContent: { pong: true } } }
+      },
+    }
+    try {
+      const { env } = await transport.start({ codeModeDispatcher: dispatcher as any, sandboxId: id, requestTimeoutSeconds: 30 })
+      const servers = Buffer.from(JSON.stringify({ demo: { allowed_tools: [] } })).toString('base64')
+      const out = await ok(p, id, 'mcp-client call-tool demo ping \'{}\'', {
+        env: { ...env, PYTHONPATH: dir, TFY_MCP_SERVERS: servers, TFY_ENABLE_AGENT_APPROVALS: 'true' },
+      })
+      expect(JSON.parse(out)).toEqual({ pong: true })
+    } finally {
+      await transport.stop()
+    }
   })
 })
