@@ -200,11 +200,7 @@ mod tests {
   use serde_json::json;
 
   fn cfg(v: Value) -> Result<ProviderConfig> {
-    let mut o = json!({ "image": "x" });
-    for (k, val) in v.as_object().expect("object") {
-      o[k] = val.clone();
-    }
-    ProviderConfig::from_json(o)
+    ProviderConfig::with_image(v)
   }
 
   fn option_of(r: Result<ProviderConfig>) -> String {

@@ -149,6 +149,16 @@ impl ProviderConfig {
   pub fn from_json(value: Value) -> Result<Self> {
     ProviderOptions::from_json(value)?.try_into()
   }
+
+  /// For tests: `options` with `image: 'x'` added.
+  #[cfg(test)]
+  pub fn with_image(options: Value) -> Result<Self> {
+    let mut o = serde_json::json!({ "image": "x" });
+    for (k, v) in options.as_object().expect("an object") {
+      o[k] = v.clone();
+    }
+    Self::from_json(o)
+  }
 }
 
 /// Each option is checked in turn and refused by name; the first refusal is the one reported.

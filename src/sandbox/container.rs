@@ -52,6 +52,14 @@ impl State {
   fn get(&self, name: &str) -> Option<Target> {
     self.targets.lock().expect("targets").get(name).cloned()
   }
+
+  fn put(&self, target: Option<&Target>, name: &str) {
+    let mut targets = self.targets.lock().expect("targets");
+    match target {
+      Some(t) => targets.insert(name.to_string(), t.clone()),
+      None => targets.remove(name),
+    };
+  }
 }
 
 /// Records a container as ours (a claimed pool member).
@@ -59,21 +67,12 @@ pub fn remember(engine: &Engine, target: &Target) {
   engine
     .shared
     .state::<State>()
-    .targets
-    .lock()
-    .expect("targets")
-    .insert(target.name.clone(), target.clone());
+    .put(Some(target), &target.name);
 }
 
 /// Forgets a container (it was removed, or its id 404s): the next call looks it up again.
 pub fn forget(engine: &Engine, name: &str) {
-  engine
-    .shared
-    .state::<State>()
-    .targets
-    .lock()
-    .expect("targets")
-    .remove(name);
+  engine.shared.state::<State>().put(None, name);
 }
 
 fn not_available(sandbox_id: &str) -> SandboxError {
