@@ -10,6 +10,7 @@ module.exports = {
   testEnvironment: 'node',
   testTimeout: 60000,
   maxWorkers: 2,
+  globalTeardown: '<rootDir>/__test__/networks-teardown.js',
   transform: {
     '^.+\\.(t|j)sx?$': ['@swc/jest'],
   },

@@ -16,11 +16,12 @@ module.exports = {
   testEnvironment: 'node',
   testTimeout: 90000,
   maxWorkers: 2,
+  globalTeardown: '<rootDir>/__test__/networks-teardown.js',
   transform: {
     '^.+\\.(t|j)sx?$': ['@swc/jest'],
   },
   testMatch: [
-    '<rootDir>/__test__/{contract,exec,transfer,lifecycle,security}.test.ts',
+    '<rootDir>/__test__/{contract,exec,transfer,lifecycle,security,network}.test.ts',
     '<rootDir>/__test__/engines/podman.test.ts',
   ],
 }

@@ -10,7 +10,7 @@
 //   TRUEFORGE_GPU_TEST_IMAGE    a glibc image (default: the debian test image)
 //   TRUEFORGE_GPU_TEST_ALL      the `gpus` value meaning every GPU (default 'all'; CDI: 'nvidia.com/gpu=all')
 //   TRUEFORGE_GPU_TEST_DEVICES  comma-separated `gpuDevices` for exclusive sandboxes (default: discovered)
-//   TRUEFORGE_GPU_TEST_NETWORK  the sandboxes' network (default 'bridge')
+//   TRUEFORGE_GPU_TEST_NETWORK  the sandboxes' network (default: the provider's own for the namespace)
 //   TRUEFORGE_GPU_TEST_REPORT   a file to write the figures to, as JSON
 
 import { execFileSync, spawnSync } from 'node:child_process'

@@ -104,6 +104,22 @@ export function cleanupNamespace(namespace: string): void {
   }
   // Test image names carry the namespace; a failed pull of one leaves its lease on purpose.
   removeImageWorkLeases((image) => image.includes(namespace))
+  removeNetworks(namespace)
+}
+
+/**
+ * Removes the networks the provider made for `namespace` (one per namespace and tenant; they
+ * outlive their sandboxes on purpose). One still in use is left.
+ */
+export function removeNetworks(namespace: string): void {
+  try {
+    const ids = docker(['network', 'ls', '-q', '--filter', `label=trueforge.sandbox.namespace=${namespace}`])
+      .split('\n')
+      .filter(Boolean)
+    for (const id of ids) dockerTry(['network', 'rm', id])
+  } catch (e) {
+    console.warn(`network cleanup of namespace ${namespace} failed: ${(e as Error).message}`)
+  }
 }
 
 /**

@@ -127,7 +127,7 @@ async function answersOk(p: Provider, id: string, withinMs: number): Promise<str
   }
 }
 
-// Default configuration, default (bridge) network: one debian and one busybox sandbox.
+// Default configuration, default network (ours for the namespace): one debian and one busybox sandbox.
 const deb = provider({ image: DEBIAN })
 const bb = provider({ image: BUSYBOX })
 const isolated = provider({ image: BUSYBOX, network: 'none' })
@@ -196,8 +196,8 @@ describe('from inside a default sandbox', () => {
     }
     // The engine's TCP ports on the bridge gateway (the host) do not answer.
     const networks = inspectContainer(containerNameFor(namespace, bbId)).NetworkSettings.Networks
-    // Podman names its default network `podman` (a `bridge` request maps to it).
-    const gw = (networks.bridge ?? networks.podman).Gateway as string
+    // The sandbox's one network: ours for the namespace (network.test.ts checks which).
+    const gw = (Object.values(networks)[0] as { Gateway: string }).Gateway
     expect(gw).toMatch(/^\d+\.\d+\.\d+\.\d+$/)
     for (const port of [2375, 2376]) {
       const r = await run(bb, bbId, `nc -w 2 ${gw} ${port} </dev/null`, { timeoutSeconds: 10 })
@@ -272,7 +272,7 @@ dockerSpellings('the container definition (docker inspect; Docker spellings, ski
       expect(h.VolumesFrom ?? []).toEqual([])
       expect(h.Devices ?? []).toEqual([])
       expect(h.DeviceRequests ?? []).toEqual([])
-      expect(h.NetworkMode).toBe('bridge')
+      expect(Object.keys(info.NetworkSettings.Networks)).toEqual([`trueforge-${namespace}`])
       for (const mode of ['NetworkMode', 'PidMode', 'IpcMode', 'UTSMode', 'UsernsMode']) {
         expect({ mode, value: h[mode] }).not.toEqual({ mode, value: 'host' })
         expect(String(h[mode] ?? '')).not.toMatch(/^(host|container:)/)

@@ -166,6 +166,16 @@ async function run(argv, out) {
     `${runtimes.join(', ') || 'none listed'} (default ${info.DefaultRuntime ?? '?'})${runtimes.includes('runsc') ? '' : '; gVisor (runsc) not installed — optional, for runtime: "runsc"'}`,
   )
 
+  if (opts.network) add('network', 'ok', `sandboxes join ${opts.network} (--network)`)
+  else if (podman)
+    add(
+      'network',
+      'warn',
+      'sandboxes join a network per namespace and tenant, isolated from every other network; Podman 4 cannot turn off traffic inside one, so sandboxes of one tenant can reach each other',
+      'give each tenant its own tenantName (or namespace)',
+    )
+  else add('network', 'ok', 'sandboxes join a network per namespace and tenant with inter-container communication off')
+
   const nvidia = runtimes.includes('nvidia')
   const cdi = endpoint.host.startsWith('unix://') ? cdiDevices() : []
   const cdiDevs = cdi.flatMap((c) => c.devices)

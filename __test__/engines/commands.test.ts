@@ -90,7 +90,7 @@ test('ls lists our sandboxes with state, times, image, tenant, pool flag and siz
 test('doctor on the local engine: every check a line, a real test sandbox, exit 0; --json', () => {
   const r = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace])
   expect(r.stdout).not.toContain('\u001b[')
-  for (const name of ['endpoint', 'engine reachable', 'version', 'rootless', 'cgroups', 'storage', 'seccomp', 'runtimes', 'gpu', 'image', 'test sandbox']) {
+  for (const name of ['endpoint', 'engine reachable', 'version', 'rootless', 'cgroups', 'storage', 'seccomp', 'runtimes', 'network', 'gpu', 'image', 'test sandbox']) {
     expect(r.stdout).toMatch(new RegExp(`^(ok  |warn|fail)  ${name}: `, 'm'))
   }
   expect(r.stdout).toMatch(/^ok {4}endpoint: socket: unix:\/\/\/var\/run\/docker.sock/m)

@@ -40,8 +40,6 @@ pub const DEFAULT_AUTO_DELETE_MINUTES: f64 = 7200.0;
 pub const DEFAULT_MEMORY_BYTES: u64 = 8 << 30;
 /// Default for `resources.pidsLimit`: ample for builds, fatal to fork bombs.
 pub const DEFAULT_PIDS_LIMIT: u64 = 4096;
-/// Default for `network`.
-pub const DEFAULT_NETWORK: &str = "bridge";
 
 /// The capabilities kept by default: what package managers (apt, pip, npm) need to install,
 /// chown and switch users, plus signalling and low ports. Everything else Docker grants by
@@ -122,7 +120,8 @@ pub struct ProviderConfig {
   pub capabilities: Vec<String>,
   pub no_new_privileges: bool,
   pub resources: Resources,
-  pub network: String,
+  /// The network sandboxes join; `None`: ours, one per namespace and tenant (`sandbox::network`).
+  pub network: Option<String>,
   pub user: Option<String>,
   pub read_only_rootfs: bool,
   pub runtime: Option<String>,
@@ -372,11 +371,12 @@ fn parse_labels(v: StringMap) -> Result<BTreeMap<String, String>> {
   Ok(labels)
 }
 
-fn parse_network(v: Option<Given<String>>) -> Result<String> {
+fn parse_network(v: Option<Given<String>>) -> Result<Option<String>> {
   typed(v, "network", |v| {
     format!("expected 'bridge', 'none' or a network name, got {v}")
   })?
-  .map_or_else(|| Ok(DEFAULT_NETWORK.to_string()), |n| validate_network(&n))
+  .map(|n| validate_network(&n))
+  .transpose()
 }
 
 fn parse_user(v: Option<Given<String>>) -> Result<Option<String>> {
@@ -829,7 +829,7 @@ mod tests {
     assert_eq!(c.capabilities.len(), DEFAULT_CAPABILITIES.len());
     assert!(c.no_new_privileges);
     assert_eq!(c.resources.pids_limit, Some(DEFAULT_PIDS_LIMIT));
-    assert_eq!(c.network, "bridge");
+    assert_eq!(c.network, None);
     assert!(!c.read_only_rootfs);
     let c = ProviderConfig::from_json(json!({
       "image": "x", "autoStopIntervalInMinutes": 0.05, "autoDeleteIntervalInMinutes": 0,

@@ -23,13 +23,14 @@ use bollard::errors::Error as BollardError;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{
   BuildInfo, ContainerCreateBody, ContainerInspectResponse, ContainerSummary, CreateImageInfo,
-  ExecInspectResponse, ImageInspect, ImageSummary, SystemInfo, SystemVersion,
+  ExecInspectResponse, ImageInspect, ImageSummary, Network, NetworkCreateRequest, NetworkInspect,
+  SystemInfo, SystemVersion,
 };
 use bollard::query_parameters::{
   BuildImageOptions, CommitContainerOptions, ContainerArchiveInfoOptions, CreateContainerOptions,
   CreateImageOptions, DownloadFromContainerOptions, ListContainersOptions, ListImagesOptions,
-  LogsOptions, RemoveContainerOptions, RemoveImageOptions, RemoveVolumeOptions,
-  RenameContainerOptions, RestartContainerOptions, UploadToContainerOptions,
+  ListNetworksOptions, LogsOptions, RemoveContainerOptions, RemoveImageOptions,
+  RemoveVolumeOptions, RenameContainerOptions, RestartContainerOptions, UploadToContainerOptions,
 };
 use bollard::{Docker, API_DEFAULT_VERSION};
 use bytes::Bytes;
@@ -364,12 +365,20 @@ impl Engine {
     )
   }
 
-  /// Starts a container; `false` when there is no such container.
+  /// Starts a container; `false` when there is no such container. Another 404 (a network the
+  /// container names is gone) is an error.
   pub async fn start_container(&self, operation: &str, container: &str) -> Result<bool> {
     let r = self
       .control(operation, || self.docker.start_container(container, None))
       .await;
-    absent_on(r, &[404]).map(|r| r.is_some())
+    match r {
+      Err(SandboxError::Engine {
+        status: 404,
+        ref detail,
+        ..
+      }) if !detail.to_ascii_lowercase().contains("no such container") => r.map(|_| true),
+      r => absent_on(r, &[404]).map(|r| r.is_some()),
+    }
   }
 
   pub async fn unpause_container(&self, operation: &str, container: &str) -> Result<()> {
@@ -729,6 +738,61 @@ impl Engine {
       )
       .await;
     missing_dir(r, dir)
+  }
+
+  /// A network's inspect data; `None` when there is no such network.
+  pub async fn inspect_network(&self, name: &str) -> Result<Option<NetworkInspect>> {
+    let r = self
+      .control("inspect the sandboxes' network", || {
+        self.docker.inspect_network(name, None)
+      })
+      .await;
+    absent_on(r, &[404])
+  }
+
+  /// The networks named exactly `name` (Docker allows several of one name).
+  pub async fn networks_named(&self, name: &str) -> Result<Vec<Network>> {
+    let opts = ListNetworksOptions {
+      filters: Some(HashMap::from([(
+        "name".to_string(),
+        vec![name.to_string()],
+      )])),
+    };
+    let all = self
+      .control("list the sandboxes' networks", || {
+        self.docker.list_networks(Some(opts.clone()))
+      })
+      .await?;
+    Ok(
+      all
+        .into_iter()
+        .filter(|n| n.name.as_deref() == Some(name))
+        .collect(),
+    )
+  }
+
+  /// Creates a network; its id, or `None` when one of that name exists (another process made it
+  /// first). Not retried: a repeat could find our own first one.
+  pub async fn create_network(&self, body: NetworkCreateRequest) -> Result<Option<String>> {
+    let r = self
+      .within(
+        self.control_timeout,
+        "create the sandboxes' network",
+        self.docker.create_network(body),
+      )
+      .await
+      .map(|n| n.id);
+    absent_on(r, &[409])
+  }
+
+  /// Removes a network; `false` when it was gone or still has containers.
+  pub async fn remove_network(&self, name: &str) -> Result<bool> {
+    let r = self
+      .control("remove the sandboxes' network", || {
+        self.docker.remove_network(name)
+      })
+      .await;
+    absent_on(r, &[403, 404, 409]).map(|r| r.is_some())
   }
 
   /// An image's inspect data; `None` when the engine does not have it.

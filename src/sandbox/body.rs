@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use bollard::models::{ContainerCreateBody, HostConfig};
 
 use crate::config::ProviderConfig;
-use crate::sandbox::{devices, layout};
+use crate::sandbox::{devices, layout, network};
 use crate::util::errors::{Result, SandboxError};
 use crate::util::ids;
 use crate::util::labels::{self, LABEL_POOL, LABEL_TENANT};
@@ -71,6 +71,15 @@ pub fn podman_adjust(
     }
   }
   Ok(())
+}
+
+/// The network a sandbox of `cfg` joins: the `network` option, else ours for its namespace and
+/// tenant.
+pub fn network_of(cfg: &ProviderConfig) -> String {
+  cfg
+    .network
+    .clone()
+    .unwrap_or_else(|| network::name_for(&cfg.namespace, cfg.tenant.as_deref()))
 }
 
 /// The container definition for a new sandbox: least privilege by default (see README).
@@ -160,7 +169,7 @@ pub fn container_body_with(
       memory_swap: r.memory_bytes.map(to_i64),
       nano_cpus: r.nano_cpus.map(to_i64),
       pids_limit: r.pids_limit.map(to_i64),
-      network_mode: Some(cfg.network.clone()),
+      network_mode: Some(network_of(cfg)),
       readonly_rootfs: Some(cfg.read_only_rootfs),
       tmpfs,
       runtime: cfg.runtime.clone(),
@@ -217,7 +226,7 @@ mod tests {
     );
     assert_eq!(hc.memory, hc.memory_swap);
     assert!(hc.pids_limit.is_some());
-    assert_eq!(hc.network_mode.as_deref(), Some("bridge"));
+    assert_eq!(hc.network_mode.as_deref(), Some("trueforge-ns1"));
     assert!(
       hc.binds.is_none() && hc.mounts.is_none() && hc.pid_mode.is_none() && hc.ipc_mode.is_none()
     );

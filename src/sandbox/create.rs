@@ -5,10 +5,10 @@ use serde_json::json;
 
 use crate::config::{Gpus, ProviderConfig};
 use crate::engine::Engine;
-use crate::sandbox::body::{container_body_with, podman_adjust};
+use crate::sandbox::body::{container_body_with, network_of, podman_adjust};
 use crate::sandbox::container::{name_for, pool_name, remember, Target};
 use crate::sandbox::owner::resolve_owner;
-use crate::sandbox::{devices, layout, transfer};
+use crate::sandbox::{devices, layout, network, transfer};
 use crate::util::errors::{Result, SandboxError};
 use crate::util::ids;
 use crate::util::logging::Logger;
@@ -55,19 +55,50 @@ pub async fn create_with(
     };
     devices::check_cdi_support(engine, &names)?;
   }
-  create_inner(engine, cfg, image, pool, log, gpus_picked)
-    .await
-    .map_err(|e| devices::explain(e, cfg.gpus.as_ref(), gpus_picked))
+  // Twice at most: a network removed since this process last saw it is made again.
+  for attempt in 0..2 {
+    let net = match cfg.network {
+      None => Some(network::ensure(engine, &cfg.namespace, cfg.tenant.as_deref()).await?),
+      Some(_) => None,
+    };
+    let spec = Spec {
+      image,
+      pool,
+      gpus_picked,
+      network: net.as_deref(),
+    };
+    match create_inner(engine, cfg, &spec, log).await {
+      Err(e) if attempt == 0 && cfg.network.is_none() && network::is_missing(&e) => {
+        network::forget(engine, &network_of(cfg));
+      }
+      other => return other.map_err(|e| devices::explain(e, cfg.gpus.as_ref(), gpus_picked)),
+    }
+  }
+  unreachable!("the loop returns on its last attempt")
+}
+
+/// What one create makes, beside the provider's configuration.
+struct Spec<'a> {
+  image: &'a str,
+  /// The pool's fingerprint, for a pool member.
+  pool: Option<&'a str>,
+  gpus_picked: Option<&'a [String]>,
+  /// The id of our network to join (`None`: the `network` option's).
+  network: Option<&'a str>,
 }
 
 async fn create_inner(
   engine: &Engine,
   cfg: &ProviderConfig,
-  image: &str,
-  pool: Option<&str>,
+  spec: &Spec<'_>,
   log: &Logger,
-  gpus_picked: Option<&[String]>,
 ) -> Result<Target> {
+  let Spec {
+    image,
+    pool,
+    gpus_picked,
+    network,
+  } = *spec;
   let sandbox_id = ids::new_sandbox_id();
   let final_name = name_for(&cfg.namespace, &sandbox_id)?;
   let name = if pool.is_some() {
@@ -76,6 +107,10 @@ async fn create_inner(
     final_name
   };
   let mut body = container_body_with(cfg, &sandbox_id, image, pool, gpus_picked);
+  // By id: two networks may share our name (see `network`).
+  if let (Some(id), Some(hc)) = (network, body.host_config.as_mut()) {
+    hc.network_mode = Some(id.to_string());
+  }
   if engine.podman {
     // One more request, on Podman only: who the image runs as decides its capabilities there.
     let image_user = match cfg.user {

@@ -58,7 +58,7 @@ proptest! {
         prop_assert!(!c.image.is_empty());
         prop_assert!(c.exec_timeout_ms > 0);
         prop_assert!(c.resources.pids_limit.is_some());
-        prop_assert!(c.network != "host");
+        prop_assert!(c.network.as_deref() != Some("host"));
         prop_assert!(!c.capabilities.iter().any(|c| c == "SYS_ADMIN" || c == "ALL"));
       }
       Err(e) => {

@@ -9,6 +9,7 @@ pub mod exec;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod layout;
+pub mod network;
 pub mod output;
 pub mod owner;
 pub mod swap;
