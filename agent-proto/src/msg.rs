@@ -38,6 +38,10 @@ pub struct Hello {
   pub cap_eff: u64,
   /// Whether `openat2` works here (else paths are resolved one component at a time).
   pub openat2: bool,
+  /// Whether the agent could become a child subreaper. Without it (qemu-user does not emulate
+  /// it) a timed-out command's escaped processes cannot be found, so kills are never verified.
+  #[serde(default)]
+  pub subreaper: bool,
 }
 
 /// A request the host opens a stream with.

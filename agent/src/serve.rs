@@ -48,10 +48,10 @@ fn start() -> std::io::Result<i32> {
   unsafe {
     // The workload must not trace or read this process, even as the same user.
     libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
-    // Orphans of finished commands are reparented here (and reaped), not to PID 1.
-    libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     libc::umask(0o022);
   }
+  // Orphans of finished commands are reparented here (and reaped), not to PID 1.
+  let subreaper = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } == 0;
   let me = Identity::current();
   let openat2 = resolve::probe();
   let base_env = capture_env(me.uid);
@@ -61,7 +61,8 @@ fn start() -> std::io::Result<i32> {
     .enable_time()
     .build()?;
   let local = tokio::task::LocalSet::new();
-  local.block_on(&rt, serve(input, output, me, openat2, base_env, pool))
+  let caps = Caps { openat2, subreaper };
+  local.block_on(&rt, serve(input, output, me, caps, base_env, pool))
 }
 
 /// The inherited environment, less the agent's own variables and a HOME the engine set for
@@ -81,11 +82,17 @@ fn capture_env(uid: u32) -> Vec<(Vec<u8>, Vec<u8>)> {
     .collect()
 }
 
+/// What this system lets the agent do, for its hello.
+struct Caps {
+  openat2: bool,
+  subreaper: bool,
+}
+
 async fn serve(
   input: OwnedFd,
   output: OwnedFd,
   me: Identity,
-  openat2: bool,
+  caps: Caps,
   base_env: Vec<(Vec<u8>, Vec<u8>)>,
   pool: Pool,
 ) -> std::io::Result<i32> {
@@ -125,7 +132,8 @@ async fn serve(
       uid: ctx.me.uid,
       arch: std::env::consts::ARCH.into(),
       cap_eff: sys::cap_eff(),
-      openat2,
+      openat2: caps.openat2,
+      subreaper: caps.subreaper,
     },
   ));
   let mut buf = BytesMut::with_capacity(256 * 1024);

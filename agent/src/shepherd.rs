@@ -227,7 +227,9 @@ unsafe fn shepherd(plan: &Plan, ctl: libc::c_int, st: libc::c_int, out: libc::c_
   libc::dup2(st, 1);
   libc::dup2(out, 2);
   close_from(3);
-  libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+  // Without it (qemu-user does not emulate it) orphans escape to init: a kill is then never
+  // reported as verified.
+  let reaper = libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0;
   libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
 
   // SIGCHLD stays blocked except inside ppoll, so a child's exit always interrupts the wait.
@@ -311,8 +313,8 @@ unsafe fn shepherd(plan: &Plan, ctl: libc::c_int, st: libc::c_int, out: libc::c_
       Some(d) => {
         let left = d - now_ns();
         if left <= 0 {
-          let (verified, left) = kill_subtree();
-          report(TIMED_OUT, verified as i32, left, 0);
+          let (verified, left) = kill_subtree(child as u32);
+          report(TIMED_OUT, (verified && reaper) as i32, left, 0);
           libc::_exit(0);
         }
         ts.tv_sec = left / 1_000_000_000;
@@ -331,8 +333,8 @@ unsafe fn shepherd(plan: &Plan, ctl: libc::c_int, st: libc::c_int, out: libc::c_
       let mut b = [0u8; 16];
       let n = libc::read(0, b.as_mut_ptr() as *mut libc::c_void, b.len());
       if n <= 0 {
-        let (verified, left) = kill_subtree();
-        report(CANCELLED, verified as i32, left, 0);
+        let (verified, left) = kill_subtree(child as u32);
+        report(CANCELLED, (verified && reaper) as i32, left, 0);
         libc::_exit(0);
       }
     }
@@ -413,8 +415,11 @@ const MAX_PROCS: usize = 65536;
 /// Linux's PID_MAX_LIMIT.
 const MAX_PID: usize = 1 << 22;
 
+/// (pid, ppid, session, state) of one process.
+type ProcEntry = (u32, u32, u32, u8);
+
 struct ScanBuf {
-  procs: [(u32, u32, u8); MAX_PROCS],
+  procs: [ProcEntry; MAX_PROCS],
   marks: [u64; MAX_PID / 64],
 }
 
@@ -423,19 +428,20 @@ struct ScanCell(UnsafeCell<ScanBuf>);
 unsafe impl Sync for ScanCell {}
 
 static SCAN: ScanCell = ScanCell(UnsafeCell::new(ScanBuf {
-  procs: [(0, 0, 0); MAX_PROCS],
+  procs: [(0, 0, 0, 0); MAX_PROCS],
   marks: [0; MAX_PID / 64],
 }));
 
-/// Kills the shepherd's whole subtree until /proc shows none of it alive. Returns (verified,
-/// processes still alive when it gave up).
-unsafe fn kill_subtree() -> (bool, i32) {
+/// Kills the shepherd's whole subtree (and anything still in the command's session, `sid`)
+/// until /proc shows none of it alive. Returns (none left, processes still alive when it gave
+/// up).
+unsafe fn kill_subtree(sid: u32) -> (bool, i32) {
   let me = libc::getpid() as u32;
   let start = now_ns();
   let mut round = 0;
   loop {
     reap();
-    let alive = kill_round(me);
+    let alive = kill_round(me, sid);
     if alive == 0 {
       reap();
       return (true, 0);
@@ -458,18 +464,24 @@ unsafe fn reap() {
   }
 }
 
-/// One pass: reads every process's parent from /proc, marks the subtree under `me`, and
+/// One pass: reads every process's parent from /proc, marks the subtree under `me` (and the
+/// command's session `sid`, which catches orphans even where `me` is no subreaper), and
 /// SIGKILLs each live member. Returns how many were alive.
-unsafe fn kill_round(me: u32) -> usize {
+unsafe fn kill_round(me: u32, sid: u32) -> usize {
   let buf = &mut *SCAN.0.get();
   let n = scan_proc(&mut buf.procs);
   let procs = &buf.procs[..n];
   let mark = |marks: &mut [u64], pid: u32| marks[pid as usize / 64] |= 1 << (pid % 64);
   let marked = |marks: &[u64], pid: u32| marks[pid as usize / 64] & (1 << (pid % 64)) != 0;
   mark(&mut buf.marks, me);
+  for &(pid, _, session, _) in procs {
+    if session == sid {
+      mark(&mut buf.marks, pid);
+    }
+  }
   loop {
     let mut changed = false;
-    for &(pid, ppid, _) in procs {
+    for &(pid, ppid, _, _) in procs {
       if !marked(&buf.marks, pid) && marked(&buf.marks, ppid) {
         mark(&mut buf.marks, pid);
         changed = true;
@@ -480,21 +492,21 @@ unsafe fn kill_round(me: u32) -> usize {
     }
   }
   let mut alive = 0;
-  for &(pid, _, state) in procs {
+  for &(pid, _, _, state) in procs {
     if pid != me && marked(&buf.marks, pid) && state != b'Z' && state != b'X' {
       libc::kill(pid as libc::pid_t, libc::SIGKILL);
       alive += 1;
     }
   }
-  for &(pid, _, _) in procs {
+  for &(pid, _, _, _) in procs {
     buf.marks[pid as usize / 64] = 0;
   }
   buf.marks[me as usize / 64] = 0;
   alive
 }
 
-/// Fills `out` with (pid, ppid, state) of every process in /proc; returns how many.
-unsafe fn scan_proc(out: &mut [(u32, u32, u8)]) -> usize {
+/// Fills `out` with every process in /proc; returns how many.
+unsafe fn scan_proc(out: &mut [ProcEntry]) -> usize {
   let dir = libc::open(
     c"/proc".as_ptr(),
     libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
@@ -519,9 +531,9 @@ unsafe fn scan_proc(out: &mut [(u32, u32, u8)]) -> usize {
       let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
       if let Some(pid) = parse_u32(&name[..len]) {
         if n < out.len() {
-          if let Some((ppid, state)) = read_stat(&name[..len]) {
+          if let Some((ppid, sid, state)) = read_stat(&name[..len]) {
             if pid < MAX_PID as u32 && ppid < MAX_PID as u32 {
-              out[n] = (pid, ppid, state);
+              out[n] = (pid, ppid, sid, state);
               n += 1;
             }
           }
@@ -548,9 +560,9 @@ fn parse_u32(s: &[u8]) -> Option<u32> {
   Some(v)
 }
 
-/// (ppid, state) from /proc/<pid>/stat: "pid (comm) S ppid …", where comm may hold anything,
-/// so the fields are read after the last ')'.
-unsafe fn read_stat(pid: &[u8]) -> Option<(u32, u8)> {
+/// (ppid, session, state) from /proc/<pid>/stat: "pid (comm) S ppid pgrp session …", where
+/// comm may hold anything, so the fields are read after the last ')'.
+unsafe fn read_stat(pid: &[u8]) -> Option<(u32, u32, u8)> {
   let mut path = [0u8; 32];
   let prefix = b"/proc/";
   let suffix = b"/stat\0";
@@ -577,9 +589,11 @@ unsafe fn read_stat(pid: &[u8]) -> Option<(u32, u8)> {
   let close = text.iter().rposition(|&b| b == b')')?;
   let rest = text.get(close + 2..)?;
   let state = *rest.first()?;
-  let after = rest.get(2..)?;
-  let end = after.iter().position(|&b| b == b' ').unwrap_or(after.len());
-  Some((parse_u32(&after[..end])?, state))
+  let mut fields = rest.get(2..)?.split(|&b| b == b' ');
+  let ppid = parse_u32(fields.next()?)?;
+  let _pgrp = fields.next()?;
+  let sid = parse_u32(fields.next()?)?;
+  Some((ppid, sid, state))
 }
 
 #[cfg(test)]
@@ -606,8 +620,9 @@ mod tests {
   #[test]
   fn stat_lines_with_odd_names_parse() {
     let me = std::process::id().to_string();
-    let (ppid, state) = unsafe { read_stat(me.as_bytes()) }.unwrap();
+    let (ppid, sid, state) = unsafe { read_stat(me.as_bytes()) }.unwrap();
     assert_eq!(ppid, std::os::unix::process::parent_id());
+    assert_eq!(sid, unsafe { libc::getsid(0) } as u32);
     assert!(state.is_ascii_uppercase());
     assert_eq!(parse_u32(b"123"), Some(123));
     assert_eq!(parse_u32(b"self"), None);

@@ -212,7 +212,10 @@ async fn the_static_cli_prints_what_the_python_cli_prints() {
   // The agent binary under the name mcp-client, as the sandbox's bin dir links it.
   let link = t.path("mcp-client");
   std::os::unix::fs::symlink(agent_bin(), &link).unwrap();
-  let ours = vec![link];
+  let ours = match std::env::var("TRUEFORGE_AGENT_RUNNER") {
+    Ok(runner) if !runner.is_empty() => vec![runner, link],
+    _ => vec![link],
+  };
   let python = vec![
     "python3".to_string(),
     format!("{}/../codemode/mcp_client.py", env!("CARGO_MANIFEST_DIR")),

@@ -318,23 +318,26 @@ async fn a_file_fifo_swap_racing_downloads_never_hangs() {
     );
     std::thread::spawn(move || {
       let mut n = 0;
+      let c = std::ffi::CString::new(fifo.as_str()).unwrap();
       while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        if n % 2 == 0 {
-          let _ = std::fs::remove_file(&fifo);
-          let _ = std::process::Command::new("mkfifo").arg(&fifo).status();
-          let _ = std::fs::rename(&fifo, &target);
-        } else {
-          let _ = std::fs::write(&file, vec![b'x'; 100_000]);
-          let _ = std::fs::rename(&file, &target);
-        }
-        n += 1;
+        // Both ready before either lands, so each state lasts about as long as the other.
+        let _ = std::fs::write(&file, vec![b'x'; 100_000]);
+        let _ = std::fs::remove_file(&fifo);
+        unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
+        let _ = std::fs::rename(&file, &target);
+        std::thread::sleep(Duration::from_micros(300));
+        let _ = std::fs::rename(&fifo, &target);
+        std::thread::sleep(Duration::from_micros(300));
+        n += 2;
       }
       n
     })
   };
   let started = Instant::now();
-  let mut ok = 0;
-  for _ in 0..100 {
+  let (mut ok, mut refused) = (0, 0);
+  while ok + refused < 100
+    || (started.elapsed() < Duration::from_secs(5) && (ok < 5 || refused < 5))
+  {
     let r = tokio::time::timeout(
       Duration::from_secs(5),
       a.client.download_bytes(down(&target, Some(NOBODY))),
@@ -346,13 +349,16 @@ async fn a_file_fifo_swap_racing_downloads_never_hangs() {
         assert_eq!(b.len(), 100_000);
         ok += 1;
       }
-      Err(ClientError::Agent(e)) => assert!(
-        matches!(
-          e.kind,
-          ErrorKind::NotRegularFile | ErrorKind::NotFound | ErrorKind::Changed
-        ),
-        "{e:?}"
-      ),
+      Err(ClientError::Agent(e)) => {
+        assert!(
+          matches!(
+            e.kind,
+            ErrorKind::NotRegularFile | ErrorKind::NotFound | ErrorKind::Changed
+          ),
+          "{e:?}"
+        );
+        refused += 1;
+      }
       Err(e) => panic!("{e:?}"),
     }
   }
@@ -360,7 +366,7 @@ async fn a_file_fifo_swap_racing_downloads_never_hangs() {
   let swaps = swapper.join().unwrap();
   assert!(swaps > 10, "{swaps}");
   assert!(started.elapsed() < Duration::from_secs(30));
-  eprintln!("{ok} of 100 downloads saw the file ({swaps} swaps)");
+  eprintln!("{ok} downloads saw the file, {refused} were refused ({swaps} swaps)");
   assert!(a.client.ping().await.is_ok());
   assert_eq!(a.run("echo alive").await.output, "alive\n");
 }
@@ -542,6 +548,12 @@ async fn layout_makes_owned_directories_without_following_links() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_calls_are_recorded_in_a_root_owned_activity_file() {
+  if std::env::var_os("TRUEFORGE_AGENT_BIN").is_some() {
+    // Only a debug build lets a test move the layout root; scripts/agent-smoke.sh checks the
+    // release binaries' activity file in a container.
+    eprintln!("skipped: the binary under test is not a debug build");
+    return;
+  }
   let t = sandbox();
   let root = t.path("layout");
   std::fs::create_dir(&root).unwrap();

@@ -56,6 +56,7 @@ fn hello(version: &str) -> Frame {
       arch: "x86_64".into(),
       cap_eff: 0,
       openat2: true,
+      subreaper: true,
     },
   )
 }
