@@ -218,34 +218,6 @@ fn restore(me: &Identity) {
   }
 }
 
-/// Sends `sig` to every process the user `uid` may signal, from this thread alone acting as
-/// that user for the one call (the kernel delivers `kill(-1)` to all of them atomically with
-/// respect to fork, so a fork bomb cannot outrun it). The agent itself is never signalled.
-pub fn kill_all_of_user(uid: u32, sig: libc::c_int) -> io::Result<()> {
-  let setresuid = |r: u32, e: u32, s: u32| {
-    cvt_long(unsafe {
-      libc::syscall(
-        libc::SYS_setresuid,
-        r as libc::c_long,
-        e as libc::c_long,
-        s as libc::c_long,
-      )
-    })
-  };
-  // The saved uid stays 0 so this thread can switch back.
-  setresuid(uid, uid, 0)?;
-  let r = cvt(unsafe { libc::kill(-1, sig) });
-  if setresuid(0, 0, 0).is_err() {
-    eprintln!("trueforge-agent: cannot switch back to root after a kill; exiting");
-    std::process::abort();
-  }
-  // ESRCH: nothing of that user was left.
-  match r {
-    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
-    other => other.map(|_| ()),
-  }
-}
-
 /// Reaps every exited child (the agent is a subreaper: orphans of finished commands end here).
 pub fn reap_all() {
   loop {

@@ -79,6 +79,7 @@ async fn environment_and_path() {
       ("PATH".into(), "/usr/bin:/bin".into()),
       ("HOME".into(), "/root".into()),
     ],
+    ..Default::default()
   })
   .await;
   let mut r = req("env");
@@ -141,6 +142,34 @@ async fn users_are_switched_with_their_groups() {
     .await;
   assert!(out.output.contains("not permitted"), "{}", out.output);
   assert!(out.output.contains("Permission denied"), "{}", out.output);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_started_as_the_sandbox_user_serves_that_user() {
+  // Where the container keeps no capability (Podman with a non-root user), the host starts the
+  // agent as the sandbox user: it runs commands and files as itself, and says why it cannot do
+  // more.
+  let a = start_with(Options {
+    as_user: Some((65534, 65534)),
+    ..Default::default()
+  })
+  .await;
+  assert_eq!(a.client.hello().uid, 65534);
+  assert_eq!(a.run_as("nobody", "id -u").await.output, "65534\n");
+  let mut r = req("id -u");
+  r.user = Some("root".into());
+  match a.client.exec(&r).await {
+    Err(ClientError::Agent(e)) => {
+      assert_eq!(e.kind, ErrorKind::SpawnFailed);
+      assert!(e.message.contains("SETUID"), "{}", e.message);
+    }
+    other => panic!("{other:?}"),
+  }
+  let mut r = req(&format!("sleep {} & sleep 30", marker(14)));
+  r.user = Some("nobody".into());
+  r.timeout = Some(Duration::from_millis(500));
+  assert!(a.client.exec(&r).await.unwrap().timed_out);
+  assert!(procs_with(&marker(14)).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,7 @@ const NOBODY: &str = "nobody";
 async fn agents() -> Vec<(&'static str, Agent)> {
   let fallback = start_with(Options {
     env: vec![("TRUEFORGE_AGENT_NO_OPENAT2".into(), "1".into())],
+    ..Default::default()
   })
   .await;
   assert!(!fallback.client.hello().openat2);
@@ -560,6 +561,7 @@ async fn host_calls_are_recorded_in_a_root_owned_activity_file() {
   std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
   let a = start_with(Options {
     env: vec![("TRUEFORGE_AGENT_TEST_LAYOUT_ROOT".into(), root.clone())],
+    ..Default::default()
   })
   .await;
   let c: &AgentClient = &a.client;

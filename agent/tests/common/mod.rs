@@ -1,6 +1,7 @@
 //! Starting the real agent binary as a child and driving it through `AgentClient` over its
 //! pipes. `TRUEFORGE_AGENT_BIN` picks another binary (the static builds) and
-//! `TRUEFORGE_AGENT_RUNNER` a program to run it with (`qemu-aarch64` for the arm64 one).
+//! `TRUEFORGE_AGENT_RUNNER` a command to run it with, split at spaces (`qemu-aarch64` for the
+//! arm64 one, `docker exec -i -u 0 <container>` for the smoke test).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -21,19 +22,23 @@ pub fn agent_bin() -> String {
 }
 
 pub fn command(bin: &str) -> tokio::process::Command {
-  match std::env::var("TRUEFORGE_AGENT_RUNNER") {
-    Ok(runner) if !runner.is_empty() => {
-      let mut c = tokio::process::Command::new(runner);
-      c.arg(bin);
+  let runner = std::env::var("TRUEFORGE_AGENT_RUNNER").unwrap_or_default();
+  let mut words = runner.split_whitespace();
+  match words.next() {
+    Some(first) => {
+      let mut c = tokio::process::Command::new(first);
+      c.args(words).arg(bin);
       c
     }
-    _ => tokio::process::Command::new(bin),
+    None => tokio::process::Command::new(bin),
   }
 }
 
 #[derive(Default)]
 pub struct Options {
   pub env: Vec<(String, String)>,
+  /// Start the agent as this uid and gid instead of root.
+  pub as_user: Option<(u32, u32)>,
 }
 
 pub async fn start() -> Agent {
@@ -49,6 +54,9 @@ pub async fn start_with(opts: Options) -> Agent {
     .kill_on_drop(true);
   for (k, v) in &opts.env {
     cmd.env(k, v);
+  }
+  if let Some((uid, gid)) = opts.as_user {
+    cmd.uid(uid).gid(gid);
   }
   let mut child = cmd.spawn().expect("start the agent");
   let stdout = child.stdout.take().unwrap();
