@@ -260,6 +260,53 @@ async fn smoke() {
   eprintln!("  agent {}", rss.trim());
 }
 
+/// The container's pids cgroup as the host sees it (cgroupfs v1 or v2 layouts).
+fn pids_files() -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+  let out = std::process::Command::new("docker")
+    .args(["inspect", "-f", "{{.Id}}", &container()])
+    .output()
+    .ok()?;
+  let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+  for dir in [
+    format!("/sys/fs/cgroup/pids/docker/{id}"),
+    format!("/sys/fs/cgroup/docker/{id}"),
+    format!("/sys/fs/cgroup/system.slice/docker-{id}.scope"),
+  ] {
+    let d = std::path::PathBuf::from(dir);
+    if d.join("pids.current").exists() {
+      return Some((d.join("pids.current"), d.join("pids.max")));
+    }
+  }
+  None
+}
+
+/// Waits until at most one pid of the container is free (a command needs two: its shepherd and
+/// itself), or a few seconds where the host cannot tell.
+async fn until_full() {
+  let Some((current, max)) = pids_files() else {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    return;
+  };
+  let read = |p: &std::path::Path| {
+    std::fs::read_to_string(p)
+      .unwrap_or_default()
+      .trim()
+      .parse::<u64>()
+      .unwrap_or(0)
+  };
+  for _ in 0..200 {
+    if read(&current) + 1 >= read(&max) {
+      return;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+  }
+  panic!(
+    "the bomb never filled the pids cgroup ({} of {})",
+    read(&current),
+    read(&max)
+  );
+}
+
 /// A fork bomb that outlives its command, with the container's pids limit: the next command
 /// still runs, and says the workload was killed; the container keeps running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,7 +321,7 @@ async fn fork_bomb_recovery() {
       )
       .await;
     assert_eq!(out.output, "started\n");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    until_full().await;
     let out = a.run_as(user, "echo after").await;
     assert_eq!(out.output, "after\n", "{user}");
     let note = out.recovered.unwrap_or_default();
