@@ -38,6 +38,25 @@ async fn figures() {
   for _ in 0..50 {
     c.ping().await.unwrap();
   }
+  // 1 GiB of output into a 10 MiB cap, first (before big transfers warm the allocator): the
+  // host's memory grows by about the cap.
+  let own_rss = || {
+    std::fs::read_to_string("/proc/self/status")
+      .unwrap_or_default()
+      .lines()
+      .find_map(|l| l.strip_prefix("VmRSS:"))
+      .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
+      .unwrap_or(0)
+  };
+  let before = own_rss();
+  let mut r = req("head -c 1073741824 /dev/zero");
+  r.max_output = 10 << 20;
+  let s = Instant::now();
+  let out = c.exec(&r).await.unwrap();
+  let gib = s.elapsed();
+  assert_eq!(out.omitted, (1 << 30) - (10 << 20));
+  let growth = own_rss().saturating_sub(before);
+  drop(out);
   let mut pings = Vec::new();
   for _ in 0..2000 {
     let s = Instant::now();
@@ -122,6 +141,10 @@ async fn figures() {
     "  100 MiB upload {:.0} MiB/s, download {:.0} MiB/s (best of 3)",
     best(&up_rates),
     best(&down_rates)
+  );
+  eprintln!(
+    "  1 GiB of output in {gib:?}; host RSS grew {} MiB (cap 10 MiB)",
+    growth / 1024
   );
   eprintln!("  agent after the run: {}", rss.trim());
 }
