@@ -192,16 +192,22 @@ fn dispatch(ctx: &Rc<Ctx>, f: Frame) -> Result<(), String> {
       return Ok(());
     }
   };
-  let answer = |o: &dyn erased::Answer| ctx.conn.send(&o.frame(f.id));
+  // The two queries are answered here, without a stream, and are not activity.
   match req {
     Request::Ping => {
-      answer(&Outcome::Ok(PingInfo {
+      let info = PingInfo {
         uptime_ms: ctx.started.elapsed().as_millis() as u64,
-      }));
+      };
+      ctx
+        .conn
+        .send(&Frame::json(Kind::Result, f.id, &Outcome::Ok(info)));
       return Ok(());
     }
     Request::Activity => {
-      answer(&Outcome::Ok(ctx.activity.info(ctx.running.get())));
+      let info = ctx.activity.info(ctx.running.get());
+      ctx
+        .conn
+        .send(&Frame::json(Kind::Result, f.id, &Outcome::Ok(info)));
       return Ok(());
     }
     _ => ctx.activity.record(),
@@ -243,22 +249,6 @@ fn dispatch(ctx: &Rc<Ctx>, f: Frame) -> Result<(), String> {
     }
   }
   Ok(())
-}
-
-/// Answers of different types through one closure.
-mod erased {
-  use trueforge_agent_proto::frame::{Frame, Kind};
-  use trueforge_agent_proto::msg::Outcome;
-
-  pub trait Answer {
-    fn frame(&self, id: u32) -> Frame;
-  }
-
-  impl<T: serde::Serialize> Answer for Outcome<T> {
-    fn frame(&self, id: u32) -> Frame {
-      Frame::json(Kind::Result, id, self)
-    }
-  }
 }
 
 /// Writes queued frames to stdout, several per write when they pile up. If the host stops
