@@ -447,3 +447,30 @@ async fn a_request_over_the_frame_cap_is_refused_here() {
     Err(ClientError::RequestTooLarge { .. })
   ));
 }
+
+/// The addon calls these from napi's multi-threaded runtime: every future must be `Send`.
+#[tokio::test]
+async fn futures_are_send() {
+  fn send<T: Send>(_: T) {}
+  let (c, _fake) = pair().await;
+  send(c.ping());
+  send(c.exec(&exec_req(10)));
+  send(c.exec_with(&exec_req(10), |_| {}));
+  send(c.upload(
+    UploadSpec {
+      path: "/f".into(),
+      user: None,
+      mode: 0o644,
+      max_bytes: None,
+      parents: true,
+    },
+    &b"x"[..],
+  ));
+  send(c.download(DownloadSpec {
+    path: "/f".into(),
+    user: None,
+    max_bytes: 1,
+  }));
+  send(c.closed());
+  send(c.code_mode_calls());
+}
