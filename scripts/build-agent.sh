@@ -4,7 +4,7 @@
 #   target/agent/trueforge-agent-aarch64
 # Both link with rust-lld, which rustup ships with every toolchain, and musl's self-contained
 # startup files and libc from the Rust targets: no C cross compiler, zig or sysroot is needed (the
-# agent links no C code). The 'agent' cargo profile (Cargo.toml) makes them small: opt-level s,
+# agent links no C code). The 'agent-release' cargo profile (Cargo.toml) makes them small: opt-level s,
 # LTO, one codegen unit, panic abort, symbols stripped.
 # ARCHS picks a subset (space-separated: x86_64 aarch64). CHECK=1 also runs the agent's tests
 # against each binary (the aarch64 one under qemu-user: `apt-get install qemu-user`).
@@ -22,8 +22,8 @@ for arch in "${archs[@]}"; do
   grep -qx "$triple" <<<"$installed" || rustup target add "$triple"
   var="CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$triple")_LINKER"
   start=$(date +%s)
-  env "$var=rust-lld" cargo build --locked -p trueforge-agent --profile agent --target "$triple"
-  cp "target/$triple/agent/trueforge-agent" "$out/trueforge-agent-$arch"
+  env "$var=rust-lld" cargo build --locked -p trueforge-agent --profile agent-release --target "$triple"
+  cp "target/$triple/agent-release/trueforge-agent" "$out/trueforge-agent-$arch"
   # A static binary has no program interpreter (the dynamic loader).
   if readelf -l "$out/trueforge-agent-$arch" 2>/dev/null | grep -q 'Requesting program interpreter'; then
     echo "trueforge-agent-$arch is not static" >&2
