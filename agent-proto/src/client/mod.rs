@@ -1,0 +1,817 @@
+//! The host's side of the agent protocol: one `AgentClient` per agent stream, cheap to clone,
+//! carrying any number of concurrent requests. A reader task splits incoming frames by stream
+//! and never waits on a caller (each stream's backlog is bounded by its credit window); a
+//! writer task batches outgoing frames. When the stream ends, every request in flight fails
+//! with `ClientError::StreamEnded` (an agent's commands cannot be re-attached), and so does
+//! every later one: the caller starts a new agent.
+
+mod stream;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+use crate::frame::{self, Frame, Kind, AGENT_STREAM, MAX_DATA, MAX_PAYLOAD, WINDOW};
+use crate::msg::{
+  ActivityInfo, AgentError, AgentRequest, CodeModeListenSpec, DownloadDone, DownloadHead,
+  DownloadSpec, ExecDone, ExecSpec, Hello, LayoutSpec, Outcome, PingInfo, Request, StatInfo,
+  StatSpec, UploadDone, UploadSpec, MAX_CODE_MODE_CALLS, MAX_CODE_MODE_MESSAGE, TIMEOUT_EXIT_CODE,
+};
+use crate::output::{timed_out_text, CappedOutput};
+use stream::{Inbound, Slot, Stream};
+
+/// How to connect.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+  /// The version the agent must report (else `VersionMismatch`). Default `crate::VERSION`;
+  /// `None` accepts any.
+  pub expected_version: Option<String>,
+  /// How long to wait for the agent's hello. Default 10 s.
+  pub hello_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+  fn default() -> Self {
+    Self {
+      expected_version: Some(crate::VERSION.to_string()),
+      hello_timeout: Duration::from_secs(10),
+    }
+  }
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+  /// The agent's stream ended (the agent died, was killed, or its exec was closed). A request
+  /// in flight is lost: a command may have run, and its result cannot be recovered.
+  #[error("the sandbox agent's stream ended ({reason}); a request in flight is lost and the agent must be started again")]
+  StreamEnded { reason: String },
+  /// The agent is another version (or protocol revision): replace it.
+  #[error("the sandbox agent is version {agent} (protocol {protocol}), expected {expected}")]
+  VersionMismatch {
+    agent: String,
+    protocol: u32,
+    expected: String,
+  },
+  /// The agent never said hello: it could not start, or something else answered.
+  #[error("the sandbox agent did not start: {0}")]
+  Handshake(String),
+  /// The agent broke the protocol; the connection is closed.
+  #[error("the sandbox agent broke the protocol: {0}")]
+  Protocol(String),
+  /// The agent refused or failed this request.
+  #[error(transparent)]
+  Agent(#[from] AgentError),
+  /// A request that does not fit in one frame (a huge command or environment).
+  #[error("the request is {bytes} bytes, over the protocol's limit of {max}")]
+  RequestTooLarge { bytes: usize, max: usize },
+  /// Reading the caller's upload source failed.
+  #[error("reading the upload's data failed: {0}")]
+  Source(String),
+}
+
+/// A command to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecRequest {
+  pub command: String,
+  /// Absolute working directory.
+  pub cwd: String,
+  /// Added to the container's environment, in order (later wins).
+  pub env: Vec<(String, String)>,
+  /// `docker exec -u` syntax; `None` runs as root.
+  pub user: Option<String>,
+  /// `None`: no timeout.
+  pub timeout: Option<Duration>,
+  /// Output bytes kept (head and tail).
+  pub max_output: usize,
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+  pub exit_code: i32,
+  /// Merged stdout and stderr, capped (see `CappedOutput`), with the timeout line if any.
+  pub output: String,
+  /// Killed by its timeout, every process verified gone (`exit_code` is 124).
+  pub timed_out: bool,
+  /// Output bytes left out of `output`.
+  pub omitted: u64,
+  /// The sandbox was out of processes and the agent killed the workload first: what it did.
+  pub recovered: Option<String>,
+}
+
+/// A download in progress: its size up front, then its bytes in chunks.
+pub struct Download {
+  pub head: DownloadHead,
+  stream: Stream,
+  received: u64,
+}
+
+impl Download {
+  /// The next chunk, or `None` once the whole file has arrived and the agent confirmed it
+  /// did not change while it was read.
+  pub async fn chunk(&mut self) -> Result<Option<Bytes>, ClientError> {
+    loop {
+      match self.stream.next().await? {
+        Inbound::Data(b) => {
+          self.received += b.len() as u64;
+          if self.received > self.head.size {
+            return Err(
+              self
+                .stream
+                .violation("a download sent more bytes than its size"),
+            );
+          }
+          self.stream.consumed(b.len());
+          return Ok(Some(b));
+        }
+        Inbound::Result(body) => {
+          let done: DownloadDone = outcome(&body)?;
+          if done.size != self.received {
+            return Err(
+              self
+                .stream
+                .violation("a download's size does not match its data"),
+            );
+          }
+          return Ok(None);
+        }
+        Inbound::Head(_) | Inbound::End => {}
+      }
+    }
+  }
+}
+
+/// One Code Mode request from a client in the sandbox. Answer it with `reply` (the bytes the
+/// client receives) or `fail`; dropping it fails it.
+pub struct CodeModeCall {
+  /// The relay socket the client used (the one given to `code_mode_listen`).
+  pub socket: String,
+  /// The client's request bytes (JSON, at most 64 MiB).
+  pub request: Bytes,
+  stream: Stream,
+}
+
+impl CodeModeCall {
+  /// Sends `reply` to the client, streamed under the agent's credit.
+  pub async fn reply(mut self, reply: Bytes) -> Result<(), ClientError> {
+    if reply.len() > MAX_CODE_MODE_MESSAGE + 4096 {
+      let msg = format!(
+        "Code Mode reply of {} bytes exceeds the limit of {} bytes",
+        reply.len(),
+        MAX_CODE_MODE_MESSAGE
+      );
+      self.stream.finish_with(&Outcome::<()>::Err(AgentError::new(
+        crate::msg::ErrorKind::TooLarge,
+        msg,
+      )));
+      return Ok(());
+    }
+    if !self.stream.send_data(reply).await? {
+      return Err(ClientError::StreamEnded {
+        reason: "the agent gave up the Code Mode call".into(),
+      });
+    }
+    self.stream.finish_with(&Outcome::Ok(()));
+    Ok(())
+  }
+
+  /// Fails the call: the client receives a Code Mode transport error with `message`.
+  pub fn fail(mut self, message: &str) {
+    self.stream.finish_with(&Outcome::<()>::Err(AgentError::new(
+      crate::msg::ErrorKind::Io,
+      message,
+    )));
+  }
+}
+
+/// State shared by the client handles, the reader task and the streams.
+struct Shared {
+  out: mpsc::UnboundedSender<Bytes>,
+  state: Mutex<State>,
+  ended: watch::Sender<bool>,
+}
+
+struct State {
+  streams: HashMap<u32, Slot>,
+  /// Why the stream ended, once it has.
+  ended: Option<String>,
+  /// Where Code Mode calls go, once someone took the receiver.
+  calls: Option<mpsc::UnboundedSender<CodeModeCall>>,
+  open_calls: usize,
+}
+
+impl Shared {
+  fn send(&self, f: &Frame) {
+    // A closed writer means the stream is over; `end` reports that to everyone.
+    let _ = self.out.send(f.to_bytes());
+  }
+
+  fn ended_error(&self) -> ClientError {
+    let st = self.state.lock().expect("state");
+    ClientError::StreamEnded {
+      reason: st
+        .ended
+        .clone()
+        .unwrap_or_else(|| "the connection was closed".into()),
+    }
+  }
+
+  /// Ends the connection: every stream's waiter wakes with `StreamEnded`.
+  fn end(&self, reason: String) {
+    let slots = {
+      let mut st = self.state.lock().expect("state");
+      if st.ended.is_none() {
+        st.ended = Some(reason);
+      }
+      st.calls = None;
+      std::mem::take(&mut st.streams)
+    };
+    for (_, slot) in slots {
+      slot.credit.close();
+    }
+    let _ = self.out.send(Bytes::new());
+    self.ended.send_replace(true);
+  }
+
+  /// Routes one incoming frame. An error ends the connection.
+  fn dispatch(self: &Arc<Self>, f: Frame) -> Result<(), String> {
+    match f.kind {
+      Kind::Hello => Err("a second hello".into()),
+      Kind::Open => self.incoming_call(f),
+      Kind::Cancel => {
+        // The agent gave up a Code Mode call (its client went away).
+        let slot = self.state.lock().expect("state").streams.remove(&f.id);
+        if let Some(s) = slot {
+          s.credit.close();
+        }
+        Ok(())
+      }
+      Kind::Credit => {
+        let n = f.credit_amount().ok_or("a malformed credit frame")?;
+        let st = self.state.lock().expect("state");
+        if let Some(slot) = st.streams.get(&f.id) {
+          slot.credit.add_permits(n as usize);
+        }
+        Ok(())
+      }
+      Kind::Data => {
+        let mut st = self.state.lock().expect("state");
+        let Some(slot) = st.streams.get_mut(&f.id) else {
+          return Ok(()); // a stream we cancelled
+        };
+        slot.unacked += f.payload.len() as u64;
+        if slot.unacked > WINDOW as u64 {
+          return Err(format!("stream {} sent more data than its credit", f.id));
+        }
+        let _ = slot.tx.send(Inbound::Data(f.payload));
+        Ok(())
+      }
+      Kind::Head | Kind::End => {
+        let st = self.state.lock().expect("state");
+        if let Some(slot) = st.streams.get(&f.id) {
+          let _ = slot.tx.send(if f.kind == Kind::Head {
+            Inbound::Head(f.payload)
+          } else {
+            Inbound::End
+          });
+        }
+        Ok(())
+      }
+      Kind::Result => {
+        let slot = self.state.lock().expect("state").streams.remove(&f.id);
+        if let Some(slot) = slot {
+          slot.credit.close();
+          let _ = slot.tx.send(Inbound::Result(f.payload));
+        }
+        Ok(())
+      }
+    }
+  }
+
+  /// A stream the agent opened: a Code Mode call.
+  fn incoming_call(self: &Arc<Self>, f: Frame) -> Result<(), String> {
+    if f.id & AGENT_STREAM == 0 {
+      return Err(format!(
+        "the agent opened stream {} in the host's range",
+        f.id
+      ));
+    }
+    let req: AgentRequest = serde_json::from_slice(&f.payload)
+      .map_err(|e| format!("an unreadable request from the agent: {e}"))?;
+    let AgentRequest::CodeModeCall { socket } = req;
+    let refuse = |why: &str| {
+      self.send(&Frame::json(
+        Kind::Result,
+        f.id,
+        &Outcome::<()>::Err(AgentError::new(crate::msg::ErrorKind::Io, why)),
+      ));
+    };
+    let mut st = self.state.lock().expect("state");
+    let Some(calls) = st.calls.clone() else {
+      drop(st);
+      refuse("Code Mode is not served by this host");
+      return Ok(());
+    };
+    if st.open_calls >= MAX_CODE_MODE_CALLS {
+      drop(st);
+      refuse("too many Code Mode calls at once");
+      return Ok(());
+    }
+    if st.streams.contains_key(&f.id) {
+      return Err(format!("the agent reused stream {}", f.id));
+    }
+    st.open_calls += 1;
+    let (slot, stream) = Stream::new(self.clone(), f.id, true);
+    st.streams.insert(f.id, slot);
+    drop(st);
+    tokio::spawn(assemble_call(stream, socket, calls));
+    Ok(())
+  }
+}
+
+/// Collects a Code Mode call's request bytes, then hands the call over.
+async fn assemble_call(
+  mut stream: Stream,
+  socket: String,
+  calls: mpsc::UnboundedSender<CodeModeCall>,
+) {
+  let mut body = BytesMut::new();
+  loop {
+    match stream.next().await {
+      Ok(Inbound::Data(b)) => {
+        if body.len() + b.len() > MAX_CODE_MODE_MESSAGE + 4096 {
+          stream.finish_with(&Outcome::<()>::Err(AgentError::new(
+            crate::msg::ErrorKind::TooLarge,
+            "Code Mode request over the limit",
+          )));
+          return;
+        }
+        stream.consumed(b.len());
+        body.extend_from_slice(&b);
+      }
+      Ok(Inbound::End) => break,
+      Ok(_) => {}
+      Err(_) => return,
+    }
+  }
+  let call = CodeModeCall {
+    socket,
+    request: body.freeze(),
+    stream,
+  };
+  // A dropped receiver drops the call, which fails it.
+  let _ = calls.send(call);
+}
+
+/// A connection to one agent. Clones share it; dropping the last one closes the agent's
+/// stdin, and the agent exits (killing any command still running).
+#[derive(Clone)]
+pub struct AgentClient {
+  inner: Arc<Inner>,
+}
+
+struct Inner {
+  shared: Arc<Shared>,
+  hello: Hello,
+  next_id: AtomicU32,
+}
+
+impl Drop for Inner {
+  fn drop(&mut self) {
+    // The empty frame tells the writer to close the agent's stdin.
+    let _ = self.shared.out.send(Bytes::new());
+  }
+}
+
+impl AgentClient {
+  /// Waits for the agent's hello on `reader`, checks its version, and starts the reader and
+  /// writer tasks (on the current tokio runtime). On error the halves are dropped, which
+  /// closes the agent's stdin.
+  pub async fn connect<R, W>(
+    mut reader: R,
+    writer: W,
+    opts: ClientOptions,
+  ) -> Result<AgentClient, ClientError>
+  where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+  {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let hello = tokio::time::timeout(opts.hello_timeout, read_hello(&mut reader, &mut buf))
+      .await
+      .map_err(|_| {
+        ClientError::Handshake(format!(
+          "no hello within {} ms{}",
+          opts.hello_timeout.as_millis(),
+          preview(&buf)
+        ))
+      })??;
+    if let Some(expected) = &opts.expected_version {
+      if &hello.version != expected || hello.protocol != crate::PROTOCOL {
+        return Err(ClientError::VersionMismatch {
+          agent: hello.version,
+          protocol: hello.protocol,
+          expected: expected.clone(),
+        });
+      }
+    }
+    let (out, out_rx) = mpsc::unbounded_channel();
+    let (ended, _) = watch::channel(false);
+    let shared = Arc::new(Shared {
+      out,
+      state: Mutex::new(State {
+        streams: HashMap::new(),
+        ended: None,
+        calls: None,
+        open_calls: 0,
+      }),
+      ended,
+    });
+    tokio::spawn(write_loop(writer, out_rx, shared.clone()));
+    tokio::spawn(read_loop(reader, buf, shared.clone()));
+    Ok(AgentClient {
+      inner: Arc::new(Inner {
+        shared,
+        hello,
+        next_id: AtomicU32::new(1),
+      }),
+    })
+  }
+
+  /// What the agent said when it started.
+  pub fn hello(&self) -> &Hello {
+    &self.inner.hello
+  }
+
+  /// Whether the stream has ended (every request now fails).
+  pub fn is_closed(&self) -> bool {
+    *self.inner.shared.ended.borrow()
+  }
+
+  /// Waits until the stream ends; the error says why.
+  pub async fn closed(&self) -> ClientError {
+    let mut rx = self.inner.shared.ended.subscribe();
+    let _ = rx.wait_for(|e| *e).await;
+    self.inner.shared.ended_error()
+  }
+
+  /// Closes the agent's stdin: it exits, killing commands still running. Requests in flight
+  /// fail with `StreamEnded`.
+  pub fn close(&self) {
+    self
+      .inner
+      .shared
+      .end("the host closed the connection".into());
+  }
+
+  /// Opens a stream for `req`.
+  fn open(&self, req: &Request) -> Result<Stream, ClientError> {
+    let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    if body.len() > MAX_PAYLOAD {
+      return Err(ClientError::RequestTooLarge {
+        bytes: body.len(),
+        max: MAX_PAYLOAD,
+      });
+    }
+    let id = loop {
+      let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed) & !AGENT_STREAM;
+      if id != 0 {
+        break id;
+      }
+    };
+    let shared = &self.inner.shared;
+    let stream = {
+      let mut st = shared.state.lock().expect("state");
+      if st.ended.is_some() {
+        drop(st);
+        return Err(shared.ended_error());
+      }
+      let (slot, stream) = Stream::new(shared.clone(), id, false);
+      st.streams.insert(id, slot);
+      stream
+    };
+    shared.send(&Frame::new(Kind::Open, id, body));
+    Ok(stream)
+  }
+
+  /// Sends `req` and waits for its `Result`, skipping anything else.
+  async fn call<T: serde::de::DeserializeOwned>(&self, req: &Request) -> Result<T, ClientError> {
+    let mut s = self.open(req)?;
+    loop {
+      if let Inbound::Result(body) = s.next().await? {
+        return outcome(&body);
+      }
+    }
+  }
+
+  /// A round trip that does nothing (not counted as activity).
+  pub async fn ping(&self) -> Result<PingInfo, ClientError> {
+    self.call(&Request::Ping).await
+  }
+
+  /// When the host last called (anything but ping and activity) and how many commands run.
+  pub async fn activity(&self) -> Result<ActivityInfo, ClientError> {
+    self.call(&Request::Activity).await
+  }
+
+  /// Runs a command; its output is kept under `req.max_output` (head and tail).
+  pub async fn exec(&self, req: &ExecRequest) -> Result<ExecOutput, ClientError> {
+    self.exec_with(req, |_| {}).await
+  }
+
+  /// `exec`, also handing each output chunk to `on_output` as it arrives.
+  pub async fn exec_with<F>(
+    &self,
+    req: &ExecRequest,
+    mut on_output: F,
+  ) -> Result<ExecOutput, ClientError>
+  where
+    F: FnMut(&[u8]) + Send,
+  {
+    let spec = ExecSpec {
+      command: req.command.clone(),
+      cwd: req.cwd.clone(),
+      env: req.env.clone(),
+      user: req.user.clone(),
+      timeout_ms: req
+        .timeout
+        .map(|t| (t.as_millis() as u64).max(1))
+        .unwrap_or(0),
+    };
+    let mut s = self.open(&Request::Exec(spec))?;
+    let mut kept = CappedOutput::new(req.max_output);
+    let done: ExecDone = loop {
+      match s.next().await? {
+        Inbound::Data(b) => {
+          on_output(&b);
+          kept.push(&b);
+          s.consumed(b.len());
+        }
+        Inbound::Result(body) => break outcome(&body)?,
+        Inbound::Head(_) | Inbound::End => {}
+      }
+    };
+    let omitted = kept.omitted();
+    let output = if done.timed_out {
+      timed_out_text(kept, req.timeout.unwrap_or_default())
+    } else {
+      kept.into_text()
+    };
+    Ok(ExecOutput {
+      exit_code: if done.timed_out {
+        TIMEOUT_EXIT_CODE
+      } else {
+        done.exit_code
+      },
+      output,
+      timed_out: done.timed_out,
+      omitted,
+      recovered: done.recovered,
+    })
+  }
+
+  /// Writes a file from `source`, streamed in chunks under the agent's credit. Nothing is
+  /// left behind when it fails (the agent writes a temporary file and renames it into place).
+  pub async fn upload<R>(&self, spec: UploadSpec, mut source: R) -> Result<UploadDone, ClientError>
+  where
+    R: AsyncRead + Unpin,
+  {
+    let mut s = self.open(&Request::Upload(spec))?;
+    let mut buf = BytesMut::new();
+    loop {
+      buf.reserve(MAX_DATA);
+      let n = (&mut source)
+        .take(MAX_DATA as u64)
+        .read_buf(&mut buf)
+        .await
+        .map_err(|e| ClientError::Source(e.to_string()))?;
+      if n == 0 {
+        break;
+      }
+      if !s.send_data(buf.split().freeze()).await? {
+        break; // the agent answered early (an error)
+      }
+    }
+    s.send_end();
+    loop {
+      if let Inbound::Result(body) = s.next().await? {
+        return outcome(&body);
+      }
+    }
+  }
+
+  /// `upload` from bytes in memory (sent without copying).
+  pub async fn upload_bytes(
+    &self,
+    spec: UploadSpec,
+    data: Bytes,
+  ) -> Result<UploadDone, ClientError> {
+    let mut s = self.open(&Request::Upload(spec))?;
+    s.send_data(data).await?;
+    s.send_end();
+    loop {
+      if let Inbound::Result(body) = s.next().await? {
+        return outcome(&body);
+      }
+    }
+  }
+
+  /// Starts a download: the file's size first (a file over `spec.max_bytes` is refused before
+  /// any byte is sent), then its bytes through `Download::chunk`.
+  pub async fn download(&self, spec: DownloadSpec) -> Result<Download, ClientError> {
+    let mut s = self.open(&Request::Download(spec))?;
+    loop {
+      match s.next().await? {
+        Inbound::Head(body) => {
+          let head: DownloadHead = serde_json::from_slice(&body)
+            .map_err(|e| s.violation(&format!("an unreadable download head: {e}")))?;
+          return Ok(Download {
+            head,
+            stream: s,
+            received: 0,
+          });
+        }
+        Inbound::Result(body) => {
+          // Only an error may come without a head.
+          outcome::<DownloadDone>(&body)?;
+          return Err(s.violation("a download ended without its head"));
+        }
+        Inbound::Data(_) => return Err(s.violation("download data before its head")),
+        Inbound::End => {}
+      }
+    }
+  }
+
+  /// A whole file in memory (at most `spec.max_bytes`).
+  pub async fn download_bytes(&self, spec: DownloadSpec) -> Result<Vec<u8>, ClientError> {
+    let mut d = self.download(spec).await?;
+    let mut out = Vec::with_capacity(d.head.size as usize);
+    while let Some(chunk) = d.chunk().await? {
+      out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+  }
+
+  /// What is at a path (`None` when nothing is).
+  pub async fn stat(&self, spec: StatSpec) -> Result<Option<StatInfo>, ClientError> {
+    self.call(&Request::Stat(spec)).await
+  }
+
+  /// Makes the layout directories with their owners and modes (and the activity file).
+  pub async fn layout(&self, spec: LayoutSpec) -> Result<(), ClientError> {
+    self.call(&Request::Layout(spec)).await
+  }
+
+  /// Opens a Code Mode relay socket in the sandbox. Its calls arrive on `code_mode_calls`.
+  pub async fn code_mode_listen(&self, spec: CodeModeListenSpec) -> Result<(), ClientError> {
+    self.call(&Request::CodeModeListen(spec)).await
+  }
+
+  /// Closes a relay socket (and removes it).
+  pub async fn code_mode_close(&self, socket: &str) -> Result<(), ClientError> {
+    self
+      .call(&Request::CodeModeClose {
+        socket: socket.to_string(),
+      })
+      .await
+  }
+
+  /// The Code Mode calls of every relay socket of this agent. Until this is called, and
+  /// after the receiver is dropped, calls fail at once with a transport error.
+  pub fn code_mode_calls(&self) -> mpsc::UnboundedReceiver<CodeModeCall> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    self.inner.shared.state.lock().expect("state").calls = Some(tx);
+    rx
+  }
+}
+
+/// Reads frames until the hello. Anything else first means this is not (a working) agent.
+async fn read_hello<R: AsyncRead + Unpin>(
+  reader: &mut R,
+  buf: &mut BytesMut,
+) -> Result<Hello, ClientError> {
+  loop {
+    match frame::decode(buf) {
+      Ok(Some(f)) if f.kind == Kind::Hello => {
+        return serde_json::from_slice(&f.payload)
+          .map_err(|e| ClientError::Handshake(format!("an unreadable hello: {e}")));
+      }
+      Ok(Some(f)) => {
+        return Err(ClientError::Handshake(format!(
+          "a {:?} frame came before the hello",
+          f.kind
+        )))
+      }
+      Ok(None) => {}
+      Err(e) => {
+        return Err(ClientError::Handshake(format!(
+          "the output is not the agent protocol ({e}){}",
+          preview(buf)
+        )))
+      }
+    }
+    buf.reserve(4096);
+    let n = reader
+      .read_buf(buf)
+      .await
+      .map_err(|e| ClientError::Handshake(format!("reading its output failed: {e}")))?;
+    if n == 0 {
+      return Err(ClientError::Handshake(format!(
+        "its output ended before the hello{}",
+        preview(buf)
+      )));
+    }
+  }
+}
+
+/// What the stream held, for a message (a shell's "not found" …).
+fn preview(buf: &[u8]) -> String {
+  if buf.is_empty() {
+    return String::new();
+  }
+  let text = String::from_utf8_lossy(&buf[..buf.len().min(300)]);
+  format!(": {:?}", text.trim())
+}
+
+/// Reads frames and routes them until the stream ends or breaks the protocol.
+async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, mut buf: BytesMut, shared: Arc<Shared>) {
+  let reason = 'outer: loop {
+    loop {
+      match frame::decode(&mut buf) {
+        Ok(Some(f)) => {
+          if let Err(e) = shared.dispatch(f) {
+            break 'outer format!("protocol error: {e}");
+          }
+        }
+        Ok(None) => break,
+        Err(e) => break 'outer format!("protocol error: {e}"),
+      }
+    }
+    buf.reserve(64 * 1024);
+    match reader.read_buf(&mut buf).await {
+      Ok(0) => break "the agent's output ended".to_string(),
+      Ok(_) => {}
+      Err(e) => break format!("reading the agent's output failed: {e}"),
+    }
+  };
+  shared.end(reason);
+}
+
+/// Writes queued frames, several per write when they pile up. An empty frame closes.
+async fn write_loop<W: AsyncWrite + Unpin>(
+  mut writer: W,
+  mut rx: mpsc::UnboundedReceiver<Bytes>,
+  shared: Arc<Shared>,
+) {
+  let mut batch = BytesMut::new();
+  'outer: while let Some(first) = rx.recv().await {
+    if first.is_empty() {
+      break;
+    }
+    let mut closing = false;
+    let result = if rx.is_empty() {
+      // Alone: written from its own buffer, no copy.
+      writer.write_all(&first).await
+    } else {
+      batch.extend_from_slice(&first);
+      while batch.len() < 256 * 1024 {
+        match rx.try_recv() {
+          Ok(b) if b.is_empty() => {
+            closing = true;
+            break;
+          }
+          Ok(b) => batch.extend_from_slice(&b),
+          Err(_) => break,
+        }
+      }
+      let r = writer.write_all(&batch).await;
+      batch.clear();
+      r
+    };
+    if let Err(e) = result.and(writer.flush().await) {
+      shared.end(format!("writing to the agent failed: {e}"));
+      break 'outer;
+    }
+    if closing {
+      break;
+    }
+  }
+  let _ = writer.shutdown().await;
+  shared.end("the host closed the connection".into());
+}
+
+/// Decodes a `Result` payload.
+fn outcome<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ClientError> {
+  let o: Outcome<T> = serde_json::from_slice(body)
+    .map_err(|e| ClientError::Protocol(format!("an unreadable result: {e}")))?;
+  Ok(Result::from(o)?)
+}
+
+#[cfg(test)]
+mod tests;

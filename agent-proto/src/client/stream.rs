@@ -1,0 +1,203 @@
+//! One stream's two ends inside the client: the `Slot` the reader task routes frames into, and
+//! the `Stream` a request (or a Code Mode call) reads them from and sends data on, with credit
+//! both ways.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, Semaphore};
+
+use super::{ClientError, Shared};
+use crate::frame::{Frame, Kind, CREDIT_BATCH, MAX_DATA, WINDOW};
+use crate::msg::Outcome;
+
+/// What arrives on a stream.
+pub(super) enum Inbound {
+  Head(Bytes),
+  Data(Bytes),
+  End,
+  Result(Bytes),
+}
+
+/// The reader task's end of a stream.
+pub(super) struct Slot {
+  pub tx: mpsc::UnboundedSender<Inbound>,
+  /// Our send window on this stream; closed when the stream or the connection ends.
+  pub credit: Arc<Semaphore>,
+  /// Bytes the agent sent that we have not yet granted back. Bounded by `WINDOW`, which bounds
+  /// what `tx` can hold.
+  pub unacked: u64,
+}
+
+/// The caller's end of a stream.
+pub(super) struct Stream {
+  shared: Arc<Shared>,
+  id: u32,
+  rx: mpsc::UnboundedReceiver<Inbound>,
+  credit: Arc<Semaphore>,
+  /// Consumed but not yet granted back.
+  consumed: u32,
+  /// A frame that arrived while we were sending, delivered by the next `next`.
+  early: Option<Inbound>,
+  /// The stream is over for us: nothing to cancel or answer on drop.
+  finished: bool,
+  /// The agent opened it (a Code Mode call): we answer it rather than cancel it.
+  by_agent: bool,
+}
+
+impl Stream {
+  pub fn new(shared: Arc<Shared>, id: u32, by_agent: bool) -> (Slot, Stream) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let credit = Arc::new(Semaphore::new(WINDOW as usize));
+    let slot = Slot {
+      tx,
+      credit: credit.clone(),
+      unacked: 0,
+    };
+    let stream = Stream {
+      shared,
+      id,
+      rx,
+      credit,
+      consumed: 0,
+      early: None,
+      finished: false,
+      by_agent,
+    };
+    (slot, stream)
+  }
+
+  /// The next frame of this stream; `StreamEnded` once the connection is gone.
+  pub async fn next(&mut self) -> Result<Inbound, ClientError> {
+    let msg = match self.early.take() {
+      Some(m) => Some(m),
+      None => self.rx.recv().await,
+    };
+    match msg {
+      Some(Inbound::Result(b)) => {
+        self.finished = true;
+        Ok(Inbound::Result(b))
+      }
+      Some(m) => Ok(m),
+      None => {
+        self.finished = true;
+        Err(self.shared.ended_error())
+      }
+    }
+  }
+
+  /// Grants `n` consumed bytes back to the agent (in batches).
+  pub fn consumed(&mut self, n: usize) {
+    self.consumed += n as u32;
+    if self.consumed < CREDIT_BATCH {
+      return;
+    }
+    let n = std::mem::take(&mut self.consumed);
+    {
+      let mut st = self.shared.state.lock().expect("state");
+      match st.streams.get_mut(&self.id) {
+        Some(slot) => slot.unacked = slot.unacked.saturating_sub(n as u64),
+        None => return,
+      }
+    }
+    self.shared.send(&Frame::credit(self.id, n));
+  }
+
+  /// Sends `data` in chunks, each once the agent has granted room for it. `Ok(false)` when the
+  /// agent answered before taking it all (an error in its `Result`, read by `next`).
+  pub async fn send_data(&mut self, mut data: Bytes) -> Result<bool, ClientError> {
+    if self.early.is_some() {
+      return Ok(false);
+    }
+    while !data.is_empty() {
+      let chunk = data.split_to(data.len().min(MAX_DATA));
+      tokio::select! {
+        biased;
+        msg = self.rx.recv() => {
+          match msg {
+            Some(m) => {
+              self.early = Some(m);
+              return Ok(false);
+            }
+            None => {
+              self.finished = true;
+              return Err(self.shared.ended_error());
+            }
+          }
+        }
+        permit = self.credit.acquire_many(chunk.len() as u32) => {
+          match permit {
+            Ok(p) => p.forget(),
+            Err(_) => {
+              // Closed: the stream is over (a result is waiting, or the connection ended).
+              if self.early.is_none() {
+                self.early = self.rx.recv().await;
+              }
+              return match self.early {
+                Some(_) => Ok(false),
+                None => {
+                  self.finished = true;
+                  Err(self.shared.ended_error())
+                }
+              };
+            }
+          }
+        }
+      }
+      self.shared.send(&Frame::new(Kind::Data, self.id, chunk));
+    }
+    Ok(true)
+  }
+
+  /// No more data from us.
+  pub fn send_end(&self) {
+    self.shared.send(&Frame::empty(Kind::End, self.id));
+  }
+
+  /// Answers an agent-opened stream and forgets it.
+  pub fn finish_with<T: serde::Serialize>(&mut self, outcome: &Outcome<T>) {
+    self.finished = true;
+    self.release();
+    self
+      .shared
+      .send(&Frame::json(Kind::Result, self.id, outcome));
+  }
+
+  /// A protocol violation on this stream: the connection cannot be trusted, so it ends.
+  pub fn violation(&mut self, what: &str) -> ClientError {
+    self.finished = true;
+    let reason = format!("protocol error: {what}");
+    self.shared.end(reason.clone());
+    ClientError::Protocol(what.to_string())
+  }
+
+  fn release(&mut self) {
+    let mut st = self.shared.state.lock().expect("state");
+    if let Some(slot) = st.streams.remove(&self.id) {
+      slot.credit.close();
+    }
+    if self.by_agent {
+      st.open_calls = st.open_calls.saturating_sub(1);
+      self.by_agent = false;
+    }
+  }
+}
+
+impl Drop for Stream {
+  fn drop(&mut self) {
+    if self.finished {
+      self.release();
+      return;
+    }
+    if self.by_agent {
+      self.finish_with(&Outcome::<()>::Err(crate::msg::AgentError::new(
+        crate::msg::ErrorKind::Io,
+        "the host dropped the Code Mode call",
+      )));
+    } else {
+      // Abandoned: the agent stops (a running command is killed, a partial upload removed).
+      self.release();
+      self.shared.send(&Frame::empty(Kind::Cancel, self.id));
+    }
+  }
+}

@@ -1,0 +1,576 @@
+//! Uploads, downloads, stat and the layout, done inside the container with the sandbox user's
+//! credentials (on pool threads that switch only their own file-system identity). Reads never
+//! block on a FIFO or device (opened non-blocking, refused unless regular); writes go to a
+//! temporary file in the target directory that is renamed into place.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use trueforge_agent_proto::frame::MAX_DATA;
+use trueforge_agent_proto::msg::{
+  AgentError, DownloadDone, DownloadHead, DownloadSpec, ErrorKind, FileKind, LayoutSpec, Outcome,
+  StatInfo, StatSpec, UploadDone, UploadSpec,
+};
+
+use crate::conn::{In, StreamIo};
+use crate::ctx::Ctx;
+use crate::resolve::{self, Links};
+use crate::sys::{self, Creds, Identity};
+
+/// Longest path accepted (PATH_MAX less the terminating NUL).
+const MAX_PATH: usize = 4095;
+/// Bytes read from a file per pool job.
+const READ_CHUNK: usize = 256 * 1024;
+/// Upload bytes gathered into one pool job.
+const WRITE_BATCH: usize = 1 << 20;
+
+/// Checks a path from the host: absolute, no NUL, no `..`.
+fn check_path(path: &str) -> Result<Vec<u8>, AgentError> {
+  let bad = |why: &str| AgentError::new(ErrorKind::InvalidPath, format!("{path}: {why}"));
+  if !path.starts_with('/') {
+    return Err(bad("not an absolute path"));
+  }
+  if path.contains('\0') {
+    return Err(bad("contains a NUL byte"));
+  }
+  if path.len() > MAX_PATH {
+    return Err(bad("longer than the system allows"));
+  }
+  if path.split('/').any(|c| c == "..") {
+    return Err(bad("contains '..'"));
+  }
+  Ok(path.as_bytes().to_vec())
+}
+
+/// The kind of a file from its mode.
+pub fn kind_of(mode: libc::mode_t) -> FileKind {
+  match mode & libc::S_IFMT {
+    libc::S_IFREG => FileKind::File,
+    libc::S_IFDIR => FileKind::Directory,
+    libc::S_IFLNK => FileKind::Symlink,
+    libc::S_IFCHR => FileKind::CharDevice,
+    libc::S_IFBLK => FileKind::BlockDevice,
+    libc::S_IFIFO => FileKind::Fifo,
+    libc::S_IFSOCK => FileKind::Socket,
+    _ => FileKind::Unknown,
+  }
+}
+
+/// A typed error for an OS error met while working on `path`.
+fn io_error(path: &str, e: &io::Error) -> AgentError {
+  let (kind, why) = match e.raw_os_error().unwrap_or(0) {
+    libc::ENOENT => (ErrorKind::NotFound, "no such file or directory"),
+    libc::EISDIR => (ErrorKind::IsDirectory, "is a directory"),
+    libc::ENOTDIR => (
+      ErrorKind::NotADirectory,
+      "a parent of this path is a file, not a directory",
+    ),
+    libc::EACCES | libc::EPERM => (ErrorKind::PermissionDenied, "permission denied"),
+    libc::EROFS => (
+      ErrorKind::ReadOnly,
+      "the path is on a read-only file system",
+    ),
+    libc::EBUSY => (
+      ErrorKind::Busy,
+      "the path is a mount point or busy (the engine bind-mounts some files, such as /etc/hosts)",
+    ),
+    libc::ELOOP => (
+      ErrorKind::InvalidPath,
+      "too many levels of symbolic links, or a link the agent does not follow (/proc/…/fd)",
+    ),
+    libc::ENAMETOOLONG => (ErrorKind::InvalidPath, "a name in the path is too long"),
+    libc::ENOSPC | libc::EDQUOT | libc::EFBIG => (ErrorKind::NoSpace, "no space left"),
+    libc::EXDEV => (ErrorKind::Busy, "the path is on another file system"),
+    _ => return AgentError::new(ErrorKind::Io, format!("{path}: {e}")),
+  };
+  AgentError::new(kind, format!("{path}: {why}"))
+}
+
+fn not_regular(path: &str, kind: FileKind) -> AgentError {
+  let mut e = AgentError::new(
+    ErrorKind::NotRegularFile,
+    format!("{path} is a {}, not a regular file", kind.describe()),
+  );
+  e.file_kind = Some(kind);
+  e
+}
+
+fn too_large(path: &str, size: u64, max: u64) -> AgentError {
+  let mut e = AgentError::new(
+    ErrorKind::TooLarge,
+    format!("{path} is {size} bytes, over the limit of {max}"),
+  );
+  e.size = Some(size);
+  e.max = Some(max);
+  e
+}
+
+fn changed(path: &str) -> AgentError {
+  AgentError::new(
+    ErrorKind::Changed,
+    format!("{path} changed while it was being read; try again"),
+  )
+}
+
+/// The user a request acts as, with the agent's own identity to return to.
+fn who(ctx: &Ctx, spec: Option<&str>) -> Result<(Identity, Creds), AgentError> {
+  let user = ctx
+    .users
+    .resolve(spec)
+    .map_err(|e| AgentError::new(ErrorKind::UnknownUser, e))?;
+  Ok((ctx.me.clone(), user.creds()))
+}
+
+/// Runs `f` on a pool thread as `creds`. A failed switch is a permission error.
+async fn as_user<T: Send + 'static>(
+  ctx: &Ctx,
+  me: Identity,
+  creds: Creds,
+  path: &str,
+  f: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> Result<T, AgentError> {
+  let r = ctx.pool.run(move || sys::as_user(&me, &creds, f)).await;
+  match r {
+    Ok(Ok(v)) => Ok(v),
+    Ok(Err(e)) => Err(io_error(path, &e)),
+    Err(e) => Err(AgentError::new(
+      ErrorKind::PermissionDenied,
+      format!("{path}: the agent cannot act as the sandbox user ({e}); the container must keep the SETUID and SETGID capabilities"),
+    )),
+  }
+}
+
+/// Streams a file to the host: its size first, then its bytes under the host's credit.
+pub async fn download(ctx: Rc<Ctx>, spec: DownloadSpec, mut io: StreamIo) {
+  if let Some(outcome) = download_inner(&ctx, &spec, &io).await {
+    io.result(&outcome);
+  }
+}
+
+async fn download_inner(
+  ctx: &Ctx,
+  spec: &DownloadSpec,
+  io: &StreamIo,
+) -> Option<Outcome<DownloadDone>> {
+  let shown = spec.path.as_str();
+  let r = async {
+    let path = check_path(shown)?;
+    let (me, creds) = who(ctx, spec.user.as_deref())?;
+    as_user(ctx, me, creds, shown, move || {
+      let fd = resolve::open_read(&path)?;
+      let st = sys::fstat(fd.as_raw_fd())?;
+      Ok((File::from(fd), st))
+    })
+    .await
+  }
+  .await;
+  let (file, st) = match r {
+    Ok(v) => v,
+    Err(e) => return Some(Outcome::Err(e)),
+  };
+  match kind_of(st.st_mode) {
+    FileKind::File => {}
+    FileKind::Directory => {
+      return Some(Outcome::Err(AgentError::new(
+        ErrorKind::IsDirectory,
+        format!("{shown} is a directory"),
+      )))
+    }
+    other => return Some(Outcome::Err(not_regular(shown, other))),
+  }
+  let size = st.st_size as u64;
+  if size > spec.max_bytes {
+    return Some(Outcome::Err(too_large(shown, size, spec.max_bytes)));
+  }
+  io.send_head(&DownloadHead {
+    size,
+    mode: st.st_mode & 0o7777,
+    mtime_ms: sys::mtime_ms(&st),
+  });
+  let file = Arc::new(file);
+  let mut sent = 0u64;
+  loop {
+    let avail = io.credit().await;
+    if avail == 0 {
+      return None; // cancelled
+    }
+    let want = (avail as usize).min(READ_CHUNK);
+    let f = file.clone();
+    let chunk = ctx
+      .pool
+      .run(move || {
+        let mut buf = BytesMut::zeroed(want);
+        let n = (&*f).read(&mut buf)?;
+        buf.truncate(n);
+        Ok::<_, io::Error>(buf.freeze())
+      })
+      .await;
+    let mut chunk = match chunk {
+      Ok(c) => c,
+      Err(e) => return Some(Outcome::Err(io_error(shown, &e))),
+    };
+    if chunk.is_empty() {
+      break;
+    }
+    sent += chunk.len() as u64;
+    if sent > size {
+      // It grew while we read: what was sent no longer matches the size announced.
+      return Some(Outcome::Err(changed(shown)));
+    }
+    while !chunk.is_empty() {
+      let n = chunk.len().min(MAX_DATA);
+      io.send_now(chunk.split_to(n));
+    }
+  }
+  let f = file.clone();
+  let after = ctx.pool.run(move || sys::fstat(f.as_raw_fd())).await;
+  let same = after.is_ok_and(|a| {
+    a.st_size == st.st_size && a.st_mtime == st.st_mtime && a.st_mtime_nsec == st.st_mtime_nsec
+  });
+  if sent != size || !same {
+    return Some(Outcome::Err(changed(shown)));
+  }
+  Some(Outcome::Ok(DownloadDone { size: sent }))
+}
+
+/// Names temporary upload files; unique with the pid and a counter (and O_EXCL).
+static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A temporary file being written in the target's directory.
+struct Staged {
+  dir: OwnedFd,
+  temp: CString,
+  name: CString,
+  file: Arc<File>,
+}
+
+/// Writes a file from the host's data: a temporary file in the target directory, renamed into
+/// place once complete, removed on any failure.
+pub async fn upload(ctx: Rc<Ctx>, spec: UploadSpec, mut io: StreamIo) {
+  let shown = spec.path.clone();
+  let prepared = async {
+    let path = check_path(&shown)?;
+    let (me, creds) = who(&ctx, spec.user.as_deref())?;
+    let (parent, name) = split_parent(&path)
+      .ok_or_else(|| AgentError::new(ErrorKind::IsDirectory, format!("{shown} is a directory")))?;
+    let parents = spec.parents;
+    let staged = as_user(&ctx, me.clone(), creds.clone(), &shown, move || {
+      stage(&parent, &name, parents)
+    })
+    .await?;
+    Ok::<_, AgentError>((me, creds, staged))
+  }
+  .await;
+  let (me, creds, staged) = match prepared {
+    Ok(v) => v,
+    Err(e) => return io.result(&Outcome::<UploadDone>::Err(e)),
+  };
+  let written = receive(&ctx, &spec, &mut io, &staged).await;
+  let outcome = match written {
+    None => None,
+    Some(Err(e)) => Some(Err(e)),
+    Some(Ok(size)) => {
+      let mode = spec.mode & 0o7777;
+      let (file, dir, temp, name) = (
+        staged.file.clone(),
+        staged.dir.as_raw_fd(),
+        staged.temp.clone(),
+        staged.name.clone(),
+      );
+      let placed = as_user(&ctx, me.clone(), creds.clone(), &shown, move || {
+        // The mode is set explicitly: the umask must not narrow what the caller asked for.
+        sys::cvt(unsafe { libc::fchmod(file.as_raw_fd(), mode) })?;
+        sys::cvt(unsafe { libc::renameat(dir, temp.as_ptr(), dir, name.as_ptr()) })?;
+        Ok(())
+      })
+      .await;
+      Some(placed.map(|_| UploadDone { size }))
+    }
+  };
+  if !matches!(outcome, Some(Ok(_))) {
+    let (dir, temp) = (staged.dir, staged.temp);
+    let _ = as_user(&ctx, me, creds, &shown, move || {
+      unsafe { libc::unlinkat(dir.as_raw_fd(), temp.as_ptr(), 0) };
+      Ok(())
+    })
+    .await;
+  }
+  if let Some(o) = outcome {
+    io.result(&Outcome::from(o));
+  }
+}
+
+/// `/a/b/c` → (`/a/b`, `c`); `None` for a path naming a directory (`/`, `…/`, `…/.`).
+fn split_parent(path: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+  if path.ends_with(b"/") || path.ends_with(b"/.") {
+    return None;
+  }
+  let cut = path.iter().rposition(|&b| b == b'/')?;
+  let name = &path[cut + 1..];
+  if name.is_empty() || name == b"." {
+    return None;
+  }
+  let parent = if cut == 0 {
+    b"/".to_vec()
+  } else {
+    path[..cut].to_vec()
+  };
+  Some((parent, name.to_vec()))
+}
+
+/// Opens the target directory (making missing parents, 0755) and creates the temporary file.
+/// Runs as the user.
+fn stage(parent: &[u8], name: &[u8], parents: bool) -> io::Result<Staged> {
+  let dir = resolve::open_dir(parent, Links::Follow, parents.then_some(0o755))?;
+  let name = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+  // A directory at the target is refused now rather than after the whole transfer.
+  if let Ok(st) = sys::fstatat(dir.as_raw_fd(), &name, libc::AT_SYMLINK_NOFOLLOW) {
+    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+      return Err(io::Error::from_raw_os_error(libc::EISDIR));
+    }
+  }
+  loop {
+    let seq = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
+    let temp =
+      CString::new(format!(".tf-upload.{}.{seq}", std::process::id())).expect("no NUL in a number");
+    match sys::openat(
+      dir.as_raw_fd(),
+      &temp,
+      libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+      0o600,
+    ) {
+      Ok(fd) => {
+        return Ok(Staged {
+          dir,
+          temp,
+          name,
+          file: Arc::new(File::from(fd)),
+        })
+      }
+      Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+      Err(e) => return Err(e),
+    }
+  }
+}
+
+/// Writes the host's data into the staged file. `None` when the stream was cancelled.
+async fn receive(
+  ctx: &Ctx,
+  spec: &UploadSpec,
+  io: &mut StreamIo,
+  staged: &Staged,
+) -> Option<Result<u64, AgentError>> {
+  let mut total = 0u64;
+  let mut batch: Vec<Bytes> = Vec::new();
+  let mut ended = false;
+  while !ended {
+    let first = io.recv().await?;
+    let mut size = 0;
+    let push = |m: In, batch: &mut Vec<Bytes>, size: &mut usize| match m {
+      In::Data(b) => {
+        *size += b.len();
+        batch.push(b);
+        false
+      }
+      In::End => true,
+      In::Result(_) => false,
+    };
+    ended = push(first, &mut batch, &mut size);
+    // Whatever else already arrived goes in the same job.
+    while !ended && size < WRITE_BATCH {
+      match io.try_recv() {
+        Some(m) => ended = push(m, &mut batch, &mut size),
+        None => break,
+      }
+    }
+    total += size as u64;
+    if let Some(max) = spec.max_bytes {
+      if total > max {
+        return Some(Err(too_large(&spec.path, total, max)));
+      }
+    }
+    if batch.is_empty() {
+      continue;
+    }
+    let file = staged.file.clone();
+    let data = std::mem::take(&mut batch);
+    let written = ctx
+      .pool
+      .run(move || {
+        for b in &data {
+          (&*file).write_all(b)?;
+        }
+        Ok::<_, io::Error>(())
+      })
+      .await;
+    if let Err(e) = written {
+      return Some(Err(io_error(&spec.path, &e)));
+    }
+    io.consumed(size);
+  }
+  Some(Ok(total))
+}
+
+/// What is at a path, as the user sees it.
+pub async fn stat(ctx: &Ctx, spec: StatSpec) -> Outcome<Option<StatInfo>> {
+  let shown = spec.path.clone();
+  let r = async {
+    let path = check_path(&shown)?;
+    let (me, creds) = who(ctx, spec.user.as_deref())?;
+    let follow = spec.follow;
+    as_user(ctx, me, creds, &shown, move || {
+      let fd = match resolve::open_path(&path, follow) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+        Err(e) => return Err(e),
+      };
+      let st = sys::fstat(fd.as_raw_fd())?;
+      let kind = kind_of(st.st_mode);
+      let link_target = if kind == FileKind::Symlink {
+        Some(String::from_utf8_lossy(&sys::readlinkat(fd.as_raw_fd(), c"")?).into_owned())
+      } else {
+        None
+      };
+      Ok(Some(StatInfo {
+        kind,
+        size: st.st_size as u64,
+        mode: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        mtime_ms: sys::mtime_ms(&st),
+        link_target,
+      }))
+    })
+    .await
+  }
+  .await;
+  r.into()
+}
+
+/// Makes the layout as root: each directory (and missing parent) without following any link,
+/// then its owner and mode; then the links; then the activity file.
+pub async fn layout(ctx: &Ctx, spec: LayoutSpec) -> Outcome<()> {
+  let owner = match ctx.users.resolve(spec.user.as_deref()) {
+    Ok(u) => (u.uid, u.gid),
+    Err(e) => return Outcome::Err(AgentError::new(ErrorKind::UnknownUser, e)),
+  };
+  for d in &spec.dirs {
+    let path = match check_path(&d.path) {
+      Ok(p) => p,
+      Err(e) => return Outcome::Err(e),
+    };
+    let (uid, gid) = if d.user_owned { owner } else { (0, 0) };
+    let mode = d.mode & 0o7777;
+    let r = ctx
+      .pool
+      .run(move || {
+        let fd = resolve::open_dir(&path, Links::Refuse, Some(0o755))?;
+        let dir = sys::openat(fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        sys::cvt(unsafe { libc::fchown(dir.as_raw_fd(), uid, gid) })?;
+        sys::cvt(unsafe { libc::fchmod(dir.as_raw_fd(), mode) })?;
+        Ok::<_, io::Error>(())
+      })
+      .await;
+    if let Err(e) = r {
+      return Outcome::Err(io_error(&d.path, &e));
+    }
+  }
+  for l in &spec.links {
+    let path = match check_path(&l.path) {
+      Ok(p) => p,
+      Err(e) => return Outcome::Err(e),
+    };
+    let Some((parent, name)) = split_parent(&path) else {
+      return Outcome::Err(AgentError::new(
+        ErrorKind::InvalidPath,
+        format!("{}: not a file name", l.path),
+      ));
+    };
+    let target = match CString::new(l.target.as_bytes()) {
+      Ok(t) => t,
+      Err(_) => {
+        return Outcome::Err(AgentError::new(
+          ErrorKind::InvalidPath,
+          format!("{}: the link target contains a NUL byte", l.path),
+        ))
+      }
+    };
+    let r = ctx
+      .pool
+      .run(move || {
+        let dir = resolve::open_dir(&parent, Links::Refuse, Some(0o755))?;
+        let name = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let seq = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
+        let temp = CString::new(format!(".tf-link.{}.{seq}", std::process::id()))
+          .expect("no NUL in a number");
+        sys::cvt(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), temp.as_ptr()) })?;
+        let r = sys::cvt(unsafe {
+          libc::renameat(
+            dir.as_raw_fd(),
+            temp.as_ptr(),
+            dir.as_raw_fd(),
+            name.as_ptr(),
+          )
+        });
+        if r.is_err() {
+          unsafe { libc::unlinkat(dir.as_raw_fd(), temp.as_ptr(), 0) };
+        }
+        r.map(|_| ())
+      })
+      .await;
+    if let Err(e) = r {
+      return Outcome::Err(io_error(&l.path, &e));
+    }
+  }
+  if spec.activity_file {
+    ctx.activity.enable();
+  }
+  Outcome::Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn paths_are_checked() {
+    assert!(check_path("/a/b").is_ok());
+    for bad in ["a/b", "/a/../b", "/a\0", ""] {
+      assert_eq!(
+        check_path(bad).unwrap_err().kind,
+        ErrorKind::InvalidPath,
+        "{bad}"
+      );
+    }
+    assert!(check_path("/a..b/..c").is_ok());
+  }
+
+  #[test]
+  fn parents_split() {
+    assert_eq!(
+      split_parent(b"/a/b/c"),
+      Some((b"/a/b".to_vec(), b"c".to_vec()))
+    );
+    assert_eq!(split_parent(b"/c"), Some((b"/".to_vec(), b"c".to_vec())));
+    assert_eq!(split_parent(b"/"), None);
+    assert_eq!(split_parent(b"/a/"), None);
+    assert_eq!(split_parent(b"/a/."), None);
+  }
+
+  #[test]
+  fn errors_are_classified() {
+    let e = |n| io_error("/p", &io::Error::from_raw_os_error(n)).kind;
+    assert_eq!(e(libc::ENOENT), ErrorKind::NotFound);
+    assert_eq!(e(libc::EACCES), ErrorKind::PermissionDenied);
+    assert_eq!(e(libc::EROFS), ErrorKind::ReadOnly);
+    assert_eq!(e(libc::EBUSY), ErrorKind::Busy);
+    assert_eq!(e(libc::ENOTDIR), ErrorKind::NotADirectory);
+    assert_eq!(e(libc::EIO), ErrorKind::Io);
+  }
+}

@@ -1,0 +1,278 @@
+//! The agent's life: set itself up (non-dumpable, child subreaper, its stream moved off fds 0
+//! and 1), say hello, then serve frames from stdin until it closes.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::mpsc;
+use trueforge_agent_proto::frame::{self, Frame, Kind, AGENT_STREAM};
+use trueforge_agent_proto::msg::{
+  AgentError, ErrorKind, Hello, Outcome, PingInfo, Request, AGENT_NAME,
+};
+
+use crate::activity::{self, Activity};
+use crate::codemode::{self, Relays};
+use crate::conn::Conn;
+use crate::ctx::Ctx;
+use crate::pool::Pool;
+use crate::sys::{self, Identity};
+use crate::users::Users;
+use crate::{exec, files, resolve};
+
+/// Threads for file work.
+const FILE_THREADS: usize = 2;
+
+/// Runs the agent; returns the exit code.
+pub fn run() -> i32 {
+  match start() {
+    Ok(code) => code,
+    Err(e) => {
+      eprintln!("trueforge-agent: {e}");
+      2
+    }
+  }
+}
+
+fn start() -> std::io::Result<i32> {
+  sys::ensure_std_fds();
+  // The protocol stream moves to descriptors of its own; 0 and 1 become /dev/null so nothing
+  // written to stdout by mistake can corrupt it.
+  let input = sys::dup(0)?;
+  let output = sys::dup(1)?;
+  sys::to_dev_null(0);
+  sys::to_dev_null(1);
+  unsafe {
+    // The workload must not trace or read this process, even as the same user.
+    libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    libc::umask(0o022);
+  }
+  // Orphans of finished commands are reparented here (and reaped), not to PID 1.
+  let subreaper = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } == 0;
+  let me = Identity::current();
+  let openat2 = resolve::probe();
+  let base_env = capture_env(me.uid);
+  let pool = Pool::start(FILE_THREADS)?;
+  let rt = tokio::runtime::Builder::new_current_thread()
+    .enable_io()
+    .enable_time()
+    .build()?;
+  let local = tokio::task::LocalSet::new();
+  let caps = Caps { openat2, subreaper };
+  local.block_on(&rt, serve(input, output, me, caps, base_env, pool))
+}
+
+/// The inherited environment, less the agent's own variables and a HOME the engine set for
+/// the agent's user (root's home): commands get their own user's home instead.
+fn capture_env(uid: u32) -> Vec<(Vec<u8>, Vec<u8>)> {
+  use std::os::unix::ffi::OsStrExt;
+  let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+  let own_home = crate::users::resolve(Some(&uid.to_string()), &passwd, "")
+    .ok()
+    .filter(|u| u.name.is_some())
+    .map(|u| u.home)
+    .unwrap_or_else(|| "/root".into());
+  std::env::vars_os()
+    .filter(|(k, _)| !k.as_bytes().starts_with(b"TRUEFORGE_AGENT"))
+    .filter(|(k, v)| !(k == "HOME" && v.as_bytes() == own_home.as_bytes()))
+    .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+    .collect()
+}
+
+/// What this system lets the agent do, for its hello.
+struct Caps {
+  openat2: bool,
+  subreaper: bool,
+}
+
+async fn serve(
+  input: OwnedFd,
+  output: OwnedFd,
+  me: Identity,
+  caps: Caps,
+  base_env: Vec<(Vec<u8>, Vec<u8>)>,
+  pool: Pool,
+) -> std::io::Result<i32> {
+  sys::set_nonblocking(input.as_raw_fd())?;
+  sys::set_nonblocking(output.as_raw_fd())?;
+  let mut input = pipe::Receiver::from_owned_fd_unchecked(input)?;
+  let output = pipe::Sender::from_owned_fd_unchecked(output)?;
+  let (out_tx, out_rx) = mpsc::unbounded_channel();
+  let conn = Conn::new(out_tx);
+  let ctx = Rc::new(Ctx {
+    conn: conn.clone(),
+    me,
+    users: Users::default(),
+    base_env,
+    pool,
+    activity: Activity::default(),
+    running: Default::default(),
+    started: Instant::now(),
+    relays: Relays::new(),
+  });
+  tokio::task::spawn_local(write_loop(output, out_rx));
+  let mut children = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
+  tokio::task::spawn_local(async move {
+    while children.recv().await.is_some() {
+      sys::reap_all();
+    }
+  });
+  tokio::task::spawn_local(activity::ticker(ctx.clone()));
+  conn.send(&Frame::json(
+    Kind::Hello,
+    0,
+    &Hello {
+      agent: AGENT_NAME.into(),
+      version: trueforge_agent_proto::VERSION.into(),
+      protocol: trueforge_agent_proto::PROTOCOL,
+      pid: std::process::id(),
+      uid: ctx.me.uid,
+      arch: std::env::consts::ARCH.into(),
+      cap_eff: sys::cap_eff(),
+      openat2: caps.openat2,
+      subreaper: caps.subreaper,
+    },
+  ));
+  let mut buf = BytesMut::with_capacity(256 * 1024);
+  let why = 'outer: loop {
+    loop {
+      match frame::decode(&mut buf) {
+        Ok(Some(f)) => {
+          if let Err(e) = dispatch(&ctx, f) {
+            break 'outer Some(e);
+          }
+        }
+        Ok(None) => break,
+        Err(e) => break 'outer Some(e.to_string()),
+      }
+    }
+    buf.reserve(256 * 1024);
+    match input.read_buf(&mut buf).await {
+      Ok(0) => break None,
+      Ok(_) => {}
+      Err(e) => break Some(format!("reading stdin failed: {e}")),
+    }
+  };
+  if let Some(why) = &why {
+    eprintln!("trueforge-agent: {why}");
+  }
+  // Commands still running are killed by their shepherds as their control pipes close with
+  // this process.
+  ctx.relays.close_all(&ctx);
+  ctx.conn.close_all();
+  Ok(if why.is_some() { 3 } else { 0 })
+}
+
+/// Handles one frame from the host.
+fn dispatch(ctx: &Rc<Ctx>, f: Frame) -> Result<(), String> {
+  if f.kind != Kind::Open {
+    return ctx.conn.route(f);
+  }
+  if f.id == 0 || f.id & AGENT_STREAM != 0 {
+    return Err(format!(
+      "the host opened stream {} in the agent's range",
+      f.id
+    ));
+  }
+  let req: Request = match serde_json::from_slice(&f.payload) {
+    Ok(r) => r,
+    Err(e) => {
+      // A newer host's request, say: refuse it, keep serving.
+      ctx.conn.send(&Frame::json(
+        Kind::Result,
+        f.id,
+        &Outcome::<()>::Err(AgentError::new(
+          ErrorKind::InvalidRequest,
+          format!("a request this agent cannot read: {e}"),
+        )),
+      ));
+      return Ok(());
+    }
+  };
+  // The two queries are answered here, without a stream, and are not activity.
+  match req {
+    Request::Ping => {
+      let info = PingInfo {
+        uptime_ms: ctx.started.elapsed().as_millis() as u64,
+      };
+      ctx
+        .conn
+        .send(&Frame::json(Kind::Result, f.id, &Outcome::Ok(info)));
+      return Ok(());
+    }
+    Request::Activity => {
+      let info = ctx.activity.info(ctx.running.get());
+      ctx
+        .conn
+        .send(&Frame::json(Kind::Result, f.id, &Outcome::Ok(info)));
+      return Ok(());
+    }
+    _ => ctx.activity.record(),
+  }
+  let mut io = ctx.conn.register(f.id)?;
+  let c = ctx.clone();
+  match req {
+    Request::Ping | Request::Activity => unreachable!("answered above"),
+    Request::Exec(spec) => {
+      tokio::task::spawn_local(exec::run(c, spec, io));
+    }
+    Request::Upload(spec) => {
+      tokio::task::spawn_local(files::upload(c, spec, io));
+    }
+    Request::Download(spec) => {
+      tokio::task::spawn_local(files::download(c, spec, io));
+    }
+    Request::Stat(spec) => {
+      tokio::task::spawn_local(async move {
+        let o = files::stat(&c, spec).await;
+        io.result(&o);
+      });
+    }
+    Request::Layout(spec) => {
+      tokio::task::spawn_local(async move {
+        let o = files::layout(&c, spec).await;
+        io.result(&o);
+      });
+    }
+    Request::CodeModeListen(spec) => {
+      tokio::task::spawn_local(async move {
+        let o = codemode::listen(c.clone(), spec).await;
+        io.result(&o);
+      });
+    }
+    Request::CodeModeClose { socket } => {
+      let o = codemode::close(ctx, &socket);
+      io.result(&o);
+    }
+  }
+  Ok(())
+}
+
+/// Writes queued frames to stdout, several per write when they pile up. If the host stops
+/// reading for good (stdout closed), the agent has nobody to serve and exits.
+async fn write_loop(mut out: pipe::Sender, mut rx: mpsc::UnboundedReceiver<Bytes>) {
+  let mut batch = BytesMut::new();
+  while let Some(first) = rx.recv().await {
+    let r = if rx.is_empty() {
+      out.write_all(&first).await
+    } else {
+      batch.extend_from_slice(&first);
+      while batch.len() < 256 * 1024 {
+        match rx.try_recv() {
+          Ok(b) => batch.extend_from_slice(&b),
+          Err(_) => break,
+        }
+      }
+      let r = out.write_all(&batch).await;
+      batch.clear();
+      r
+    };
+    if let Err(e) = r {
+      eprintln!("trueforge-agent: writing to stdout failed: {e}");
+      std::process::exit(0);
+    }
+  }
+}

@@ -1,0 +1,652 @@
+//! One command's supervisor. The agent forks a "shepherd" per command: it stays root, becomes
+//! a child subreaper, and forks the command's shell, which drops to the sandbox user and execs.
+//! Every process the command starts that loses its parent is reparented to the shepherd, so the
+//! command's processes are exactly the shepherd's subtree in /proc, whatever they do (`setsid`,
+//! double forks, `env -i`, non-dumpable). The shepherd reports how the command ended on a status
+//! pipe; on a timeout, or when its control pipe closes (the request was cancelled or the agent
+//! died), it kills the subtree round after round until /proc shows none of it left, and reports
+//! whether that was verified.
+//!
+//! The shepherd is forked from a process that has other threads, so until it exits it only
+//! makes system calls and touches memory prepared before the fork (no allocation, no locks).
+
+use std::cell::UnsafeCell;
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use crate::sys;
+
+/// Status report kinds (first u32 of the 16-byte report).
+pub const EXITED: u32 = 1;
+pub const TIMED_OUT: u32 = 2;
+pub const CANCELLED: u32 = 3;
+pub const SPAWN_FAILED: u32 = 4;
+
+/// Where a spawn failed (`SPAWN_FAILED`'s first value).
+pub const STAGE_FORK: i32 = 1;
+pub const STAGE_GROUPS: i32 = 2;
+pub const STAGE_GID: i32 = 3;
+pub const STAGE_UID: i32 = 4;
+pub const STAGE_EXEC: i32 = 5;
+
+/// How long a kill may take before it is reported unverified.
+const KILL_BUDGET_NS: i64 = 5_000_000_000;
+
+/// A report from the shepherd: `kind`, then three values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+  pub kind: u32,
+  pub a: i32,
+  pub b: i32,
+  pub c: i32,
+}
+
+impl Report {
+  pub fn parse(b: &[u8; 16]) -> Report {
+    let word = |i: usize| [b[i], b[i + 1], b[i + 2], b[i + 3]];
+    Report {
+      kind: u32::from_le_bytes(word(0)),
+      a: i32::from_le_bytes(word(4)),
+      b: i32::from_le_bytes(word(8)),
+      c: i32::from_le_bytes(word(12)),
+    }
+  }
+}
+
+/// Everything the shepherd and the command need, prepared before the fork.
+pub struct Plan {
+  /// Candidate shells in order, each with the index of its argv (0: bash, 1: sh).
+  shells: Vec<(CString, usize)>,
+  _argv_strings: Vec<CString>,
+  argv: [[*const libc::c_char; 4]; 2],
+  _env_strings: Vec<CString>,
+  envp: Vec<*const libc::c_char>,
+  cwd: CString,
+  cwd_message: Vec<u8>,
+  /// uid, gid, supplementary groups; `None`: keep the agent's.
+  ids: Option<(u32, u32, Vec<libc::gid_t>)>,
+  timeout_ns: Option<i64>,
+}
+
+impl Plan {
+  /// `env` holds the command's `NAME=value` entries; `path` its final `PATH` (searched for
+  /// bash, then sh).
+  pub fn new(
+    command: &str,
+    cwd: &str,
+    env: Vec<Vec<u8>>,
+    path: &[u8],
+    ids: Option<(u32, u32, Vec<u32>)>,
+    timeout_ms: u64,
+  ) -> Result<Plan, String> {
+    let c =
+      |s: &str, what: &str| CString::new(s).map_err(|_| format!("{what} contains a NUL byte"));
+    let argv_strings = vec![
+      c("bash", "")?,
+      c("sh", "")?,
+      c("-c", "")?,
+      c(command, "the command")?,
+    ];
+    let argv = [
+      [
+        argv_strings[0].as_ptr(),
+        argv_strings[2].as_ptr(),
+        argv_strings[3].as_ptr(),
+        std::ptr::null(),
+      ],
+      [
+        argv_strings[1].as_ptr(),
+        argv_strings[2].as_ptr(),
+        argv_strings[3].as_ptr(),
+        std::ptr::null(),
+      ],
+    ];
+    let mut env_strings = Vec::with_capacity(env.len());
+    for entry in env {
+      env_strings
+        .push(CString::new(entry).map_err(|_| "an environment variable contains a NUL byte")?);
+    }
+    let mut envp: Vec<*const libc::c_char> = env_strings.iter().map(|s| s.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let mut shells = Vec::new();
+    for (name, which) in [("bash", 0), ("sh", 1)] {
+      for dir in path.split(|&b| b == b':') {
+        // An empty PATH entry is the working directory, as execvp has it.
+        let mut full = dir.to_vec();
+        while full.len() > 1 && full.ends_with(b"/") {
+          full.pop();
+        }
+        if !full.is_empty() && full != b"/" {
+          full.push(b'/');
+        }
+        full.extend_from_slice(name.as_bytes());
+        if let Ok(s) = CString::new(full) {
+          shells.push((s, which));
+        }
+      }
+    }
+    shells.push((c("/bin/sh", "")?, 1));
+    Ok(Plan {
+      shells,
+      _argv_strings: argv_strings,
+      argv,
+      _env_strings: env_strings,
+      envp,
+      cwd: c(cwd, "the working directory")?,
+      cwd_message: format!("cannot change directory to {cwd}: no such directory\n").into_bytes(),
+      ids,
+      timeout_ns: (timeout_ms > 0).then(|| timeout_ms as i64 * 1_000_000),
+    })
+  }
+}
+
+/// A started shepherd: the command's merged output, the status pipe, and the control pipe
+/// (dropping it kills the command).
+pub struct Spawned {
+  pub output: OwnedFd,
+  pub status: OwnedFd,
+  pub control: OwnedFd,
+}
+
+/// Forks a shepherd for `plan`. `EAGAIN` means the sandbox is out of processes.
+pub fn spawn(plan: &Plan) -> io::Result<Spawned> {
+  let (out_r, out_w) = sys::pipe()?;
+  let (st_r, st_w) = sys::pipe()?;
+  let (ctl_r, ctl_w) = sys::pipe()?;
+  let pid = unsafe { libc::fork() };
+  if pid < 0 {
+    return Err(io::Error::last_os_error());
+  }
+  if pid == 0 {
+    unsafe { shepherd(plan, ctl_r.as_raw_fd(), st_w.as_raw_fd(), out_w.as_raw_fd()) }
+  }
+  drop((out_w, st_w, ctl_r));
+  Ok(Spawned {
+    output: out_r,
+    status: st_r,
+    control: ctl_w,
+  })
+}
+
+fn report(kind: u32, a: i32, b: i32, c: i32) {
+  let mut buf = [0u8; 16];
+  buf[0..4].copy_from_slice(&kind.to_le_bytes());
+  buf[4..8].copy_from_slice(&a.to_le_bytes());
+  buf[8..12].copy_from_slice(&b.to_le_bytes());
+  buf[12..16].copy_from_slice(&c.to_le_bytes());
+  unsafe { libc::write(1, buf.as_ptr() as *const libc::c_void, 16) };
+}
+
+fn errno() -> i32 {
+  unsafe { *libc::__errno_location() }
+}
+
+fn now_ns() -> i64 {
+  let mut ts = libc::timespec {
+    tv_sec: 0,
+    tv_nsec: 0,
+  };
+  unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+  ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+fn sleep_ns(ns: i64) {
+  let ts = libc::timespec {
+    tv_sec: ns / 1_000_000_000,
+    tv_nsec: ns % 1_000_000_000,
+  };
+  unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+}
+
+extern "C" fn on_sigchld(_: libc::c_int) {}
+
+/// Closes every descriptor from `first` up (the agent's stream, other commands' pipes …).
+unsafe fn close_from(first: libc::c_int) {
+  if libc::syscall(
+    libc::SYS_close_range,
+    first as libc::c_uint,
+    libc::c_uint::MAX,
+    0,
+  ) == 0
+  {
+    return;
+  }
+  let mut fd = first;
+  while fd < 65536 {
+    libc::close(fd);
+    fd += 1;
+  }
+}
+
+/// The shepherd's whole life (never returns).
+unsafe fn shepherd(plan: &Plan, ctl: libc::c_int, st: libc::c_int, out: libc::c_int) -> ! {
+  // 0: control (EOF = kill), 1: status reports, 2: the command's output. The sources are all
+  // above 2 (the agent keeps 0-2 open), so these dup2 calls cannot clobber each other.
+  libc::dup2(ctl, 0);
+  libc::dup2(st, 1);
+  libc::dup2(out, 2);
+  close_from(3);
+  // Without it (qemu-user does not emulate it) orphans escape to init: a kill is then never
+  // reported as verified.
+  let reaper = libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0;
+  libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+
+  // SIGCHLD stays blocked except inside ppoll, so a child's exit always interrupts the wait.
+  let mut chld: libc::sigset_t = std::mem::zeroed();
+  libc::sigemptyset(&mut chld);
+  libc::sigaddset(&mut chld, libc::SIGCHLD);
+  libc::sigprocmask(libc::SIG_BLOCK, &chld, std::ptr::null_mut());
+  let mut sa: libc::sigaction = std::mem::zeroed();
+  sa.sa_sigaction = on_sigchld as *const () as usize;
+  libc::sigemptyset(&mut sa.sa_mask);
+  libc::sigaction(libc::SIGCHLD, &sa, std::ptr::null_mut());
+  libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+  let mut waitmask: libc::sigset_t = std::mem::zeroed();
+  libc::sigemptyset(&mut waitmask);
+
+  let mut errp = [0 as libc::c_int; 2];
+  if libc::pipe2(errp.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+    report(SPAWN_FAILED, STAGE_FORK, errno(), 0);
+    libc::_exit(0);
+  }
+  let started = now_ns();
+  let child = libc::fork();
+  if child < 0 {
+    report(SPAWN_FAILED, STAGE_FORK, errno(), 0);
+    libc::_exit(0);
+  }
+  if child == 0 {
+    command(plan, errp[1]);
+  }
+  libc::close(errp[1]);
+  // The command writes (stage, errno) here if it could not exec; an exec closes the pipe.
+  let mut err = [0u8; 8];
+  let mut got = 0usize;
+  while got < 8 {
+    let n = libc::read(
+      errp[0],
+      err.as_mut_ptr().add(got) as *mut libc::c_void,
+      8 - got,
+    );
+    if n > 0 {
+      got += n as usize;
+    } else if n == 0 || errno() != libc::EINTR {
+      break;
+    }
+  }
+  if got == 8 {
+    let mut status = 0;
+    libc::waitpid(child, &mut status, 0);
+    let stage = i32::from_le_bytes([err[0], err[1], err[2], err[3]]);
+    let code = i32::from_le_bytes([err[4], err[5], err[6], err[7]]);
+    report(SPAWN_FAILED, stage, code, 0);
+    libc::_exit(0);
+  }
+
+  let deadline = plan.timeout_ns.map(|t| started + t);
+  loop {
+    loop {
+      let mut status = 0;
+      let r = libc::waitpid(-1, &mut status, libc::WNOHANG);
+      if r <= 0 {
+        break;
+      }
+      if r == child {
+        // The command itself ended; what it left running is reparented to the agent.
+        let code = if libc::WIFEXITED(status) {
+          libc::WEXITSTATUS(status)
+        } else if libc::WIFSIGNALED(status) {
+          128 + libc::WTERMSIG(status)
+        } else {
+          -1
+        };
+        report(EXITED, code, 0, 0);
+        libc::_exit(0);
+      }
+    }
+    let mut ts = libc::timespec {
+      tv_sec: 0,
+      tv_nsec: 0,
+    };
+    let tsp = match deadline {
+      Some(d) => {
+        let left = d - now_ns();
+        if left <= 0 {
+          let (verified, left) = kill_subtree(child as u32);
+          report(TIMED_OUT, (verified && reaper) as i32, left, 0);
+          libc::_exit(0);
+        }
+        ts.tv_sec = left / 1_000_000_000;
+        ts.tv_nsec = left % 1_000_000_000;
+        &ts as *const libc::timespec
+      }
+      None => std::ptr::null(),
+    };
+    let mut pfd = libc::pollfd {
+      fd: 0,
+      events: libc::POLLIN,
+      revents: 0,
+    };
+    let r = libc::ppoll(&mut pfd, 1, tsp, &waitmask);
+    if r > 0 && pfd.revents != 0 {
+      let mut b = [0u8; 16];
+      let n = libc::read(0, b.as_mut_ptr() as *mut libc::c_void, b.len());
+      if n <= 0 {
+        let (verified, left) = kill_subtree(child as u32);
+        report(CANCELLED, (verified && reaper) as i32, left, 0);
+        libc::_exit(0);
+      }
+    }
+  }
+}
+
+/// The command's process (never returns): drop to the user, enter the directory, exec a shell.
+unsafe fn command(plan: &Plan, errfd: libc::c_int) -> ! {
+  let fail = |stage: i32, code: i32| -> ! {
+    let mut b = [0u8; 8];
+    b[0..4].copy_from_slice(&stage.to_le_bytes());
+    b[4..8].copy_from_slice(&code.to_le_bytes());
+    libc::write(errfd, b.as_ptr() as *const libc::c_void, 8);
+    libc::_exit(127);
+  };
+  let mut none: libc::sigset_t = std::mem::zeroed();
+  libc::sigemptyset(&mut none);
+  libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+  // Ignored signals stay ignored across exec: the command gets the defaults.
+  libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+  libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+  libc::setsid();
+  let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+  if null >= 0 {
+    libc::dup2(null, 0);
+    if null > 2 {
+      libc::close(null);
+    }
+  } else {
+    libc::close(0);
+  }
+  // stdout and stderr share one pipe, so the output keeps its true order.
+  libc::dup2(2, 1);
+  if let Some((uid, gid, groups)) = &plan.ids {
+    // Raw system calls: this process has one thread, and libc's wrappers may expect others.
+    if libc::syscall(
+      libc::SYS_setgroups,
+      groups.len() as libc::c_long,
+      groups.as_ptr(),
+    ) != 0
+    {
+      fail(STAGE_GROUPS, errno());
+    }
+    let g = *gid as libc::c_long;
+    if libc::syscall(libc::SYS_setresgid, g, g, g) != 0 {
+      fail(STAGE_GID, errno());
+    }
+    let u = *uid as libc::c_long;
+    if libc::syscall(libc::SYS_setresuid, u, u, u) != 0 {
+      fail(STAGE_UID, errno());
+    }
+  }
+  if libc::chdir(plan.cwd.as_ptr()) != 0 {
+    libc::write(
+      1,
+      plan.cwd_message.as_ptr() as *const libc::c_void,
+      plan.cwd_message.len(),
+    );
+    libc::_exit(1);
+  }
+  let mut last = libc::ENOENT;
+  let mut denied = false;
+  for (path, which) in &plan.shells {
+    libc::execve(
+      path.as_ptr(),
+      plan.argv[*which].as_ptr(),
+      plan.envp.as_ptr(),
+    );
+    last = errno();
+    denied |= last == libc::EACCES;
+  }
+  fail(STAGE_EXEC, if denied { libc::EACCES } else { last });
+}
+
+// ---- Killing the subtree (runs in the shepherd: fixed buffers, no allocation) ----
+
+const MAX_PROCS: usize = 65536;
+/// Linux's PID_MAX_LIMIT.
+const MAX_PID: usize = 1 << 22;
+
+/// (pid, ppid, session, state) of one process.
+type ProcEntry = (u32, u32, u32, u8);
+
+struct ScanBuf {
+  procs: [ProcEntry; MAX_PROCS],
+  marks: [u64; MAX_PID / 64],
+}
+
+struct ScanCell(UnsafeCell<ScanBuf>);
+// Only the single-threaded shepherd ever touches it (its own copy after the fork).
+unsafe impl Sync for ScanCell {}
+
+static SCAN: ScanCell = ScanCell(UnsafeCell::new(ScanBuf {
+  procs: [(0, 0, 0, 0); MAX_PROCS],
+  marks: [0; MAX_PID / 64],
+}));
+
+/// Kills the shepherd's whole subtree (and anything still in the command's session, `sid`)
+/// until /proc shows none of it alive. Returns (none left, processes still alive when it gave
+/// up).
+unsafe fn kill_subtree(sid: u32) -> (bool, i32) {
+  let me = libc::getpid() as u32;
+  let start = now_ns();
+  let mut round = 0;
+  loop {
+    reap();
+    let alive = kill_round(me, sid);
+    if alive == 0 {
+      reap();
+      return (true, 0);
+    }
+    if now_ns() - start > KILL_BUDGET_NS {
+      return (false, alive as i32);
+    }
+    // Killed processes take a moment to die and be reparented; their children are next.
+    sleep_ns((200_000i64 << round.min(6)).min(20_000_000));
+    round += 1;
+  }
+}
+
+unsafe fn reap() {
+  loop {
+    let mut status = 0;
+    if libc::waitpid(-1, &mut status, libc::WNOHANG) <= 0 {
+      break;
+    }
+  }
+}
+
+/// One pass: reads every process's parent from /proc, marks the subtree under `me` (and the
+/// command's session `sid`, which catches orphans even where `me` is no subreaper), and
+/// SIGKILLs each live member. Returns how many were alive.
+unsafe fn kill_round(me: u32, sid: u32) -> usize {
+  let buf = &mut *SCAN.0.get();
+  let n = scan_proc(&mut buf.procs);
+  let procs = &buf.procs[..n];
+  let mark = |marks: &mut [u64], pid: u32| marks[pid as usize / 64] |= 1 << (pid % 64);
+  let marked = |marks: &[u64], pid: u32| marks[pid as usize / 64] & (1 << (pid % 64)) != 0;
+  mark(&mut buf.marks, me);
+  for &(pid, _, session, _) in procs {
+    if session == sid {
+      mark(&mut buf.marks, pid);
+    }
+  }
+  loop {
+    let mut changed = false;
+    for &(pid, ppid, _, _) in procs {
+      if !marked(&buf.marks, pid) && marked(&buf.marks, ppid) {
+        mark(&mut buf.marks, pid);
+        changed = true;
+      }
+    }
+    if !changed {
+      break;
+    }
+  }
+  let mut alive = 0;
+  for &(pid, _, _, state) in procs {
+    if pid != me && marked(&buf.marks, pid) && state != b'Z' && state != b'X' {
+      libc::kill(pid as libc::pid_t, libc::SIGKILL);
+      alive += 1;
+    }
+  }
+  for &(pid, _, _, _) in procs {
+    buf.marks[pid as usize / 64] = 0;
+  }
+  buf.marks[me as usize / 64] = 0;
+  alive
+}
+
+/// Fills `out` with every process in /proc; returns how many.
+unsafe fn scan_proc(out: &mut [ProcEntry]) -> usize {
+  let dir = libc::open(
+    c"/proc".as_ptr(),
+    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+  );
+  if dir < 0 {
+    return 0;
+  }
+  let mut n = 0;
+  let mut dents = [0u8; 8192];
+  loop {
+    let got = libc::syscall(libc::SYS_getdents64, dir, dents.as_mut_ptr(), dents.len());
+    if got <= 0 {
+      break;
+    }
+    let mut off = 0usize;
+    while off + 19 < got as usize {
+      let reclen = u16::from_ne_bytes([dents[off + 16], dents[off + 17]]) as usize;
+      if reclen == 0 {
+        break;
+      }
+      let name = &dents[off + 19..off + reclen];
+      let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+      if let Some(pid) = parse_u32(&name[..len]) {
+        if n < out.len() {
+          if let Some((ppid, sid, state)) = read_stat(&name[..len]) {
+            if pid < MAX_PID as u32 && ppid < MAX_PID as u32 {
+              out[n] = (pid, ppid, sid, state);
+              n += 1;
+            }
+          }
+        }
+      }
+      off += reclen;
+    }
+  }
+  libc::close(dir);
+  n
+}
+
+fn parse_u32(s: &[u8]) -> Option<u32> {
+  if s.is_empty() || s.len() > 9 {
+    return None;
+  }
+  let mut v = 0u32;
+  for &b in s {
+    if !b.is_ascii_digit() {
+      return None;
+    }
+    v = v * 10 + (b - b'0') as u32;
+  }
+  Some(v)
+}
+
+/// (ppid, session, state) from /proc/<pid>/stat: "pid (comm) S ppid pgrp session …", where
+/// comm may hold anything, so the fields are read after the last ')'.
+unsafe fn read_stat(pid: &[u8]) -> Option<(u32, u32, u8)> {
+  let mut path = [0u8; 32];
+  let prefix = b"/proc/";
+  let suffix = b"/stat\0";
+  if prefix.len() + pid.len() + suffix.len() > path.len() {
+    return None;
+  }
+  path[..prefix.len()].copy_from_slice(prefix);
+  path[prefix.len()..prefix.len() + pid.len()].copy_from_slice(pid);
+  path[prefix.len() + pid.len()..prefix.len() + pid.len() + suffix.len()].copy_from_slice(suffix);
+  let fd = libc::open(
+    CStr::from_bytes_until_nul(&path).ok()?.as_ptr(),
+    libc::O_RDONLY | libc::O_CLOEXEC,
+  );
+  if fd < 0 {
+    return None;
+  }
+  let mut buf = [0u8; 512];
+  let n = libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len());
+  libc::close(fd);
+  if n <= 0 {
+    return None;
+  }
+  let text = &buf[..n as usize];
+  let close = text.iter().rposition(|&b| b == b')')?;
+  let rest = text.get(close + 2..)?;
+  let state = *rest.first()?;
+  let mut fields = rest.get(2..)?.split(|&b| b == b' ');
+  let ppid = parse_u32(fields.next()?)?;
+  let _pgrp = fields.next()?;
+  let sid = parse_u32(fields.next()?)?;
+  Some((ppid, sid, state))
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn reports_round_trip() {
+    let mut b = [0u8; 16];
+    b[0..4].copy_from_slice(&TIMED_OUT.to_le_bytes());
+    b[4..8].copy_from_slice(&1i32.to_le_bytes());
+    b[8..12].copy_from_slice(&(-3i32).to_le_bytes());
+    assert_eq!(
+      Report::parse(&b),
+      Report {
+        kind: TIMED_OUT,
+        a: 1,
+        b: -3,
+        c: 0
+      }
+    );
+  }
+
+  #[test]
+  fn stat_lines_with_odd_names_parse() {
+    let me = std::process::id().to_string();
+    let (ppid, sid, state) = unsafe { read_stat(me.as_bytes()) }.unwrap();
+    assert_eq!(ppid, std::os::unix::process::parent_id());
+    assert_eq!(sid, unsafe { libc::getsid(0) } as u32);
+    assert!(state.is_ascii_uppercase());
+    assert_eq!(parse_u32(b"123"), Some(123));
+    assert_eq!(parse_u32(b"self"), None);
+  }
+
+  #[test]
+  fn plans_search_path_for_bash_then_sh() {
+    let p = Plan::new("true", "/", vec![], b"/a:/b/", None, 0).unwrap();
+    let names: Vec<_> = p
+      .shells
+      .iter()
+      .map(|(s, w)| (s.to_str().unwrap().to_string(), *w))
+      .collect();
+    assert_eq!(
+      names,
+      vec![
+        ("/a/bash".to_string(), 0),
+        ("/b/bash".to_string(), 0),
+        ("/a/sh".to_string(), 1),
+        ("/b/sh".to_string(), 1),
+        ("/bin/sh".to_string(), 1),
+      ]
+    );
+    assert!(Plan::new("a\0b", "/", vec![], b"", None, 0).is_err());
+    assert!(Plan::new("x", "/", vec![b"A=\0".to_vec()], b"", None, 0).is_err());
+  }
+}

@@ -1,0 +1,264 @@
+//! Thin wrappers over the system calls the agent needs, and per-thread credentials.
+//!
+//! Credentials are per thread in the kernel, but libc's `setuid` family changes every thread of
+//! the process. File work runs on worker threads that switch only their own filesystem identity
+//! (`setfsuid`, `setfsgid`, `setgroups` as raw system calls), so the rest of the agent stays
+//! root throughout.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// The last OS error number.
+pub fn errno() -> i32 {
+  io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// `-1` → the OS error.
+pub fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+  if r == -1 {
+    Err(io::Error::last_os_error())
+  } else {
+    Ok(r)
+  }
+}
+
+fn cvt_long(r: libc::c_long) -> io::Result<libc::c_long> {
+  if r == -1 {
+    Err(io::Error::last_os_error())
+  } else {
+    Ok(r)
+  }
+}
+
+/// A pipe, both ends close-on-exec: (read, write).
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+  let mut fds = [0; 2];
+  cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+  Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+  let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+  cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
+  Ok(())
+}
+
+/// A close-on-exec duplicate of `fd`.
+pub fn dup(fd: RawFd) -> io::Result<OwnedFd> {
+  let n = cvt(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) })?;
+  Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+pub fn open(path: &CStr, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+  let fd =
+    cvt(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) })?;
+  Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub fn openat(
+  dir: RawFd,
+  name: &CStr,
+  flags: libc::c_int,
+  mode: libc::mode_t,
+) -> io::Result<OwnedFd> {
+  let fd = cvt(unsafe {
+    libc::openat(
+      dir,
+      name.as_ptr(),
+      flags | libc::O_CLOEXEC,
+      mode as libc::c_uint,
+    )
+  })?;
+  Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+  let mut st: libc::stat = unsafe { std::mem::zeroed() };
+  cvt(unsafe { libc::fstat(fd, &mut st) })?;
+  Ok(st)
+}
+
+pub fn fstatat(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<libc::stat> {
+  let mut st: libc::stat = unsafe { std::mem::zeroed() };
+  cvt(unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, flags) })?;
+  Ok(st)
+}
+
+/// The text of the link `name` in `dir` (`name` empty: the link `dir` itself, opened O_PATH).
+pub fn readlinkat(dir: RawFd, name: &CStr) -> io::Result<Vec<u8>> {
+  let mut buf = vec![0u8; 4096];
+  let n = unsafe {
+    libc::readlinkat(
+      dir,
+      name.as_ptr(),
+      buf.as_mut_ptr() as *mut libc::c_char,
+      buf.len(),
+    )
+  };
+  if n < 0 {
+    return Err(io::Error::last_os_error());
+  }
+  buf.truncate(n as usize);
+  Ok(buf)
+}
+
+/// `openat2` with `resolve` flags, or `ENOSYS`/`EPERM` where the kernel or a seccomp profile
+/// lacks it.
+pub fn openat2(dir: RawFd, path: &CStr, flags: libc::c_int, resolve: u64) -> io::Result<OwnedFd> {
+  // The kernel's `struct open_how` (libc's is non-exhaustive).
+  #[repr(C)]
+  struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+  }
+  let how = OpenHow {
+    flags: (flags | libc::O_CLOEXEC) as u64,
+    mode: 0,
+    resolve,
+  };
+  let fd = cvt_long(unsafe {
+    libc::syscall(
+      libc::SYS_openat2,
+      dir,
+      path.as_ptr(),
+      &how as *const OpenHow,
+      std::mem::size_of::<OpenHow>(),
+    )
+  })?;
+  Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Milliseconds since the epoch of a stat time.
+pub fn mtime_ms(st: &libc::stat) -> i64 {
+  st.st_mtime * 1000 + st.st_mtime_nsec / 1_000_000
+}
+
+/// The agent's own identity at start, restored after each switch.
+#[derive(Debug, Clone)]
+pub struct Identity {
+  pub uid: u32,
+  pub gid: u32,
+  pub groups: Vec<u32>,
+}
+
+impl Identity {
+  pub fn current() -> Identity {
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    let mut groups = vec![0 as libc::gid_t; n.max(0) as usize];
+    let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
+    groups.truncate(n.max(0) as usize);
+    Identity {
+      uid: unsafe { libc::geteuid() },
+      gid: unsafe { libc::getegid() },
+      groups,
+    }
+  }
+}
+
+/// Ids a request runs with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Creds {
+  pub uid: u32,
+  pub gid: u32,
+  pub groups: Vec<u32>,
+}
+
+fn raw_setgroups(groups: &[u32]) -> io::Result<()> {
+  cvt_long(unsafe {
+    libc::syscall(
+      libc::SYS_setgroups,
+      groups.len() as libc::c_long,
+      groups.as_ptr(),
+    )
+  })
+  .map(|_| ())
+}
+
+fn raw_setfsuid(uid: u32) -> u32 {
+  unsafe { libc::syscall(libc::SYS_setfsuid, uid as libc::c_long) as u32 }
+}
+
+fn raw_setfsgid(gid: u32) -> u32 {
+  unsafe { libc::syscall(libc::SYS_setfsgid, gid as libc::c_long) as u32 }
+}
+
+/// Runs `f` with this thread's file-system identity (fsuid, fsgid, supplementary groups) set to
+/// `creds`, then switches back. Only this thread changes. Fails with `EPERM` when the agent
+/// may not take that identity (not root, or no SETUID/SETGID capability).
+pub fn as_user<T>(me: &Identity, creds: &Creds, f: impl FnOnce() -> T) -> io::Result<T> {
+  if creds.uid == me.uid && creds.gid == me.gid && creds.groups == me.groups {
+    return Ok(f());
+  }
+  let switched = (|| {
+    raw_setgroups(&creds.groups)?;
+    raw_setfsgid(creds.gid);
+    raw_setfsuid(creds.uid);
+    // setfsuid reports no error: read the ids back (-1 changes nothing and returns them).
+    if raw_setfsuid(u32::MAX) != creds.uid || raw_setfsgid(u32::MAX) != creds.gid {
+      return Err(io::Error::from_raw_os_error(libc::EPERM));
+    }
+    Ok(())
+  })();
+  let out = switched.map(|_| f());
+  restore(me);
+  out
+}
+
+/// Back to the agent's own file-system identity. A thread that cannot return to it must not
+/// serve anything else.
+fn restore(me: &Identity) {
+  raw_setfsuid(me.uid);
+  raw_setfsgid(me.gid);
+  let groups_ok = raw_setgroups(&me.groups).is_ok() || me.uid != 0;
+  if raw_setfsuid(u32::MAX) != me.uid || raw_setfsgid(u32::MAX) != me.gid || !groups_ok {
+    eprintln!("trueforge-agent: cannot restore its own credentials; exiting");
+    std::process::abort();
+  }
+}
+
+/// Reaps every exited child (the agent is a subreaper: orphans of finished commands end here).
+pub fn reap_all() {
+  loop {
+    let mut status = 0;
+    let r = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+    if r <= 0 {
+      break;
+    }
+  }
+}
+
+/// The effective capability set, from /proc/self/status.
+pub fn cap_eff() -> u64 {
+  std::fs::read_to_string("/proc/self/status")
+    .ok()
+    .and_then(|s| {
+      s.lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    })
+    .unwrap_or(0)
+}
+
+/// Makes sure fds 0, 1 and 2 are open, so pipes made later never take those numbers.
+pub fn ensure_std_fds() {
+  for fd in 0..3 {
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+      let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
+      if null >= 0 && null != fd {
+        unsafe {
+          libc::dup2(null, fd);
+          libc::close(null);
+        }
+      }
+    }
+  }
+}
+
+/// Replaces `fd` by /dev/null (stray writes to stdout must never reach the protocol stream).
+pub fn to_dev_null(fd: RawFd) {
+  if let Ok(null) = open(c"/dev/null", libc::O_RDWR, 0) {
+    unsafe { libc::dup2(null.as_raw_fd(), fd) };
+  }
+}

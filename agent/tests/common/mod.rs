@@ -1,0 +1,156 @@
+//! Starting the real agent binary as a child and driving it through `AgentClient` over its
+//! pipes. `TRUEFORGE_AGENT_BIN` picks another binary (the static builds) and
+//! `TRUEFORGE_AGENT_RUNNER` a command to run it with, split at spaces (`qemu-aarch64` for the
+//! arm64 one, `docker exec -i -u 0 <container>` for the smoke test).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use trueforge_agent_proto::client::{AgentClient, ClientOptions, ExecOutput, ExecRequest};
+
+pub struct Agent {
+  pub client: AgentClient,
+  pub child: tokio::process::Child,
+  pub pid: u32,
+}
+
+pub fn agent_bin() -> String {
+  std::env::var("TRUEFORGE_AGENT_BIN")
+    .unwrap_or_else(|_| env!("CARGO_BIN_EXE_trueforge-agent").to_string())
+}
+
+pub fn command(bin: &str) -> tokio::process::Command {
+  let runner = std::env::var("TRUEFORGE_AGENT_RUNNER").unwrap_or_default();
+  let mut words = runner.split_whitespace();
+  match words.next() {
+    Some(first) => {
+      let mut c = tokio::process::Command::new(first);
+      c.args(words).arg(bin);
+      c
+    }
+    None => tokio::process::Command::new(bin),
+  }
+}
+
+#[derive(Default)]
+pub struct Options {
+  pub env: Vec<(String, String)>,
+  /// Start the agent as this uid and gid instead of root.
+  pub as_user: Option<(u32, u32)>,
+}
+
+pub async fn start() -> Agent {
+  start_with(Options::default()).await
+}
+
+pub async fn start_with(opts: Options) -> Agent {
+  let mut cmd = command(&agent_bin());
+  cmd
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .kill_on_drop(true);
+  for (k, v) in &opts.env {
+    cmd.env(k, v);
+  }
+  if let Some((uid, gid)) = opts.as_user {
+    cmd.uid(uid).gid(gid);
+  }
+  let mut child = cmd.spawn().expect("start the agent");
+  let stdout = child.stdout.take().unwrap();
+  let stdin = child.stdin.take().unwrap();
+  let client = AgentClient::connect(stdout, stdin, ClientOptions::default())
+    .await
+    .expect("agent hello");
+  let pid = client.hello().pid;
+  Agent { client, child, pid }
+}
+
+pub fn req(command: &str) -> ExecRequest {
+  ExecRequest {
+    command: command.to_string(),
+    cwd: "/".to_string(),
+    env: vec![],
+    user: None,
+    timeout: Some(Duration::from_secs(30)),
+    max_output: 1 << 20,
+  }
+}
+
+impl Agent {
+  pub async fn run(&self, command: &str) -> ExecOutput {
+    self.client.exec(&req(command)).await.expect("exec")
+  }
+
+  pub async fn run_as(&self, user: &str, command: &str) -> ExecOutput {
+    let mut r = req(command);
+    r.user = Some(user.to_string());
+    self.client.exec(&r).await.expect("exec")
+  }
+}
+
+/// Pids whose command line contains `needle` (our own process excluded).
+pub fn procs_with(needle: &str) -> Vec<u32> {
+  let me = std::process::id();
+  let mut out = Vec::new();
+  for e in std::fs::read_dir("/proc").unwrap().flatten() {
+    let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+      continue;
+    };
+    if pid == me {
+      continue;
+    }
+    let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+      continue;
+    };
+    let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+    // Zombies have an empty command line and are dead already.
+    if cmd.contains(needle) {
+      out.push(pid);
+    }
+  }
+  out
+}
+
+/// A unique sleep length, to find a test's processes in /proc.
+pub fn marker(n: u32) -> String {
+  format!("{}.{:04}{}", 40 + n, std::process::id() % 10000, n)
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+  pub fn new(name: &str) -> TempDir {
+    let p = std::env::temp_dir().join(format!(
+      "tf-agent-{name}-{}-{}",
+      std::process::id(),
+      std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+    ));
+    std::fs::create_dir_all(&p).unwrap();
+    TempDir(p)
+  }
+
+  pub fn path(&self, rel: &str) -> String {
+    self.0.join(rel).to_string_lossy().into_owned()
+  }
+}
+
+impl Drop for TempDir {
+  fn drop(&mut self) {
+    let _ = std::fs::remove_dir_all(&self.0);
+  }
+}
+
+pub fn env_map(text: &str) -> BTreeMap<String, String> {
+  text
+    .lines()
+    .filter_map(|l| l.split_once('='))
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}

@@ -1,0 +1,444 @@
+//! Commands through the real agent binary: exit codes from waitpid, merged output, the cap,
+//! cwd, env, PATH, users, timeouts that kill every escape, background processes, concurrency.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use trueforge_agent_proto::client::ClientError;
+use trueforge_agent_proto::msg::{ErrorKind, BIN_DIR};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_reports_the_agent() {
+  let a = start().await;
+  let h = a.client.hello();
+  assert_eq!(h.agent, "trueforge-agent");
+  assert_eq!(h.version, trueforge_agent_proto::VERSION);
+  assert_eq!(h.uid, 0);
+  assert!(a.client.ping().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_and_merged_output() {
+  let a = start().await;
+  let out = a.run("echo one; echo two >&2; echo three; exit 3").await;
+  assert_eq!(out.exit_code, 3);
+  assert_eq!(out.output, "one\ntwo\nthree\n");
+  assert!(!out.timed_out);
+  assert_eq!(a.run("kill -9 $$").await.exit_code, 137);
+  assert_eq!(a.run("true").await.exit_code, 0);
+  // A command that prints the old wrapper's marker text does not end the call.
+  let started = Instant::now();
+  let out = a
+    .run("printf '\\036TFXdeadbeef00000000:x:0\\036'; sleep 0.4; exit 7")
+    .await;
+  assert_eq!(out.exit_code, 7);
+  assert!(started.elapsed() >= Duration::from_millis(400));
+  assert!(out.output.contains("TFXdeadbeef"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_over_the_cap_keeps_head_and_tail() {
+  let a = start().await;
+  let mut r = req("printf 'HEAD'; head -c 100000 /dev/zero | tr '\\0' x; printf 'TAIL'");
+  r.max_output = 100;
+  let out = a.client.exec(&r).await.unwrap();
+  assert_eq!(out.omitted, 100_008 - 100);
+  assert!(out.output.starts_with("HEAD"));
+  assert!(out.output.ends_with("TAIL"));
+  assert!(out
+    .output
+    .contains("\n[... 99908 bytes of output omitted ...]\n"));
+  // Non-UTF-8 becomes U+FFFD.
+  assert_eq!(a.run("printf 'a\\377b'").await.output, "a\u{fffd}b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn working_directory() {
+  let a = start().await;
+  let mut r = req("pwd");
+  r.cwd = "/tmp".into();
+  assert_eq!(a.client.exec(&r).await.unwrap().output, "/tmp\n");
+  r.cwd = "/no/such/dir".into();
+  let out = a.client.exec(&r).await.unwrap();
+  assert_eq!(out.exit_code, 1);
+  assert_eq!(
+    out.output,
+    "cannot change directory to /no/such/dir: no such directory\n"
+  );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn environment_and_path() {
+  let a = start_with(Options {
+    env: vec![
+      ("FROM_CONTAINER".into(), "c".into()),
+      ("OVERRIDDEN".into(), "container".into()),
+      ("TRUEFORGE_AGENT_PRIVATE".into(), "x".into()),
+      ("PATH".into(), "/usr/bin:/bin".into()),
+      ("HOME".into(), "/root".into()),
+    ],
+    ..Default::default()
+  })
+  .await;
+  let mut r = req("env");
+  r.env = vec![
+    ("OVERRIDDEN".into(), "caller".into()),
+    ("CALLER".into(), "it's \"$(x)\"".into()),
+  ];
+  let env = env_map(&a.client.exec(&r).await.unwrap().output);
+  assert_eq!(env["FROM_CONTAINER"], "c");
+  assert_eq!(env["OVERRIDDEN"], "caller");
+  assert_eq!(env["CALLER"], "it's \"$(x)\"");
+  assert!(!env.contains_key("TRUEFORGE_AGENT_PRIVATE"));
+  assert_eq!(env["PATH"], format!("{BIN_DIR}:/usr/bin:/bin"));
+  assert_eq!(env["HOME"], "/root");
+  // The caller's PATH replaces the container's, our bin dir still first.
+  r.env = vec![("PATH".into(), "/opt/x:/usr/bin:/bin".into())];
+  let env = env_map(&a.client.exec(&r).await.unwrap().output);
+  assert_eq!(env["PATH"], format!("{BIN_DIR}:/opt/x:/usr/bin:/bin"));
+  // HOME comes from the user's passwd entry (the engine's HOME for root is not inherited).
+  r.user = Some("nobody".into());
+  r.env = vec![];
+  let env = env_map(&a.client.exec(&r).await.unwrap().output);
+  assert_eq!(env["HOME"], "/nonexistent");
+  r.env = vec![("HOME".into(), "/h".into())];
+  let env = env_map(&a.client.exec(&r).await.unwrap().output);
+  assert_eq!(env["HOME"], "/h");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bash_when_there_is_one_else_sh() {
+  let a = start().await;
+  assert_ne!(a.run("echo ${BASH_VERSION:-none}").await.output, "none\n");
+  let mut r = req("echo ${BASH_VERSION:-none}");
+  r.env = vec![("PATH".into(), "/nonexistent".into())];
+  assert_eq!(a.client.exec(&r).await.unwrap().output, "none\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_are_switched_with_their_groups() {
+  let a = start().await;
+  assert_eq!(a.run("id -u; id -g").await.output, "0\n0\n");
+  let out = a.run_as("nobody", "id -u; id -g; id -G").await;
+  assert_eq!(out.output, "65534\n65534\n65534\n");
+  let out = a.run_as("nobody:daemon", "id -u; id -g; id -G").await;
+  assert_eq!(out.output, "65534\n1\n1\n");
+  let out = a.run_as("4321:4322", "id -u; id -g").await;
+  assert_eq!(out.output, "4321\n4322\n");
+  let mut r = req("true");
+  r.user = Some("no-such-user".into());
+  match a.client.exec(&r).await {
+    Err(ClientError::Agent(e)) => assert_eq!(e.kind, ErrorKind::UnknownUser),
+    other => panic!("{other:?}"),
+  }
+  // The user cannot signal or read the agent.
+  let out = a
+    .run_as(
+      "nobody",
+      &format!("kill -0 {} 2>&1; cat /proc/{}/environ 2>&1", a.pid, a.pid),
+    )
+    .await;
+  assert!(out.output.contains("not permitted"), "{}", out.output);
+  assert!(out.output.contains("Permission denied"), "{}", out.output);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_started_as_the_sandbox_user_serves_that_user() {
+  // Where the container keeps no capability (Podman with a non-root user), the host starts the
+  // agent as the sandbox user: it runs commands and files as itself, and says why it cannot do
+  // more.
+  let a = start_with(Options {
+    as_user: Some((65534, 65534)),
+    ..Default::default()
+  })
+  .await;
+  assert_eq!(a.client.hello().uid, 65534);
+  assert_eq!(a.run_as("nobody", "id -u").await.output, "65534\n");
+  let mut r = req("id -u");
+  r.user = Some("root".into());
+  match a.client.exec(&r).await {
+    Err(ClientError::Agent(e)) => {
+      assert_eq!(e.kind, ErrorKind::SpawnFailed);
+      assert!(e.message.contains("SETUID"), "{}", e.message);
+    }
+    other => panic!("{other:?}"),
+  }
+  let mut r = req(&format!("sleep {} & sleep 30", marker(14)));
+  r.user = Some("nobody".into());
+  r.timeout = Some(Duration::from_millis(500));
+  match a.client.exec(&r).await {
+    Ok(out) => assert!(out.timed_out),
+    // qemu-user: no subreaper, so the kill is not claimed as verified.
+    Err(ClientError::Agent(e)) if !a.client.hello().subreaper => {
+      assert_eq!(e.kind, ErrorKind::KillUnverified)
+    }
+    Err(e) => panic!("{e:?}"),
+  }
+  assert!(procs_with(&marker(14)).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_kills_every_escape_and_says_so() {
+  let a = start().await;
+  let m: Vec<String> = (1..=6).map(marker).collect();
+  let script = format!(
+    "setsid sleep {0} & (sleep {1} &); env -i /bin/sleep {2} & sh -c 'sleep {3} & exit'; \
+     python3 -c 'import ctypes,time; ctypes.CDLL(None).prctl(4,0,0,0,0); time.sleep({4})' & \
+     setsid sh -c '(setsid sleep {5} &) ; sleep 1' & sleep 60",
+    m[0], m[1], m[2], m[3], m[4], m[5]
+  );
+  let mut r = req(&script);
+  r.timeout = Some(Duration::from_millis(1500));
+  let started = Instant::now();
+  if !a.client.hello().subreaper {
+    // qemu-user: orphans go to init, so no kill is ever claimed as verified.
+    match a.client.exec(&r).await {
+      Err(ClientError::Agent(e)) => assert_eq!(e.kind, ErrorKind::KillUnverified),
+      other => panic!("{other:?}"),
+    }
+    for mk in &m {
+      for p in procs_with(mk) {
+        unsafe { libc::kill(p as i32, libc::SIGKILL) };
+      }
+    }
+    return;
+  }
+  let out = a.client.exec(&r).await.unwrap();
+  assert!(
+    started.elapsed() < Duration::from_secs(6),
+    "{:?}",
+    started.elapsed()
+  );
+  assert!(out.timed_out);
+  assert_eq!(out.exit_code, 124);
+  assert!(out
+    .output
+    .ends_with("[timed out after 1.5 s: the command and every process it started were killed]"));
+  for mk in &m {
+    assert!(procs_with(mk).is_empty(), "{mk} survived");
+  }
+  // The same as the sandbox user.
+  let mut r = req(&format!(
+    "setsid sleep {} & (sleep {} &); sleep 60",
+    marker(7),
+    marker(8)
+  ));
+  r.user = Some("nobody".into());
+  r.timeout = Some(Duration::from_secs(1));
+  let out = a.client.exec(&r).await.unwrap();
+  assert!(out.timed_out);
+  assert!(procs_with(&marker(7)).is_empty() && procs_with(&marker(8)).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_processes_do_not_hold_the_call() {
+  let a = start().await;
+  let dir = TempDir::new("bg");
+  let done = dir.path("done");
+  let started = Instant::now();
+  // The background writer fills the pipe after the call returned: it must neither block nor
+  // die of SIGPIPE (the agent keeps draining the pipe).
+  let out = a
+    .run(&format!(
+      "(sleep 0.3; head -c 3000000 /dev/zero; echo ok > {done}) & sleep {} & echo started",
+      marker(9)
+    ))
+    .await;
+  assert!(
+    started.elapsed() < Duration::from_millis(1500),
+    "{:?}",
+    started.elapsed()
+  );
+  assert_eq!(out.output, "started\n");
+  for _ in 0..50 {
+    if std::fs::read_to_string(&done).is_ok() {
+      break;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+  }
+  assert_eq!(std::fs::read_to_string(&done).unwrap(), "ok\n");
+  // Background processes survive a normal end (as in a terminal).
+  assert!(!procs_with(&marker(9)).is_empty());
+  for p in procs_with(&marker(9)) {
+    unsafe { libc::kill(p as i32, libc::SIGKILL) };
+  }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_commands_at_once() {
+  let a = start().await;
+  let started = Instant::now();
+  let mut tasks = Vec::new();
+  for i in 0..50 {
+    let c = a.client.clone();
+    tasks.push(tokio::spawn(async move {
+      let out = c.exec(&req(&format!("echo {i}; sleep 0.2"))).await.unwrap();
+      assert_eq!(out.output, format!("{i}\n"));
+    }));
+  }
+  for t in tasks {
+    t.await.unwrap();
+  }
+  assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_command_is_killed() {
+  let a = start().await;
+  let m = marker(10);
+  let c = a.client.clone();
+  let cmd = format!("setsid sleep {m} & sleep 30");
+  let task = tokio::spawn(async move { c.exec(&req(&cmd)).await });
+  tokio::time::sleep(Duration::from_millis(300)).await;
+  assert!(!procs_with(&m).is_empty());
+  task.abort();
+  for _ in 0..50 {
+    if procs_with(&m).is_empty() {
+      break;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+  }
+  assert!(procs_with(&m).is_empty());
+  assert!(a.client.ping().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_agent_fails_every_request_and_its_commands_die() {
+  let mut a = start().await;
+  let m = marker(11);
+  let mut tasks = Vec::new();
+  for i in 0..5 {
+    let c = a.client.clone();
+    let cmd = format!("sleep {m}{i}");
+    tasks.push(tokio::spawn(async move { c.exec(&req(&cmd)).await }));
+  }
+  tokio::time::sleep(Duration::from_millis(300)).await;
+  a.child.start_kill().unwrap();
+  for t in tasks {
+    match t.await.unwrap() {
+      Err(ClientError::StreamEnded { .. }) => {}
+      other => panic!("{other:?}"),
+    }
+  }
+  assert!(matches!(
+    a.client.ping().await,
+    Err(ClientError::StreamEnded { .. })
+  ));
+  for _ in 0..50 {
+    if procs_with(&m).is_empty() {
+      break;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+  }
+  assert!(procs_with(&m).is_empty(), "commands outlived their agent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_stdin_ends_the_agent() {
+  let mut a = start().await;
+  let m = marker(12);
+  let c = a.client.clone();
+  let cmd = format!("sleep {m}");
+  let task = tokio::spawn(async move { c.exec(&req(&cmd)).await });
+  tokio::time::sleep(Duration::from_millis(300)).await;
+  a.client.close();
+  let status = tokio::time::timeout(Duration::from_secs(5), a.child.wait())
+    .await
+    .unwrap()
+    .unwrap();
+  assert!(status.success());
+  assert!(matches!(
+    task.await.unwrap(),
+    Err(ClientError::StreamEnded { .. })
+  ));
+  for _ in 0..50 {
+    if procs_with(&m).is_empty() {
+      break;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+  }
+  assert!(procs_with(&m).is_empty());
+}
+
+/// A pids cgroup (v1, as on this machine; v2 where mounted so) holding only the agent.
+struct PidsCgroup(std::path::PathBuf);
+
+impl PidsCgroup {
+  fn new(max: u32, pid: u32) -> Option<PidsCgroup> {
+    for base in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"] {
+      let dir = std::path::Path::new(base).join(format!("tf-agent-test-{}", std::process::id()));
+      if std::fs::create_dir(&dir).is_err() {
+        continue;
+      }
+      let ok = std::fs::write(dir.join("pids.max"), max.to_string()).is_ok()
+        && std::fs::write(dir.join("cgroup.procs"), pid.to_string()).is_ok();
+      if ok {
+        return Some(PidsCgroup(dir));
+      }
+      let _ = std::fs::remove_dir(&dir);
+    }
+    None
+  }
+}
+
+impl Drop for PidsCgroup {
+  fn drop(&mut self) {
+    for _ in 0..50 {
+      if std::fs::remove_dir(&self.0).is_ok() {
+        return;
+      }
+      std::thread::sleep(Duration::from_millis(100));
+    }
+  }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_out_of_processes_is_recovered() {
+  // A full pids cgroup, as a fork bomb that outlived its command leaves a container: the agent
+  // cannot fork until it kills the sandbox user's processes. A uid of its own, so that nothing
+  // else on this machine is hit.
+  let mut a = start().await;
+  if !a.client.hello().subreaper {
+    eprintln!("skipped: the agent is no subreaper here (qemu-user), so nothing reaps the bomb");
+    return;
+  }
+  let Some(cg) = PidsCgroup::new(24, a.pid) else {
+    eprintln!("skipped: no pids cgroup can be made here");
+    return;
+  };
+  let user = "64123:64123";
+  let m = marker(13);
+  let out = a
+    .run_as(
+      user,
+      &format!("(while :; do sleep {m} & done) >/dev/null 2>&1 & echo started"),
+    )
+    .await;
+  assert_eq!(out.output, "started\n");
+  // Full: every pid of the cgroup taken.
+  let current = || std::fs::read_to_string(cg.0.join("pids.current")).unwrap_or_default();
+  for _ in 0..100 {
+    if current().trim() == "24" {
+      break;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+  }
+  assert_eq!(current().trim(), "24");
+  let out = a.run_as(user, "echo after").await;
+  assert_eq!(out.output, "after\n");
+  assert!(
+    out
+      .recovered
+      .as_deref()
+      .unwrap_or("")
+      .contains("out of processes"),
+    "{:?}",
+    out.recovered
+  );
+  assert!(procs_with(&m).is_empty());
+  a.client.close();
+  let _ = a.child.wait().await;
+  drop(cg);
+}

@@ -1,0 +1,600 @@
+//! Files through the real agent: as the sandbox user, links followed only with the user's
+//! permissions, never blocking on a FIFO, temporary file and rename, caps, typed errors; both
+//! with `openat2` and with the one-component-at-a-time fallback.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use trueforge_agent_proto::client::{AgentClient, ClientError};
+use trueforge_agent_proto::msg::{
+  DownloadSpec, ErrorKind, FileKind, LayoutDir, LayoutLink, LayoutSpec, StatSpec, UploadSpec,
+};
+
+const NOBODY: &str = "nobody";
+
+async fn agents() -> Vec<(&'static str, Agent)> {
+  let fallback = start_with(Options {
+    env: vec![("TRUEFORGE_AGENT_NO_OPENAT2".into(), "1".into())],
+    ..Default::default()
+  })
+  .await;
+  assert!(!fallback.client.hello().openat2);
+  vec![("openat2", start().await), ("fallback", fallback)]
+}
+
+fn up(path: &str, user: Option<&str>) -> UploadSpec {
+  UploadSpec {
+    path: path.into(),
+    user: user.map(str::to_string),
+    mode: 0o644,
+    max_bytes: None,
+    parents: true,
+  }
+}
+
+fn down(path: &str, user: Option<&str>) -> DownloadSpec {
+  DownloadSpec {
+    path: path.into(),
+    user: user.map(str::to_string),
+    max_bytes: 1 << 30,
+  }
+}
+
+fn kind_of(r: Result<impl std::fmt::Debug, ClientError>) -> ErrorKind {
+  match r {
+    Err(ClientError::Agent(e)) => e.kind,
+    other => panic!("expected an agent error, got {other:?}"),
+  }
+}
+
+/// A directory the sandbox user may write in, and a root-only one beside it.
+fn sandbox() -> TempDir {
+  let t = TempDir::new("files");
+  std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+  std::fs::create_dir(t.0.join("rootonly")).unwrap();
+  std::fs::set_permissions(t.0.join("rootonly"), std::fs::Permissions::from_mode(0o700)).unwrap();
+  std::fs::write(t.0.join("rootonly/secret"), b"root's secret").unwrap();
+  std::fs::set_permissions(
+    t.0.join("rootonly/secret"),
+    std::fs::Permissions::from_mode(0o600),
+  )
+  .unwrap();
+  t
+}
+
+fn data(n: usize) -> Vec<u8> {
+  (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_as_the_user_with_modes_and_owners() {
+  for (mode, a) in agents().await {
+    let t = sandbox();
+    let c = &a.client;
+    let body = data((1 << 20) + 1);
+    let path = t.path("a/b/c.bin");
+    let done = c
+      .upload_bytes(up(&path, Some(NOBODY)), Bytes::from(body.clone()))
+      .await
+      .unwrap();
+    assert_eq!(done.size, body.len() as u64, "{mode}");
+    assert_eq!(
+      c.download_bytes(down(&path, Some(NOBODY))).await.unwrap(),
+      body
+    );
+    let md = std::fs::metadata(&path).unwrap();
+    assert_eq!(
+      (md.uid(), md.gid(), md.mode() & 0o7777),
+      (65534, 65534, 0o644)
+    );
+    for dir in ["a", "a/b"] {
+      let md = std::fs::metadata(t.path(dir)).unwrap();
+      assert_eq!((md.uid(), md.mode() & 0o7777), (65534, 0o755), "{dir}");
+    }
+    let mut spec = up(&t.path("x.sh"), Some(NOBODY));
+    spec.mode = 0o750;
+    c.upload_bytes(spec, Bytes::from_static(b"#!/bin/sh\n"))
+      .await
+      .unwrap();
+    assert_eq!(
+      std::fs::metadata(t.path("x.sh")).unwrap().mode() & 0o7777,
+      0o750
+    );
+    // A read-only file of the user's is replaced.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
+    c.upload_bytes(up(&path, Some(NOBODY)), Bytes::from_static(b"new"))
+      .await
+      .unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"new");
+    // An empty file, and a path straight under /.
+    c.upload_bytes(up(&t.path("empty"), None), Bytes::new())
+      .await
+      .unwrap();
+    assert_eq!(
+      c.download_bytes(down(&t.path("empty"), None))
+        .await
+        .unwrap(),
+      b""
+    );
+    let info = c
+      .stat(StatSpec {
+        path: path.clone(),
+        user: Some(NOBODY.into()),
+        follow: false,
+      })
+      .await
+      .unwrap()
+      .unwrap();
+    assert_eq!((info.kind, info.size, info.uid), (FileKind::File, 3, 65534));
+    assert!(leftovers(&t).is_empty(), "{mode}: {:?}", leftovers(&t));
+  }
+}
+
+/// Temporary upload files left anywhere under `t`.
+fn leftovers(t: &TempDir) -> Vec<String> {
+  let mut out = Vec::new();
+  let mut stack = vec![t.0.clone()];
+  while let Some(d) = stack.pop() {
+    let Ok(rd) = std::fs::read_dir(&d) else {
+      continue;
+    };
+    for e in rd.flatten() {
+      let name = e.file_name().to_string_lossy().into_owned();
+      if name.starts_with(".tf-") {
+        out.push(e.path().to_string_lossy().into_owned());
+      }
+      if e.file_type().map(|f| f.is_dir()).unwrap_or(false) {
+        stack.push(e.path());
+      }
+    }
+  }
+  out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_are_followed_only_with_the_users_permissions() {
+  for (mode, a) in agents().await {
+    let t = sandbox();
+    let c = &a.client;
+    std::os::unix::fs::symlink(t.path("rootonly/secret"), t.path("planted")).unwrap();
+    std::os::unix::fs::symlink(t.path("rootonly"), t.path("d_root")).unwrap();
+    // A planted link to a file the user cannot read is refused; root reads it.
+    assert_eq!(
+      kind_of(
+        c.download_bytes(down(&t.path("planted"), Some(NOBODY)))
+          .await
+      ),
+      ErrorKind::PermissionDenied,
+      "{mode}"
+    );
+    assert_eq!(
+      c.download_bytes(down(&t.path("planted"), None))
+        .await
+        .unwrap(),
+      b"root's secret"
+    );
+    // A parent link into a root-only directory creates nothing there.
+    assert_eq!(
+      kind_of(
+        c.upload_bytes(
+          up(&t.path("d_root/new"), Some(NOBODY)),
+          Bytes::from_static(b"x")
+        )
+        .await
+      ),
+      ErrorKind::PermissionDenied,
+      "{mode}"
+    );
+    assert_eq!(
+      kind_of(
+        c.upload_bytes(
+          up(&t.path("d_root/deeper/new"), Some(NOBODY)),
+          Bytes::from_static(b"x")
+        )
+        .await
+      ),
+      ErrorKind::PermissionDenied
+    );
+    assert!(!t.0.join("rootonly/new").exists());
+    assert!(!t.0.join("rootonly/deeper").exists());
+    // Replacing a file by a link makes the next upload replace the link, not write through it.
+    std::os::unix::fs::symlink(t.path("rootonly/secret"), t.path("swap")).unwrap();
+    c.upload_bytes(up(&t.path("swap"), None), Bytes::from_static(b"mine"))
+      .await
+      .unwrap();
+    assert_eq!(
+      std::fs::read(t.path("rootonly/secret")).unwrap(),
+      b"root's secret"
+    );
+    assert!(!std::fs::symlink_metadata(t.path("swap"))
+      .unwrap()
+      .is_symlink());
+    // Magic links are not followed as such (the agent's own fd 0 is not reachable).
+    let k = kind_of(c.download_bytes(down("/proc/self/fd/0", None)).await);
+    assert!(
+      matches!(k, ErrorKind::InvalidPath | ErrorKind::NotRegularFile),
+      "{mode}: {k:?}"
+    );
+    let link = c
+      .stat(StatSpec {
+        path: t.path("planted"),
+        user: Some(NOBODY.into()),
+        follow: false,
+      })
+      .await
+      .unwrap()
+      .unwrap();
+    assert_eq!(link.kind, FileKind::Symlink);
+    assert_eq!(
+      link.link_target.as_deref(),
+      Some(t.path("rootonly/secret").as_str())
+    );
+    assert_eq!(
+      kind_of(
+        c.stat(StatSpec {
+          path: t.path("planted"),
+          user: Some(NOBODY.into()),
+          follow: true,
+        })
+        .await
+      ),
+      ErrorKind::PermissionDenied
+    );
+  }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifos_devices_and_directories_are_refused_without_blocking() {
+  for (mode, a) in agents().await {
+    let t = sandbox();
+    let c = &a.client;
+    let fifo = t.path("fifo");
+    assert!(std::process::Command::new("mkfifo")
+      .arg(&fifo)
+      .status()
+      .unwrap()
+      .success());
+    let started = Instant::now();
+    match c.download_bytes(down(&fifo, None)).await {
+      Err(ClientError::Agent(e)) => {
+        assert_eq!(e.kind, ErrorKind::NotRegularFile, "{mode}");
+        assert_eq!(e.file_kind, Some(FileKind::Fifo));
+      }
+      other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(
+      kind_of(c.download_bytes(down("/dev/zero", None)).await),
+      ErrorKind::NotRegularFile
+    );
+    assert_eq!(
+      kind_of(c.download_bytes(down(&t.path("rootonly"), None)).await),
+      ErrorKind::IsDirectory
+    );
+    assert_eq!(
+      kind_of(
+        c.upload_bytes(up(&t.path("rootonly"), None), Bytes::from_static(b"x"))
+          .await
+      ),
+      ErrorKind::IsDirectory
+    );
+    assert_eq!(
+      kind_of(c.download_bytes(down(&t.path("missing"), None)).await),
+      ErrorKind::NotFound
+    );
+    std::fs::write(t.path("file"), b"f").unwrap();
+    assert_eq!(
+      kind_of(c.download_bytes(down(&t.path("file/x"), None)).await),
+      ErrorKind::NotADirectory
+    );
+    assert!(c
+      .stat(StatSpec {
+        path: t.path("missing"),
+        user: None,
+        follow: true
+      })
+      .await
+      .unwrap()
+      .is_none());
+  }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_fifo_swap_racing_downloads_never_hangs() {
+  let a = start().await;
+  let t = sandbox();
+  let target = t.path("swap");
+  std::fs::write(&target, vec![b'x'; 100_000]).unwrap();
+  let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+  let swapper = {
+    let (stop, target, file, fifo) = (
+      stop.clone(),
+      target.clone(),
+      t.path("swap.file"),
+      t.path("swap.fifo"),
+    );
+    std::thread::spawn(move || {
+      let mut n = 0;
+      let c = std::ffi::CString::new(fifo.as_str()).unwrap();
+      while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        // Both ready before either lands, so each state lasts about as long as the other.
+        let _ = std::fs::write(&file, vec![b'x'; 100_000]);
+        let _ = std::fs::remove_file(&fifo);
+        unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
+        let _ = std::fs::rename(&file, &target);
+        std::thread::sleep(Duration::from_micros(300));
+        let _ = std::fs::rename(&fifo, &target);
+        std::thread::sleep(Duration::from_micros(300));
+        n += 2;
+      }
+      n
+    })
+  };
+  let started = Instant::now();
+  let (mut ok, mut refused) = (0, 0);
+  while ok + refused < 100
+    || (started.elapsed() < Duration::from_secs(5) && (ok < 5 || refused < 5))
+  {
+    let r = tokio::time::timeout(
+      Duration::from_secs(5),
+      a.client.download_bytes(down(&target, Some(NOBODY))),
+    )
+    .await
+    .expect("a download hung");
+    match r {
+      Ok(b) => {
+        assert_eq!(b.len(), 100_000);
+        ok += 1;
+      }
+      Err(ClientError::Agent(e)) => {
+        assert!(
+          matches!(
+            e.kind,
+            ErrorKind::NotRegularFile | ErrorKind::NotFound | ErrorKind::Changed
+          ),
+          "{e:?}"
+        );
+        refused += 1;
+      }
+      Err(e) => panic!("{e:?}"),
+    }
+  }
+  stop.store(true, std::sync::atomic::Ordering::Relaxed);
+  let swaps = swapper.join().unwrap();
+  assert!(swaps > 10, "{swaps}");
+  assert!(started.elapsed() < Duration::from_secs(30));
+  eprintln!("{ok} downloads saw the file, {refused} were refused ({swaps} swaps)");
+  assert!(a.client.ping().await.is_ok());
+  assert_eq!(a.run("echo alive").await.output, "alive\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_refuse_and_leave_nothing_behind() {
+  let a = start().await;
+  let t = sandbox();
+  let c = &a.client;
+  let path = t.path("f");
+  std::fs::write(&path, b"original").unwrap();
+  let mut d = down(&path, None);
+  d.max_bytes = 3;
+  match c.download(d).await {
+    Err(ClientError::Agent(e)) => {
+      assert_eq!(e.kind, ErrorKind::TooLarge);
+      assert_eq!((e.size, e.max), (Some(8), Some(3)));
+    }
+    Err(e) => panic!("{e:?}"),
+    Ok(_) => panic!("a download over the cap started"),
+  }
+  let mut u = up(&path, None);
+  u.max_bytes = Some(1000);
+  assert_eq!(
+    kind_of(c.upload_bytes(u, Bytes::from(vec![1u8; 300_000])).await),
+    ErrorKind::TooLarge
+  );
+  assert_eq!(std::fs::read(&path).unwrap(), b"original");
+  // An abandoned upload is removed too.
+  let c2 = c.clone();
+  let p2 = path.clone();
+  let task = tokio::spawn(async move {
+    let (mut w, r) = tokio::io::duplex(1024);
+    tokio::spawn(async move {
+      use tokio::io::AsyncWriteExt;
+      let _ = w.write_all(&[7u8; 4096]).await;
+      tokio::time::sleep(Duration::from_secs(60)).await;
+    });
+    c2.upload(up(&p2, None), r).await
+  });
+  tokio::time::sleep(Duration::from_millis(300)).await;
+  assert_eq!(leftovers(&t).len(), 1);
+  task.abort();
+  for _ in 0..50 {
+    if leftovers(&t).is_empty() {
+      break;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+  }
+  assert!(leftovers(&t).is_empty(), "{:?}", leftovers(&t));
+  assert_eq!(std::fs::read(&path).unwrap(), b"original");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_nobody_reads_does_not_stall_commands() {
+  let a = start().await;
+  let t = sandbox();
+  let big = t.path("big");
+  std::fs::write(&big, vec![0u8; 20 << 20]).unwrap();
+  let held = a.client.download(down(&big, None)).await.unwrap();
+  let started = Instant::now();
+  for i in 0..20 {
+    assert_eq!(a.run(&format!("echo {i}")).await.output, format!("{i}\n"));
+  }
+  assert!(started.elapsed() < Duration::from_secs(5));
+  drop(held);
+  assert!(a.client.ping().await.is_ok());
+}
+
+fn mount(args: &[&str]) -> bool {
+  std::process::Command::new("mount")
+    .args(args)
+    .stderr(std::process::Stdio::null())
+    .status()
+    .is_ok_and(|s| s.success())
+}
+
+fn umount(path: &str) {
+  let _ = std::process::Command::new("umount").arg(path).status();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_points_and_read_only_file_systems_have_their_own_errors() {
+  let a = start().await;
+  let t = sandbox();
+  let c = &a.client;
+  std::fs::write(t.path("src"), b"bind").unwrap();
+  std::fs::write(t.path("hosts"), b"").unwrap();
+  if mount(&["--bind", &t.path("src"), &t.path("hosts")]) {
+    let r = c
+      .upload_bytes(up(&t.path("hosts"), None), Bytes::from_static(b"x"))
+      .await;
+    umount(&t.path("hosts"));
+    assert_eq!(kind_of(r), ErrorKind::Busy);
+  } else {
+    eprintln!("skipped the bind mount case: mount is not allowed here");
+  }
+  std::fs::create_dir(t.path("ro")).unwrap();
+  if mount(&["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", &t.path("ro")]) {
+    let r = c
+      .upload_bytes(up(&t.path("ro/f"), None), Bytes::from_static(b"x"))
+      .await;
+    umount(&t.path("ro"));
+    assert_eq!(kind_of(r), ErrorKind::ReadOnly);
+  } else {
+    eprintln!("skipped the read-only case: mount is not allowed here");
+  }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layout_makes_owned_directories_without_following_links() {
+  let a = start().await;
+  let t = sandbox();
+  let c = &a.client;
+  let spec = |dirs: Vec<(&str, u32, bool)>, links: Vec<(&str, &str)>| LayoutSpec {
+    dirs: dirs
+      .into_iter()
+      .map(|(p, mode, user_owned)| LayoutDir {
+        path: t.path(p),
+        mode,
+        user_owned,
+      })
+      .collect(),
+    user: Some(NOBODY.into()),
+    links: links
+      .into_iter()
+      .map(|(p, target)| LayoutLink {
+        path: t.path(p),
+        target: target.into(),
+      })
+      .collect(),
+    activity_file: false,
+  };
+  c.layout(spec(
+    vec![
+      ("tf", 0o755, true),
+      ("tf/uploads", 0o755, true),
+      ("tf/codemode/bin", 0o755, false),
+      ("ws/01ARZ", 0o700, true),
+    ],
+    vec![("tf/codemode/bin/mcp-client", "/opt/agent")],
+  ))
+  .await
+  .unwrap();
+  let md = |p: &str| std::fs::symlink_metadata(t.path(p)).unwrap();
+  assert_eq!((md("tf").uid(), md("tf").mode() & 0o7777), (65534, 0o755));
+  assert_eq!(md("tf/codemode/bin").uid(), 0);
+  assert_eq!(
+    (md("ws/01ARZ").uid(), md("ws/01ARZ").mode() & 0o7777),
+    (65534, 0o700)
+  );
+  assert_eq!(
+    std::fs::read_link(t.path("tf/codemode/bin/mcp-client")).unwrap(),
+    std::path::PathBuf::from("/opt/agent")
+  );
+  // Run again: links are replaced, directories kept.
+  c.layout(spec(
+    vec![("tf", 0o755, true)],
+    vec![("tf/codemode/bin/mcp-client", "/x")],
+  ))
+  .await
+  .unwrap();
+  assert_eq!(
+    std::fs::read_link(t.path("tf/codemode/bin/mcp-client")).unwrap(),
+    std::path::PathBuf::from("/x")
+  );
+  // A link planted in a layout path is never followed (root would chown its target).
+  std::os::unix::fs::symlink(t.path("rootonly"), t.path("tf/evil")).unwrap();
+  assert_eq!(
+    kind_of(
+      c.layout(spec(vec![("tf/evil/sub", 0o755, true)], vec![]))
+        .await
+    ),
+    ErrorKind::InvalidPath
+  );
+  assert_eq!(md("rootonly").uid(), 0);
+  assert!(!t.0.join("rootonly/sub").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_calls_are_recorded_in_a_root_owned_activity_file() {
+  if std::env::var_os("TRUEFORGE_AGENT_BIN").is_some() {
+    // Only a debug build lets a test move the layout root; scripts/agent-smoke.sh checks the
+    // release binaries' activity file in a container.
+    eprintln!("skipped: the binary under test is not a debug build");
+    return;
+  }
+  let t = sandbox();
+  let root = t.path("layout");
+  std::fs::create_dir(&root).unwrap();
+  std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
+  let a = start_with(Options {
+    env: vec![("TRUEFORGE_AGENT_TEST_LAYOUT_ROOT".into(), root.clone())],
+    ..Default::default()
+  })
+  .await;
+  let c: &AgentClient = &a.client;
+  assert_eq!(c.activity().await.unwrap().last_call_unix_ms, None);
+  c.ping().await.unwrap();
+  assert_eq!(c.activity().await.unwrap().last_call_unix_ms, None);
+  a.run("true").await;
+  let info = c.activity().await.unwrap();
+  assert!(info.last_call_unix_ms.is_some());
+  let file = format!("{root}/.agent-activity");
+  let md = std::fs::metadata(&file).unwrap();
+  assert_eq!((md.uid(), md.mode() & 0o7777, md.nlink()), (0, 0o644, 1));
+  // The sandbox user can neither write it nor keep a file of its own in its place.
+  let out = a
+    .run_as(
+      NOBODY,
+      &format!("touch {file} 2>&1; rm -f {file}; echo fake > {file}; stat -c %U {file}"),
+    )
+    .await;
+  assert!(out.output.contains("Permission denied"), "{}", out.output);
+  assert!(out.output.ends_with("nobody\n"), "{}", out.output);
+  c.layout(LayoutSpec {
+    dirs: vec![],
+    user: None,
+    links: vec![],
+    activity_file: true,
+  })
+  .await
+  .unwrap();
+  let md = std::fs::metadata(&file).unwrap();
+  assert_eq!((md.uid(), md.size()), (0, 0));
+  // Running commands keep it fresh.
+  let before = std::fs::metadata(&file).unwrap().mtime_nsec();
+  a.run("sleep 2.2").await;
+  assert_ne!(std::fs::metadata(&file).unwrap().mtime_nsec(), before);
+}
