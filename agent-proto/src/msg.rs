@@ -9,12 +9,15 @@ pub const AGENT_NAME: &str = "trueforge-agent";
 pub const BIN_DIR: &str = "/trueforge/codemode/bin";
 /// `PATH` when neither the caller nor the container gives one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/// Root-owned file whose mtime the agent refreshes on host calls (see `LayoutSpec`).
-pub const ACTIVITY_FILE: &str = "/trueforge/.agent-activity";
+/// Root-owned file whose mtime the agent refreshes on host calls (see `LayoutSpec`). In the
+/// sticky /tmp, so a sandbox user can neither remove it nor put a file of its own in its place.
+pub const ACTIVITY_FILE: &str = "/tmp/.trueforge-agent-activity";
 /// Largest Code Mode request or reply, as TrueForge's own transports allow.
 pub const MAX_CODE_MODE_MESSAGE: usize = 64 * 1024 * 1024;
-/// Code Mode calls the agent carries at once; more connections wait in the agent.
-pub const MAX_CODE_MODE_CALLS: usize = 16;
+/// Code Mode calls the agent carries at once; more connections wait in the agent. As many as a
+/// client's `asyncio.gather` of a few dozen calls needs: the host's memory is bounded by what
+/// it admits (each call's size comes before its bytes), not by this count.
+pub const MAX_CODE_MODE_CALLS: usize = 64;
 /// Exit code of a command killed by its timeout (as coreutils `timeout`).
 pub const TIMEOUT_EXIT_CODE: i32 = 124;
 
@@ -74,8 +77,14 @@ pub enum Request {
 pub enum AgentRequest {
   /// One Code Mode request from a client of `socket`: the agent sends the request bytes as
   /// `Data` then `End`; the host answers with the reply bytes as `Data`, then `Result` (`null`,
-  /// or an error the client receives as a transport error).
-  CodeModeCall { socket: String },
+  /// or an error the client receives as a transport error). `size` is the request's length: the
+  /// agent has the whole request before it opens the stream, so the host can decide whether it
+  /// has room for it before reading a byte.
+  CodeModeCall {
+    socket: String,
+    #[serde(default)]
+    size: Option<u64>,
+  },
 }
 
 /// A command to run.

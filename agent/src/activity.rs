@@ -80,9 +80,10 @@ pub async fn ticker(ctx: Rc<Ctx>) {
   }
 }
 
-const NAME: &std::ffi::CStr = c".agent-activity";
+const NAME: &std::ffi::CStr = c".trueforge-agent-activity";
 
-/// The layout root holding the file: `/trueforge`; a debug build (the tests) may point it
+/// The directory holding the file: the sticky `/tmp` (`msg::ACTIVITY_FILE`), where the sandbox
+/// user can neither remove nor replace a file of root's; a debug build (the tests) may point it
 /// elsewhere with `TRUEFORGE_AGENT_TEST_LAYOUT_ROOT`.
 fn layout_root() -> &'static std::ffi::CStr {
   static ROOT: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
@@ -90,8 +91,8 @@ fn layout_root() -> &'static std::ffi::CStr {
     let dir = std::env::var("TRUEFORGE_AGENT_TEST_LAYOUT_ROOT")
       .ok()
       .filter(|_| cfg!(debug_assertions))
-      .unwrap_or_else(|| "/trueforge".into());
-    std::ffi::CString::new(dir).unwrap_or_else(|_| c"/trueforge".into())
+      .unwrap_or_else(|| "/tmp".into());
+    std::ffi::CString::new(dir).unwrap_or_else(|_| c"/tmp".into())
   })
 }
 
@@ -136,7 +137,7 @@ fn touch_file() -> io::Result<()> {
   let fd = match existing {
     Some(fd) => fd,
     None => {
-      let temp = std::ffi::CString::new(format!(".agent-activity.{}", std::process::id()))
+      let temp = std::ffi::CString::new(format!(".trueforge-agent-activity.{}", std::process::id()))
         .expect("no NUL in a number");
       unsafe { libc::unlinkat(d, temp.as_ptr(), 0) };
       let fd = sys::openat(

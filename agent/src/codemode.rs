@@ -217,9 +217,11 @@ async fn serve(ctx: Rc<Ctx>, socket: String, mut conn: UnixStream) {
   let Ok(_slot) = ctx.relays.calls.acquire().await else {
     return;
   };
+  // The size goes first: the host makes room for the request before it reads a byte.
+  let size = Some(body.len() as u64);
   let mut io = ctx
     .conn
-    .open_agent_stream(&AgentRequest::CodeModeCall { socket });
+    .open_agent_stream(&AgentRequest::CodeModeCall { socket, size });
   if io.send_data(body.freeze()).await {
     io.send_end();
   }

@@ -19,9 +19,13 @@ use trueforge_agent_proto::msg::CodeModeListenSpec;
 fn serve_fake_host(client: &AgentClient) {
   let mut calls = client.code_mode_calls();
   tokio::spawn(async move {
-    while let Some(call) = calls.recv().await {
-      let req: serde_json::Value = serde_json::from_slice(&call.request).unwrap_or_default();
-      let reply = fake_reply(&req, &call.request);
+    while let Some(mut call) = calls.recv().await {
+      let Ok(request) = call.read_request().await else {
+        continue;
+      };
+      assert_eq!(call.size, Some(request.len() as u64));
+      let req: serde_json::Value = serde_json::from_slice(&request).unwrap_or_default();
+      let reply = fake_reply(&req, &request);
       if req["tool"] == "fail_in_transit" {
         call.fail("the MCP gateway is unreachable");
         continue;

@@ -72,7 +72,7 @@ async fn smoke() {
   .await
   .unwrap();
   let out = a
-    .run("stat -c '%U %a %h' /trueforge/.agent-activity; stat -c %U /workspace/01SMOKE")
+    .run("stat -c '%U %a %h' /tmp/.trueforge-agent-activity; stat -c %U /workspace/01SMOKE")
     .await;
   assert_eq!(out.output, "root 644 1\nnobody\n");
 
@@ -156,7 +156,8 @@ async fn smoke() {
   // Code Mode: the relay socket and the static mcp-client, as the sandbox user.
   let mut calls = c.code_mode_calls();
   tokio::spawn(async move {
-    while let Some(call) = calls.recv().await {
+    while let Some(mut call) = calls.recv().await {
+      let _ = call.read_request().await;
       let _ = call
         .reply(Bytes::from_static(
           br#"{"ok": true, "result": {"tools": [{"name": "t", "annotations": {"readOnlyHint": true}}]}}"#,

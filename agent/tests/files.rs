@@ -571,7 +571,7 @@ async fn host_calls_are_recorded_in_a_root_owned_activity_file() {
   a.run("true").await;
   let info = c.activity().await.unwrap();
   assert!(info.last_call_unix_ms.is_some());
-  let file = format!("{root}/.agent-activity");
+  let file = format!("{root}/.trueforge-agent-activity");
   let md = std::fs::metadata(&file).unwrap();
   assert_eq!((md.uid(), md.mode() & 0o7777, md.nlink()), (0, 0o644, 1));
   // The sandbox user can neither write it nor keep a file of its own in its place.

@@ -147,17 +147,60 @@ impl Download {
   }
 }
 
-/// One Code Mode request from a client in the sandbox. Answer it with `reply` (the bytes the
-/// client receives) or `fail`; dropping it fails it.
+/// One Code Mode request from a client in the sandbox, delivered before its bytes are read:
+/// `size` says how many there are, so the host can make room for them first (until
+/// `read_request`, the agent waits under flow control and the host holds at most one credit
+/// window of them). Answer it with `reply` (the bytes the client receives) or `fail`; dropping
+/// it fails it.
 pub struct CodeModeCall {
   /// The relay socket the client used (the one given to `code_mode_listen`).
   pub socket: String,
-  /// The client's request bytes (JSON, at most 64 MiB).
-  pub request: Bytes,
+  /// The request's length as the agent announced it (an older agent does not say).
+  pub size: Option<u64>,
   stream: Stream,
 }
 
 impl CodeModeCall {
+  /// The client's request bytes (JSON, at most 64 MiB, exactly `size` when it was given), read
+  /// under credit. Call it once.
+  pub async fn read_request(&mut self) -> Result<Bytes, ClientError> {
+    let limit = self
+      .size
+      .unwrap_or((MAX_CODE_MODE_MESSAGE + 4096) as u64)
+      .min((MAX_CODE_MODE_MESSAGE + 4096) as u64);
+    let mut body = BytesMut::with_capacity(self.size.unwrap_or(0).min(limit) as usize);
+    loop {
+      match self.stream.next().await? {
+        Inbound::Data(b) => {
+          if (body.len() + b.len()) as u64 > limit {
+            return Err(
+              self
+                .stream
+                .violation("a Code Mode request is longer than announced"),
+            );
+          }
+          self.stream.consumed(b.len());
+          body.extend_from_slice(&b);
+        }
+        Inbound::End => break,
+        Inbound::Head(_) => {}
+        Inbound::Result(_) => {
+          return Err(ClientError::StreamEnded {
+            reason: "the agent gave up the Code Mode call".into(),
+          })
+        }
+      }
+    }
+    if self.size.is_some_and(|n| n != body.len() as u64) {
+      return Err(
+        self
+          .stream
+          .violation("a Code Mode request is shorter than announced"),
+      );
+    }
+    Ok(body.freeze())
+  }
+
   /// Sends `reply` to the client, streamed under the agent's credit.
   pub async fn reply(mut self, reply: Bytes) -> Result<(), ClientError> {
     if reply.len() > MAX_CODE_MODE_MESSAGE + 4096 {
@@ -304,7 +347,7 @@ impl Shared {
     }
     let req: AgentRequest = serde_json::from_slice(&f.payload)
       .map_err(|e| format!("an unreadable request from the agent: {e}"))?;
-    let AgentRequest::CodeModeCall { socket } = req;
+    let AgentRequest::CodeModeCall { socket, size } = req;
     let refuse = |why: &str| {
       self.send(&Frame::json(
         Kind::Result,
@@ -323,6 +366,11 @@ impl Shared {
       refuse("too many Code Mode calls at once");
       return Ok(());
     }
+    if size.is_some_and(|n| n > MAX_CODE_MODE_MESSAGE as u64) {
+      drop(st);
+      refuse("Code Mode request over the limit");
+      return Ok(());
+    }
     if st.streams.contains_key(&f.id) {
       return Err(format!("the agent reused stream {}", f.id));
     }
@@ -330,43 +378,14 @@ impl Shared {
     let (slot, stream) = Stream::new(self.clone(), f.id, true);
     st.streams.insert(f.id, slot);
     drop(st);
-    tokio::spawn(assemble_call(stream, socket, calls));
+    // A dropped receiver drops the call, which fails it.
+    let _ = calls.send(CodeModeCall {
+      socket,
+      size,
+      stream,
+    });
     Ok(())
   }
-}
-
-/// Collects a Code Mode call's request bytes, then hands the call over.
-async fn assemble_call(
-  mut stream: Stream,
-  socket: String,
-  calls: mpsc::UnboundedSender<CodeModeCall>,
-) {
-  let mut body = BytesMut::new();
-  loop {
-    match stream.next().await {
-      Ok(Inbound::Data(b)) => {
-        if body.len() + b.len() > MAX_CODE_MODE_MESSAGE + 4096 {
-          stream.finish_with(&Outcome::<()>::Err(AgentError::new(
-            crate::msg::ErrorKind::TooLarge,
-            "Code Mode request over the limit",
-          )));
-          return;
-        }
-        stream.consumed(b.len());
-        body.extend_from_slice(&b);
-      }
-      Ok(Inbound::End) => break,
-      Ok(_) => {}
-      Err(_) => return,
-    }
-  }
-  let call = CodeModeCall {
-    socket,
-    request: body.freeze(),
-    stream,
-  };
-  // A dropped receiver drops the call, which fails it.
-  let _ = calls.send(call);
 }
 
 /// A connection to one agent. Clones share it; dropping the last one closes the agent's

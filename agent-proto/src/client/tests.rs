@@ -377,6 +377,7 @@ async fn code_mode_calls_are_routed_and_answered() {
       id,
       &AgentRequest::CodeModeCall {
         socket: "/s.sock".into(),
+        size: Some(19),
       },
     )
   };
@@ -394,9 +395,9 @@ async fn code_mode_calls_are_routed_and_answered() {
     .send(Frame::new(Kind::Data, id, &b"\"list_tools\"}"[..]))
     .await;
   fake.send(Frame::empty(Kind::End, id)).await;
-  let call = calls.recv().await.unwrap();
-  assert_eq!(call.socket, "/s.sock");
-  assert_eq!(&call.request[..], b"{\"op\":\"list_tools\"}");
+  let mut call = calls.recv().await.unwrap();
+  assert_eq!((call.socket.as_str(), call.size), ("/s.sock", Some(19)));
+  assert_eq!(&call.read_request().await.unwrap()[..], b"{\"op\":\"list_tools\"}");
   let reply = Bytes::from(vec![b'x'; 300 * 1024]);
   let answer = tokio::spawn(call.reply(reply.clone()));
   let mut got = Vec::new();
