@@ -29,11 +29,18 @@ export declare class NativeProvider {
    * `options` is the constructor's options object without `errors` and `logger`; `log`, when
    * given, receives one JSON string `{ level, message, meta }` per event.
    */
-  constructor(options: NativeProviderOptions, log?: ((arg: string) => void) | undefined | null)
+  constructor(options: NativeProviderOptions, log?: ((arg: string) => void) | undefined | null, agentDir?: string | undefined | null)
   /** The namespace containers are scoped to. */
   get namespace(): string
   /** The engine address in use. */
   get dockerHost(): string
+  /** Whether calls go through the in-sandbox agent (the `agent` option). */
+  get agent(): boolean
+  /**
+   * What serves a sandbox's calls: `{ mode: 'agent', version, arch, uid, pid, path, asUser,
+   * openat2, subreaper }`, or `{ mode: 'engine-exec', reason }`.
+   */
+  agentStatus(sandboxId: string): Promise<Record<string, unknown>>
   layout(): NativeLayout
   additionalInstructions(): string
   createSandbox(): Promise<string>
@@ -123,6 +130,8 @@ export interface NativeEngineStats {
   poolRefills: number
   /** Namespaces with a live background reaper. */
   reaperLeases: number
+  /** Containers with a live in-sandbox agent connection (or one starting). */
+  agentConnections: number
 }
 
 /** Parameters of one exec. */
@@ -238,6 +247,12 @@ export interface NativeProviderOptions {
    * minutes). Default 30000.
    */
   engineTimeoutMs?: number
+  /**
+   * Run commands, files and Code Mode through the in-sandbox agent (a static binary started in
+   * each sandbox through the engine's exec API); `false` uses the engine's exec and archive
+   * endpoints for everything. Default true.
+   */
+  agent?: boolean
 }
 
 /** Options of the standalone reaper (the `reap` command). */

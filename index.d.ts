@@ -117,6 +117,12 @@ export interface DockerSandboxProviderOptions {
   engineTimeoutMs?: number
   /** Keep this many ready sandboxes per configuration (shared in the process). Default: no pool. */
   warmPool?: { size: number }
+  /**
+   * Run commands, files and Code Mode through the in-sandbox agent (a static binary this package
+   * ships, started in each sandbox through the engine's exec API); `false` uses the engine's exec
+   * and archive endpoints for everything. Default true.
+   */
+  agent?: boolean
   /** Error constructors to throw instead of this package's classes. */
   errors?: InjectedErrors
   /** Receives the provider's log events. Default: none. */
@@ -145,6 +151,10 @@ export interface CodeModeClientInstall {
   content: string
   /** `/trueforge/codemode/mcp_client.py`; `mcp-client` is linked in `/trueforge/codemode/bin`, first on every exec's `PATH`. */
   remotePath: string
+  /**
+   * With the agent: `/trueforge/codemode/bin/mcp-client-python`, where TrueForge links the
+   * Python CLI, since `mcp-client` there is the agent's static client.
+   */
   pathBinSymlink?: string
 }
 
@@ -198,7 +208,30 @@ export declare class DockerSandboxProvider {
   dispose(): Promise<void>
   /** A Code Mode transport for one turn: MCP tools callable from inside the sandbox. */
   createCodeModeTransport(): CodeModeTransport
+  /**
+   * What serves a sandbox's calls (for `doctor` and diagnostics): the in-sandbox agent, or the
+   * engine's exec and archive endpoints and why.
+   */
+  agentStatus(sandboxId: string): Promise<AgentStatus>
 }
+
+/** What serves a sandbox's calls (`agentStatus`). */
+export type AgentStatus =
+  | {
+      mode: 'agent'
+      /** The agent's package version and platform. */
+      version: string
+      arch: string
+      /** The agent's uid in the sandbox: 0, or the sandbox user's where it may not switch users. */
+      uid: number
+      pid: number
+      /** The binary's path in the sandbox. */
+      path: string
+      asUser: boolean
+      openat2: boolean
+      subreaper: boolean
+    }
+  | { mode: 'engine-exec'; reason: string }
 
 export declare class SandboxError extends Error {
   readonly statusCode: number
@@ -272,6 +305,8 @@ export interface EngineStats {
   poolRefills: number
   /** Namespaces with a live background reaper. */
   reaperLeases: number
+  /** Containers with a live in-sandbox agent connection (or one starting). */
+  agentConnections: number
 }
 
 /**

@@ -5,6 +5,8 @@
 // it is checked in validate.js, and the binding's coded errors become the contract's classes (the
 // host's own when injected) in errors.js.
 
+const path = require('node:path')
+
 const { NativeProvider } = require('./loader.js')
 const {
   SandboxError,
@@ -31,6 +33,8 @@ const { reapSandboxes, engineStats, shapeBuild, forward } = require('./standalon
 /** @typedef {import('./index.d.ts').ExecResult} ExecResult */
 /** @typedef {import('./index.d.ts').SandboxBuild} SandboxBuild */
 
+const AGENT_DIR = path.join(__dirname, 'agent-bin')
+
 /** The contract's SandboxProvider backed by one Docker container per sandbox. */
 class DockerSandboxProvider {
   #native
@@ -49,7 +53,9 @@ class DockerSandboxProvider {
     if (bad) throw optionError(bad[0], `${bad[1]} is not a valid value`)
     const sink = log ? (line) => forward(log, line) : undefined
     try {
-      this.#native = new NativeProvider(rest, sink)
+      // The agent binaries ship in this package (Linux binaries for the sandbox, the same on
+      // every host platform).
+      this.#native = new NativeProvider(rest, sink, AGENT_DIR)
     } catch (e) {
       const out = fromNative(e, this.#errors)
       // Anything the binding refused before our own validation ran is still a bad option.
@@ -176,6 +182,17 @@ class DockerSandboxProvider {
   /** A Code Mode transport for one turn: MCP tools callable from inside the sandbox. */
   createCodeModeTransport() {
     return new DockerCodeModeTransport(this.#native, this.#errors)
+  }
+
+  /**
+   * What serves a sandbox's calls: the in-sandbox agent, or the engine's endpoints and why.
+   *
+   * @param {string} sandboxId
+   * @returns {Promise<import('./index.d.ts').AgentStatus>}
+   */
+  async agentStatus(sandboxId) {
+    requireStrings({ sandboxId })
+    return /** @type {any} */ (await this.#call(() => this.#native.agentStatus(sandboxId)))
   }
 
   #call(fn) {

@@ -9,6 +9,8 @@ const { argumentError, fromNative } = require('./errors.js')
 const { parseCodeModeRequest } = require('./validate.js')
 
 const CODE_MODE_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+// Where TrueForge links the Python CLI when the agent's static `mcp-client` is in place.
+const PYTHON_CLI_LINK = '/trueforge/codemode/bin/mcp-client-python'
 const MALFORMED_REQUEST = { ok: false, error: 'Malformed Code Mode request', source: 'caller' }
 
 function traceCarrierOf(v) {
@@ -34,7 +36,9 @@ class DockerCodeModeTransport {
 
   getClientInstall(_params) {
     const { content, remotePath } = codeModeClient()
-    return { content, remotePath }
+    // With the agent, `mcp-client` in the bin directory is the static client the agent links
+    // there: TrueForge then links the Python client under another name instead of over it.
+    return this.#native.agent ? { content, remotePath, pathBinSymlink: PYTHON_CLI_LINK } : { content, remotePath }
   }
 
   async start(params) {

@@ -15,8 +15,9 @@ Checks, one line each (ok / warn / fail, with the fix): how the engine is reache
 SSH, context) and that it answers, its version and API, rootless or not, cgroup version and
 driver, storage driver and free space on its data root, the default seccomp profile, the OCI
 runtimes (runsc …), GPU support (nvidia runtime, CDI specs and their devices), the image
-(default trueforge-sandbox:2) and what its probe found, and a test sandbox created, exec'd,
-transferred and removed, with timings. Exit code 0 only when nothing fails.`
+(default trueforge-sandbox:2) and what its probe found, a test sandbox created, exec'd,
+transferred and removed, with timings, and whether its calls went through the in-sandbox agent
+(and why not). Exit code 0 only when nothing fails.`
 
 const SPEC = {
   '--docker-host': 'string',
@@ -243,6 +244,7 @@ async function run(argv, out) {
       const r = await step('exec', () => provider.exec({ sandboxId, command: 'echo doctor' }))
       if (!r.success || r.response.exitCode !== 0 || r.response.result !== 'doctor\n')
         throw new Error(`exec answered ${JSON.stringify(r)}`)
+      agentCheck(add, await provider.agentStatus(sandboxId))
       const payload = Buffer.from('doctor transfer check\n'.repeat(64))
       await step('upload', () =>
         provider.uploadFile({ sandboxId, remotePath: `${sandboxId}/doctor.txt`, content: payload }),
@@ -269,6 +271,28 @@ async function run(argv, out) {
     provider.dispose()
   }
   return finish(opts, out, checks)
+}
+
+/** What serves the test sandbox's calls: the in-sandbox agent, or the engine's endpoints and why. */
+function agentCheck(add, st) {
+  if (st.mode === 'agent') {
+    const who = st.uid === 0 ? 'as root, commands and files as the sandbox user' : `as uid ${st.uid} (the sandbox user)`
+    add(
+      'agent',
+      st.asUser ? 'warn' : 'ok',
+      `in-sandbox agent ${st.version} (${st.arch}) at ${st.path}, ${who}`,
+      st.asUser
+        ? 'the sandbox gives no capability to switch users (Podman with a non-root user), so the agent runs as that user and the workload can signal it; nothing to do unless that matters'
+        : undefined,
+    )
+  } else {
+    add(
+      'agent',
+      'warn',
+      `commands and files use the engine's exec and archive endpoints: ${st.reason}`,
+      'build the agent (npm run build:agent) or install a package that carries agent-bin/; see the README, "In-sandbox agent"',
+    )
+  }
 }
 
 function finish(opts, out, checks) {

@@ -6,6 +6,7 @@
 # startup files and libc from the Rust targets: no C cross compiler, zig or sysroot is needed (the
 # agent links no C code). The 'agent-release' cargo profile (Cargo.toml) makes them small: opt-level s,
 # LTO, one codegen unit, panic abort, symbols stripped.
+# Then copies them into agent-bin/, which the npm package carries (`npm run build:agent`).
 # ARCHS picks a subset (space-separated: x86_64 aarch64). CHECK=1 also runs the agent's tests
 # against each binary (the aarch64 one under qemu-user: `apt-get install qemu-user`).
 set -euo pipefail
@@ -44,3 +45,11 @@ if [ "${CHECK:-0}" = 1 ]; then
       cargo test --locked -p trueforge-agent --tests -- --test-threads=2
   done
 fi
+
+# The npm package carries them (package.json `files`; index.js passes this directory to the
+# addon): Linux binaries for the sandbox, the same for every host platform.
+mkdir -p agent-bin
+for arch in "${archs[@]}"; do
+  cp "$out/trueforge-agent-$arch" "agent-bin/trueforge-agent-$arch"
+done
+log "agent-bin/: $(ls agent-bin | tr '\n' ' ')"

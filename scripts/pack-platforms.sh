@@ -7,8 +7,8 @@
 #     into it at publish time (one per `napi.targets` entry, at the package's version). They are
 #     not in the repository's package.json because `npm ci` refuses optional dependencies that
 #     are not published yet.
-# The main package carries no binary: npm installs the platform package that matches the
-# machine's os/cpu/libc.
+# The main package carries no addon binary (npm installs the platform package that matches the
+# machine's os/cpu/libc), but does carry the in-sandbox agent's (agent-bin/, npm run build:agent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-target/platforms/packages}")
@@ -32,6 +32,12 @@ tar xzf "$out/stage/$tarball" -C "$out/stage"
 if tar tzf "$out/stage/$tarball" | grep -q '\.node$'; then
   echo "the main package must not carry a binary" >&2; exit 1
 fi
+# It does carry the in-sandbox agent: Linux binaries for the sandbox, the same on every platform.
+for arch in x86_64 aarch64; do
+  if ! tar tzf "$out/stage/$tarball" | grep -qx "package/agent-bin/trueforge-agent-$arch"; then
+    echo "the main package must carry agent-bin/trueforge-agent-$arch (npm run build:agent)" >&2; exit 1
+  fi
+done
 node - "$out/stage/package/package.json" <<'EOF'
 const fs = require('node:fs')
 const file = process.argv[2]

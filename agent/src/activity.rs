@@ -137,8 +137,9 @@ fn touch_file() -> io::Result<()> {
   let fd = match existing {
     Some(fd) => fd,
     None => {
-      let temp = std::ffi::CString::new(format!(".trueforge-agent-activity.{}", std::process::id()))
-        .expect("no NUL in a number");
+      let temp =
+        std::ffi::CString::new(format!(".trueforge-agent-activity.{}", std::process::id()))
+          .expect("no NUL in a number");
       unsafe { libc::unlinkat(d, temp.as_ptr(), 0) };
       let fd = sys::openat(
         d,

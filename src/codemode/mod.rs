@@ -9,10 +9,12 @@
 //! It ends when its stream closes; a dead relay is relaunched by the next `Session::start`.
 //! No napi types here.
 
+pub mod by_agent;
 pub mod frame;
 pub mod relay;
 pub mod session;
 
+pub use by_agent::Served;
 pub use relay::{launch, Relay};
 pub use session::{Launcher, RequestSink, Session};
 

@@ -121,6 +121,11 @@ impl Relay {
 /// sees relays of every engine through one callback, so numbers must never repeat across them.
 static GENERATION: AtomicU32 = AtomicU32::new(0);
 
+/// The next relay generation (Python relays and agent-served sockets share the numbers).
+pub(crate) fn next_generation() -> u32 {
+  GENERATION.fetch_add(1, Ordering::SeqCst).wrapping_add(1)
+}
+
 /// Uploads the relay and starts it in `target`, listening on `socket`. Returns once it
 /// listens. Errors before the relay ran are `StartError`s so the caller can start a stopped
 /// container or re-resolve a stale one.
@@ -133,10 +138,10 @@ pub async fn launch(
   log: &Logger,
 ) -> std::result::Result<Relay, StartError> {
   upload(engine, target, read_only).await?;
-  let (exec_id, mut output, input) = attach(engine, &target.container_id, socket).await?;
+  let (exec_id, mut output, input) = attach(engine, target, socket).await?;
   let mut decoder = Decoder::default();
   let pid = await_ready(engine, &mut output, &mut decoder).await?;
-  let generation = GENERATION.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+  let generation = next_generation();
   let alive = Arc::new(AtomicBool::new(true));
   let (ended_tx, ended) = watch::channel(false);
   let frames = spawn_writer(engine, input);
@@ -201,9 +206,10 @@ type Input = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
 /// Starts the relay's exec with its streams attached.
 async fn attach(
   engine: &Engine,
-  container: &str,
+  target: &Target,
   socket: &str,
 ) -> std::result::Result<(String, Output, Input), StartError> {
+  let container = target.container_id.as_str();
   let opts = CreateExecOptions {
     cmd: Some(vec![
       "/bin/sh".to_string(),
@@ -217,6 +223,8 @@ async fn attach(
     attach_stderr: Some(true),
     tty: Some(false),
     working_dir: Some("/".to_string()),
+    // As the sandbox's user, who must own the socket (the container's may be root's).
+    user: target.user.clone(),
     ..Default::default()
   };
   let limit = engine.control_timeout;

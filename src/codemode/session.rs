@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use rand::Rng;
 
-use crate::codemode::relay::Relay;
+use crate::codemode::by_agent::Served;
 use crate::codemode::SOCKET_DIR;
 use crate::util::errors::Result;
 
@@ -22,7 +22,7 @@ pub trait Launcher {
     sandbox_id: &str,
     socket: &str,
     sink: RequestSink,
-  ) -> impl std::future::Future<Output = Result<Relay>> + Send;
+  ) -> impl std::future::Future<Output = Result<Served>> + Send;
 }
 
 /// One transport's Code Mode session: its socket name, and the relay serving it in the sandbox
@@ -31,8 +31,8 @@ pub trait Launcher {
 pub struct Session {
   sink: RequestSink,
   socket: String,
-  state: tokio::sync::Mutex<Option<(String, Arc<Relay>)>>,
-  current: Mutex<Option<Arc<Relay>>>,
+  state: tokio::sync::Mutex<Option<(String, Arc<Served>)>>,
+  current: Mutex<Option<Arc<Served>>>,
 }
 
 impl Session {
@@ -79,7 +79,7 @@ impl Session {
   pub fn reply(&self, generation: u32, id: u32, payload: &[u8]) -> bool {
     let relay = self.current.lock().expect("current").clone();
     match relay {
-      Some(r) if r.generation == generation => r.send(id, payload),
+      Some(r) if r.generation() == generation => r.send(id, payload),
       _ => false,
     }
   }

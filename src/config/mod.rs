@@ -132,6 +132,11 @@ pub struct ProviderConfig {
   pub warm_pool_size: u32,
   /// Deadline for one engine request that is not a command or a transfer.
   pub engine_timeout_ms: u64,
+  /// Use the in-sandbox agent (`agent`).
+  pub agent: bool,
+  /// Where the agent binaries are (`agent-bin/` beside index.js). Not an option: index.js
+  /// passes it; `None` leaves the agent without binaries (calls take the engine's endpoints).
+  pub agent_bin_dir: Option<std::path::PathBuf>,
 }
 
 pub(crate) fn bad(option: &str, reason: impl Into<String>) -> SandboxError {
@@ -212,11 +217,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
     let read_only_rootfs = boolean("readOnlyRootfs", o.read_only_rootfs, false)?;
     let runtime = parse_runtime(o.runtime)?;
     let tenant = parse_tenant(o.tenant_name)?;
-    let build = typed(o.build, "build", |v| {
-      format!("expected {{ context, dockerfile?, args? }}, got {v}")
-    })?
-    .map(parse_build)
-    .transpose()?;
+    let build = build_option(o.build)?;
     let registry_auth = parse_registry_auth(o.registry_auth)?;
     let warm_pool_size = typed(o.warm_pool, "warmPool", |v| {
       format!("expected {{ size: number }}, got {v}")
@@ -236,6 +237,8 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
     )?;
     Ok(Self {
       engine_timeout_ms,
+      agent: boolean("agent", o.agent, true)?,
+      agent_bin_dir: None,
       image,
       docker_host,
       tls,
@@ -264,6 +267,15 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
       warm_pool_size,
     })
   }
+}
+
+/// The `build` option, checked.
+fn build_option(v: Option<Given<BuildOptions>>) -> Result<Option<BuildSpec>> {
+  typed(v, "build", |v| {
+    format!("expected {{ context, dockerfile?, args? }}, got {v}")
+  })?
+  .map(parse_build)
+  .transpose()
 }
 
 /// The time and size limits of calls, checked in the order the options are reported.

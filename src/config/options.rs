@@ -166,6 +166,11 @@ pub struct ProviderOptions {
   /// minutes). Default 30000.
   #[napi(ts_type = "number")]
   pub engine_timeout_ms: Option<Given<Number>>,
+  /// Run commands, files and Code Mode through the in-sandbox agent (a static binary started in
+  /// each sandbox through the engine's exec API); `false` uses the engine's exec and archive
+  /// endpoints for everything. Default true.
+  #[napi(ts_type = "boolean")]
+  pub agent: Option<Given<bool>>,
 }
 
 /// The `build` option. Its typings are stated on `ProviderOptions::build`, where `context` can
@@ -269,7 +274,7 @@ mod tests {
   #[test]
   fn field_names_come_from_the_struct_in_camel_case() {
     let names = field_names::<ProviderOptions>();
-    assert_eq!(names.len(), 27);
+    assert_eq!(names.len(), 28);
     assert_eq!(names[0], "image");
     for n in [
       "dockerHost",
@@ -289,7 +294,7 @@ mod tests {
     let (option, reason) = refusal(json!({ "image": "x", "imgae": "y" }));
     assert_eq!(option, "imgae");
     assert!(reason.starts_with("unknown option; known ones are image, dockerHost, tls,"));
-    assert!(reason.ends_with("warmPool, engineTimeoutMs, errors, logger"));
+    assert!(reason.ends_with("warmPool, engineTimeoutMs, agent, errors, logger"));
     for name in field_names::<ProviderOptions>() {
       assert!(reason.contains(name), "{name} not listed");
     }

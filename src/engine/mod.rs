@@ -10,6 +10,7 @@ pub mod endpoint;
 pub mod runtime;
 pub mod ssh;
 pub mod tls;
+mod volumes;
 
 use std::collections::HashMap;
 use std::future::Future;

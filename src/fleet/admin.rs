@@ -159,6 +159,8 @@ pub async fn remove(
         tenant: labels.get(labels::LABEL_TENANT).cloned(),
         exclusive_gpus: labels.contains_key(labels::LABEL_GPUS),
         saved: swap::saved_of(Some(&labels)),
+        user: None,
+        agent: Default::default(),
       };
       container::forget(engine, o.name.trim_end_matches("-pool"));
       if placement.remove(engine, &target, true, &log).await? {

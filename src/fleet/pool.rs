@@ -47,8 +47,9 @@ pub fn fingerprint(cfg: &ProviderConfig, image: &str) -> String {
 /// Per-engine state (kept per engine: `EngineShared::state`), by configuration fingerprint.
 #[derive(Default)]
 pub struct State {
-  /// uid:gid of members, learnt when this process made them, so a claim needs no inspect.
-  owners: Mutex<HashMap<String, Option<(u32, u32)>>>,
+  /// What a member is (its owner, user and the agent's facts), learnt when this process made
+  /// one, so a claim needs no inspect.
+  owners: Mutex<HashMap<String, Target>>,
   /// Refills in flight; `true` means "asked again meanwhile".
   refilling: Mutex<HashMap<String, bool>>,
 }
@@ -111,16 +112,15 @@ pub async fn claim(engine: &Engine, scope: &Scope, fp: &str) -> Result<Option<Ta
       .lock()
       .expect("owners")
       .get(fp)
-      .copied();
+      .cloned();
     let target = match owner {
-      Some(owner) => Target {
+      // Members of one configuration differ only in their names and ids.
+      Some(made) => Target {
         sandbox_id: sandbox_id.clone(),
         name: final_name,
         container_id: id,
-        owner,
         tenant: scope.tenant.clone(),
-        exclusive_gpus: false,
-        saved: Default::default(),
+        ..made
       },
       None => container::resolve(engine, scope, &sandbox_id).await?,
     };
@@ -203,7 +203,7 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
             .owners
             .lock()
             .expect("owners")
-            .insert(fp.clone(), t.owner);
+            .insert(fp.clone(), t);
         }
         Ok::<_, crate::util::errors::SandboxError>(())
       };

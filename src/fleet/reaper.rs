@@ -148,6 +148,8 @@ async fn remove_stale(
     tenant: s.labels.get(labels::LABEL_TENANT).cloned(),
     exclusive_gpus: s.labels.contains_key(labels::LABEL_GPUS),
     saved: swap::saved_of(Some(&s.labels)),
+    user: None,
+    agent: Default::default(),
   };
   if !placement.remove(engine, &target, false, log).await? {
     return Ok(false);

@@ -265,7 +265,11 @@ pub fn moved_body(
       read_only: Some(m.rw == Some(false)),
       ..Default::default()
     });
-    volumes.push(name);
+    // The agent volume is every sandbox's: mounted again, never carried (nor removed) as the
+    // sandbox's own.
+    if !crate::sandbox::agent::is_agent_volume(&name) {
+      volumes.push(name);
+    }
   }
   // A declared volume path that is mounted now would get a second, anonymous volume.
   let declared: Vec<String> = c
@@ -479,11 +483,25 @@ mod tests {
           destination: Some("/tmp".into()),
           ..Default::default()
         },
+        MountPoint {
+          typ: Some("volume".into()),
+          name: Some("trueforge-agent-0.1.0-0123456789ab".into()),
+          destination: Some("/.trueforge-agent/0.1.0-0123456789ab".into()),
+          rw: Some(false),
+          ..Default::default()
+        },
       ]),
       ..Default::default()
     };
     let (body, vols) = moved_body(&info, "sha256:saved", &s(&["2"]));
+    // The shared agent volume is mounted again, read-only, but not carried.
     assert_eq!(vols, s(&["v1"]));
+    let mounts = body.host_config.as_ref().unwrap().mounts.clone().unwrap();
+    let agent = mounts
+      .iter()
+      .find(|m| m.source.as_deref() == Some("trueforge-agent-0.1.0-0123456789ab"))
+      .expect("the agent volume stays mounted");
+    assert_eq!(agent.read_only, Some(true));
     assert_eq!(body.image.as_deref(), Some("sha256:saved"));
     assert_eq!(body.working_dir.as_deref(), Some("/workspace/x"));
     assert_eq!(body.volumes, Some(s(&["/trueforge"])));
@@ -515,7 +533,7 @@ mod tests {
     assert_eq!(reqs.len(), 1);
     assert_eq!(reqs[0].device_ids, Some(s(&["2"])));
     let mounts = host.mounts.unwrap();
-    assert_eq!(mounts.len(), 1);
+    assert_eq!(mounts.len(), 2, "the sandbox's volume and the agent's");
     assert_eq!(mounts[0].source.as_deref(), Some("v1"));
     assert_eq!(mounts[0].target.as_deref(), Some("/workspace"));
     assert_eq!(saved_of(None), Saved::default());

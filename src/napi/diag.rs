@@ -8,7 +8,7 @@ use crate::engine::Engine;
 use crate::fleet::{pool, reaper};
 use crate::images;
 use crate::napi::js::to_js;
-use crate::sandbox::container;
+use crate::sandbox::{agent, container};
 
 /// Counts of what one engine connection holds in this process, for tests and diagnostics.
 #[napi(object)]
@@ -31,6 +31,8 @@ pub struct NativeEngineStats {
   pub pool_refills: u32,
   /// Namespaces with a live background reaper.
   pub reaper_leases: u32,
+  /// Containers with a live in-sandbox agent connection (or one starting).
+  pub agent_connections: u32,
 }
 
 impl NativeEngineStats {
@@ -51,6 +53,7 @@ impl NativeEngineStats {
       image_works: n(images.as_ref().map_or(0, |i| i.works())),
       pool_refills: n(shared.peek::<pool::State>().map_or(0, |p| p.refills())),
       reaper_leases: n(shared.peek::<reaper::State>().map_or(0, |r| r.leases())),
+      agent_connections: n(shared.peek::<agent::State>().map_or(0, |a| a.connections())),
     }
   }
 }

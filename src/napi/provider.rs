@@ -92,8 +92,11 @@ impl NativeProvider {
     // than by napi's conversion, naming neither.
     #[napi(ts_arg_type = "NativeProviderOptions")] options: Value,
     log: Option<Function<'_, String, ()>>,
+    // Where the agent binaries are (index.js: agent-bin/); not an option of the caller's.
+    agent_dir: Option<String>,
   ) -> napi::Result<Self> {
-    let cfg = ProviderConfig::from_json(options).map_err(|e| to_js(env, e))?;
+    let mut cfg = ProviderConfig::from_json(options).map_err(|e| to_js(env, e))?;
+    cfg.agent_bin_dir = agent_dir.map(std::path::PathBuf::from);
     let sink: Option<Sink> = match log {
       Some(f) => {
         let tsfn: LogFn = f
@@ -127,6 +130,24 @@ impl NativeProvider {
   #[napi(getter)]
   pub fn docker_host(&self) -> String {
     self.inner.host().to_string()
+  }
+
+  /// Whether calls go through the in-sandbox agent (the `agent` option).
+  #[napi(getter)]
+  pub fn agent(&self) -> bool {
+    self.inner.config().agent
+  }
+
+  /// What serves a sandbox's calls: `{ mode: 'agent', version, arch, uid, pid, path, asUser,
+  /// openat2, subreaper }`, or `{ mode: 'engine-exec', reason }`.
+  #[napi(ts_return_type = "Promise<Record<string, unknown>>")]
+  pub fn agent_status<'env>(
+    &self,
+    env: &'env Env,
+    sandbox_id: String,
+  ) -> napi::Result<PromiseRaw<'env, Value>> {
+    let inner = self.inner.clone();
+    promise(env, async move { inner.agent_status(&sandbox_id).await })
   }
 
   #[napi]

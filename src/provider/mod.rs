@@ -1,6 +1,7 @@
 //! The provider's behaviour in plain async Rust: what each SandboxProvider method does, built
 //! from the client, lifecycle, exec, transfer and image modules. No napi types here.
 
+mod agent;
 mod retry;
 
 use std::collections::BTreeMap;
@@ -11,7 +12,7 @@ use serde_json::json;
 
 use std::sync::{Arc, Mutex};
 
-use crate::codemode::{self, Launcher, Relay, RequestSink};
+use crate::codemode::{self, Launcher, RequestSink, Served};
 use crate::config::{Gpus, ProviderConfig};
 use crate::engine::runtime::Hold;
 use crate::engine::{self, Engine};
@@ -61,6 +62,8 @@ pub struct Provider {
   /// This provider's claim on its engine, taken on the first call; `dispose()` gives it back.
   hold: Mutex<Option<Hold>>,
   disposed: std::sync::atomic::AtomicBool,
+  /// Whether and with which binaries calls go through the in-sandbox agent.
+  agent: crate::sandbox::agent::Setup,
 }
 
 impl Provider {
@@ -75,7 +78,6 @@ impl Provider {
     });
     let placement = Arc::new(GpuPlacement::new(StartSettings::of(&cfg, image)));
     Ok(Self {
-      cfg,
       scope,
       endpoint,
       log,
@@ -83,6 +85,8 @@ impl Provider {
       lease: Mutex::new(None),
       hold: Mutex::new(None),
       disposed: Default::default(),
+      agent: crate::sandbox::agent::Setup::of(&cfg),
+      cfg,
     })
   }
 
@@ -266,15 +270,21 @@ impl Provider {
       env: p.env.clone(),
       timeout,
       max_output: self.cfg.max_output_bytes as usize,
+      user: target.user.clone(),
     };
     let never_started =
       |text: String| SandboxError::Internal(format!("the command could not be started: {text}"));
-    let out = self
-      .with_running(&engine, target, never_started, |t| {
-        let (engine, req) = (&engine, &req);
-        async move { exec::run(engine, &t.container_id, req).await }
-      })
-      .await??;
+    let out = match self.exec_by_agent(&engine, target.clone(), &req).await? {
+      Some(out) => out,
+      None => {
+        // The engine's exec; a sandbox made for the agent still needs its activity recorded.
+        let run = self.with_running(&engine, target.clone(), never_started, |t| {
+          let (engine, req) = (&engine, &req);
+          async move { exec::run(engine, &t.container_id, req).await }
+        });
+        crate::sandbox::agent::activity::around(&engine, &target, None, run).await??
+      }
+    };
     if out.timed_out {
       self.log.info(
         "exec timed out",
@@ -294,8 +304,15 @@ impl Provider {
     sandbox_id: &str,
     socket: &str,
     sink: RequestSink,
-  ) -> Result<Relay> {
+  ) -> Result<Served> {
     let (engine, target) = self.target(sandbox_id).await?;
+    let by_agent = self.by_agent(&engine, target.clone(), |c, t| {
+      let (engine, sink, log) = (&engine, sink.clone(), &self.log);
+      async move { codemode::by_agent::listen(engine, c, &t, socket, sink, log).await }
+    });
+    if let Some(relay) = by_agent.await? {
+      return Ok(Served::Agent(relay));
+    }
     let ro = self.cfg.read_only_rootfs;
     let unavailable = |reason: String| SandboxError::CodeModeUnavailable { reason };
     self
@@ -304,6 +321,7 @@ impl Provider {
         async move { codemode::launch(engine, &t, socket, ro, sink, log).await }
       })
       .await
+      .map(Served::Python)
   }
 
   /// Writes a file; relative paths are taken from the sandbox root.
@@ -325,6 +343,12 @@ impl Provider {
       });
     }
     let (engine, mut target) = self.target(sandbox_id).await?;
+    let by_agent =
+      self.upload_by_agent(&engine, target.clone(), remote_path, &path, content.clone());
+    if by_agent.await?.is_some() {
+      return Ok(());
+    }
+    crate::sandbox::agent::activity::by_engine(&engine, &target);
     if target.exclusive_gpus {
       // Files go only into a running exclusive sandbox: a stopped one may be moving to other
       // GPUs, and a write into the container it leaves would be lost.
@@ -356,6 +380,13 @@ impl Provider {
     container::name_for(&self.cfg.namespace, sandbox_id)?;
     let abs = layout::resolve_path(sandbox_id, path)?;
     let (engine, target) = self.target(sandbox_id).await?;
+    if let Some(bytes) = self
+      .download_by_agent(&engine, target.clone(), path, &abs)
+      .await?
+    {
+      return Ok(bytes);
+    }
+    crate::sandbox::agent::activity::by_engine(&engine, &target);
     let max = self.cfg.file_max_bytes;
     let touch = self.cfg.auto_stop_secs.is_some();
     self
@@ -428,7 +459,12 @@ impl Provider {
 }
 
 impl Launcher for Provider {
-  async fn launch_relay(&self, sandbox_id: &str, socket: &str, sink: RequestSink) -> Result<Relay> {
+  async fn launch_relay(
+    &self,
+    sandbox_id: &str,
+    socket: &str,
+    sink: RequestSink,
+  ) -> Result<Served> {
     container::name_for(&self.cfg.namespace, sandbox_id)?;
     self.launch_code_mode_relay(sandbox_id, socket, sink).await
   }

@@ -30,6 +30,31 @@ while :; do
 done
 "#;
 
+/// The init's `$0`: how a container's entrypoint is known as ours (`agent::Facts`).
+pub const INIT_NAME: &str = "trueforge-init";
+
+/// `INIT_SCRIPT` for sandboxes made to run the in-sandbox agent: activity is only the mtime of
+/// the agent's activity file, and only while that file is a regular file of root's with one
+/// link (`agent-proto`'s `ACTIVITY_FILE`, in the sticky /tmp). A sandbox user who is not root
+/// can neither write it, nor remove it, nor put a file of root's in its place, so touching
+/// `/trueforge/.activity` or naming a process `trueforge-exec` keeps nothing alive. The agent
+/// refreshes it on every host call and while commands run; where the agent cannot, the host does
+/// with an exec as root (`agent::activity`).
+pub const AGENT_INIT_SCRIPT: &str = r#"trap 'exit 0' TERM INT
+act=/tmp/.trueforge-agent-activity
+last=$(date +%s 2>/dev/null || echo 0)
+if [ "$1" = 0 ]; then while :; do sleep 3600 & wait $!; done; fi
+while :; do
+  sleep "$2" & wait $!
+  now=$(date +%s)
+  if [ -f "$act" ] && [ ! -L "$act" ]; then
+    s=$(stat -c '%u:%h:%Y' "$act" 2>/dev/null)
+    case "$s" in 0:1:*) m=${s#0:1:}; [ "$m" -gt "$last" ] 2>/dev/null && last=$m;; esac
+  fi
+  if [ $((now - last)) -ge "$1" ]; then exit 0; fi
+done
+"#;
+
 /// How often the init checks for idleness: often enough for short test intervals, at most
 /// every 30 s.
 pub fn idle_check_secs(idle: u64) -> u64 {
@@ -38,7 +63,7 @@ pub fn idle_check_secs(idle: u64) -> u64 {
 
 /// Whether `user` (an image's `USER` or the `user` option: `name`, `uid`, `name:group` …) is
 /// someone other than root. No user at all means root.
-fn non_root(user: Option<&str>) -> bool {
+pub(crate) fn non_root(user: Option<&str>) -> bool {
   user.is_some_and(|u| {
     let user = u.split(':').next().unwrap_or("");
     !user.is_empty() && user != "root" && user != "0"
@@ -139,8 +164,13 @@ pub fn container_body_with(
     entrypoint: Some(vec![
       "/bin/sh".into(),
       "-c".into(),
-      INIT_SCRIPT.into(),
-      "trueforge-init".into(),
+      if cfg.agent {
+        AGENT_INIT_SCRIPT
+      } else {
+        INIT_SCRIPT
+      }
+      .into(),
+      INIT_NAME.into(),
       idle.to_string(),
       idle_check_secs(idle).to_string(),
     ]),

@@ -32,6 +32,10 @@ pub struct Target {
   pub exclusive_gpus: bool,
   /// What it holds beyond its container after a move; removed with it.
   pub saved: crate::sandbox::swap::Saved,
+  /// The container's `Config.User`: whom commands and files run as (`None`: root).
+  pub user: Option<String>,
+  /// What the in-sandbox agent needs to know about the container.
+  pub agent: std::sync::Arc<crate::sandbox::agent::Facts>,
 }
 
 /// Per-engine state (kept per engine: `EngineShared::state`).
@@ -148,11 +152,7 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
     .id
     .clone()
     .ok_or_else(|| SandboxError::Internal("inspect returned no id".into()))?;
-  let user = info
-    .config
-    .as_ref()
-    .and_then(|c| c.user.clone())
-    .filter(|u| !u.is_empty());
+  let user = crate::sandbox::agent::sandbox_user(&info);
   let owner = resolve_owner(engine, &container_id, user.as_deref()).await?;
   let t = Target {
     sandbox_id: sandbox_id.to_string(),
@@ -162,6 +162,8 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
     tenant: scope.tenant.clone(),
     exclusive_gpus: devices::gpus_of(&info).is_some(),
     saved: crate::sandbox::swap::saved_of(info.config.as_ref().and_then(|c| c.labels.as_ref())),
+    agent: crate::sandbox::agent::Facts::of(&info).into(),
+    user,
   };
   remember(engine, &t);
   Ok(t)

@@ -1,16 +1,19 @@
 //! Creating a sandbox: the container, its layout, its start; on any failure the container is
 //! removed (later, in the background, when the engine did not answer).
 
+use bollard::models::ContainerCreateBody;
 use serde_json::json;
 
 use crate::config::{Gpus, ProviderConfig};
 use crate::engine::Engine;
 use crate::sandbox::body::{container_body_with, network_of, podman_adjust};
 use crate::sandbox::container::{name_for, pool_name, remember, Target};
+use crate::sandbox::exec::StartError;
 use crate::sandbox::owner::resolve_owner;
-use crate::sandbox::{devices, layout, network, transfer};
+use crate::sandbox::{agent, devices, layout, network, transfer};
 use crate::util::errors::{Result, SandboxError};
 use crate::util::ids;
+use crate::util::labels::LABEL_USER;
 use crate::util::logging::Logger;
 
 /// The `USER` an image runs as, if it names one.
@@ -97,7 +100,7 @@ async fn create_inner(
     image,
     pool,
     gpus_picked,
-    network,
+    ..
   } = *spec;
   let sandbox_id = ids::new_sandbox_id();
   let final_name = name_for(&cfg.namespace, &sandbox_id)?;
@@ -106,19 +109,7 @@ async fn create_inner(
   } else {
     final_name
   };
-  let mut body = container_body_with(cfg, &sandbox_id, image, pool, gpus_picked);
-  // By id: two networks may share our name (see `network`).
-  if let (Some(id), Some(hc)) = (network, body.host_config.as_mut()) {
-    hc.network_mode = Some(id.to_string());
-  }
-  if engine.podman {
-    // One more request, on Podman only: who the image runs as decides its capabilities there.
-    let image_user = match cfg.user {
-      Some(_) => None,
-      None => image_user(engine, image).await?,
-    };
-    podman_adjust(cfg, image_user.as_deref(), &mut body)?;
-  }
+  let body = shape(engine, cfg, spec, &sandbox_id, log).await?;
   // Not retried: a create that reached the engine would collide with its own name.
   let container_id = match engine
     .create_container("create the sandbox container", Some(&name), body)
@@ -143,7 +134,7 @@ async fn create_inner(
     container_id: &container_id,
     exclusive_gpus: gpus_picked.is_some(),
   };
-  match finish(engine, cfg, &made).await {
+  match finish(engine, cfg, &made, log).await {
     Ok(t) => {
       // A pool member is nobody's until claimed (the claim caches it under its final name).
       if pool.is_none() {
@@ -160,6 +151,52 @@ async fn create_inner(
       Err(e)
     }
   }
+}
+
+/// The new sandbox's container definition: the provider's, on our network, with Podman's
+/// adjustments and the agent volume mounted read-only.
+async fn shape(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  spec: &Spec<'_>,
+  sandbox_id: &str,
+  log: &Logger,
+) -> Result<ContainerCreateBody> {
+  let mut body = container_body_with(cfg, sandbox_id, spec.image, spec.pool, spec.gpus_picked);
+  // By id: two networks may share our name (see `network`).
+  if let (Some(id), Some(hc)) = (spec.network, body.host_config.as_mut()) {
+    hc.network_mode = Some(id.to_string());
+  }
+  if engine.podman {
+    // One more request, on Podman only: who the image runs as decides its capabilities there.
+    let image_user = match cfg.user {
+      Some(_) => None,
+      None => image_user(engine, spec.image).await?,
+    };
+    podman_adjust(cfg, image_user.as_deref(), &mut body)?;
+  }
+  if cfg.agent && !engine.podman {
+    // The sandbox's user goes in a label and the main process runs as root (`LABEL_USER`);
+    // commands and files still run as that user. Podman drops every capability of a sandbox
+    // whose user is not root anyway, so there the agent runs as that user (`agent::conn`).
+    let user = match &cfg.user {
+      Some(u) => Some(u.clone()),
+      None => image_user(engine, spec.image).await?,
+    };
+    body
+      .labels
+      .get_or_insert_with(Default::default)
+      .insert(LABEL_USER.into(), user.unwrap_or_default());
+    body.user = Some("0:0".into());
+  }
+  let setup = agent::Setup::of(cfg);
+  if let (Some(mount), Some(hc)) = (
+    agent::volume::mount_for_create(engine, &setup, log).await,
+    body.host_config.as_mut(),
+  ) {
+    hc.mounts.get_or_insert_with(Vec::new).push(mount);
+  }
+  Ok(body)
 }
 
 /// What the engine says about a failed create, as the caller's error: an absent image is
@@ -198,8 +235,14 @@ struct Made<'a> {
   exclusive_gpus: bool,
 }
 
-/// Lays out and starts a created container: who owns its files, the layout, the start.
-async fn finish(engine: &Engine, cfg: &ProviderConfig, made: &Made<'_>) -> Result<Target> {
+/// Lays out and starts a created container: who owns its files, the layout, the start (and,
+/// with the agent, the agent, started now so the first call finds it running).
+async fn finish(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  made: &Made<'_>,
+  log: &Logger,
+) -> Result<Target> {
   let info = engine
     .inspect_container("inspect the new sandbox", made.container_id)
     .await?
@@ -207,22 +250,42 @@ async fn finish(engine: &Engine, cfg: &ProviderConfig, made: &Made<'_>) -> Resul
       step: "inspect the new container".into(),
       detail: "it was removed while it was being made".into(),
     })?;
-  let user = info
-    .config
-    .as_ref()
-    .and_then(|c| c.user.clone())
-    .filter(|u| !u.is_empty());
-  let owner = resolve_owner(engine, made.container_id, user.as_deref()).await?;
+  let user = agent::sandbox_user(&info);
+  let mut target = Target {
+    sandbox_id: made.sandbox_id.to_string(),
+    name: made.name.to_string(),
+    container_id: made.container_id.to_string(),
+    owner: None,
+    tenant: cfg.tenant.clone(),
+    exclusive_gpus: made.exclusive_gpus,
+    saved: Default::default(),
+    agent: agent::Facts::of(&info).into(),
+    user,
+  };
   let dirs = layout_dirs(made.sandbox_id, cfg.read_only_rootfs);
+  if cfg.agent {
+    start(engine, made).await?;
+    if lay_out_by_agent(engine, cfg, &mut target, &dirs, log).await? {
+      return Ok(target);
+    }
+  }
+  target.owner = resolve_owner(engine, made.container_id, target.user.as_deref()).await?;
   transfer::make_layout(
     engine,
     made.container_id,
     &dirs,
-    owner,
+    target.owner,
     cfg.read_only_rootfs,
   )
   .await
   .map_err(|e| step_failed("create the sandbox layout", e))?;
+  if !cfg.agent {
+    start(engine, made).await?;
+  }
+  Ok(target)
+}
+
+async fn start(engine: &Engine, made: &Made<'_>) -> Result<()> {
   let started = engine
     .start_container("start the sandbox container", made.container_id)
     .await
@@ -233,15 +296,50 @@ async fn finish(engine: &Engine, cfg: &ProviderConfig, made: &Made<'_>) -> Resul
       detail: "it was removed while it was being made".into(),
     });
   }
-  Ok(Target {
-    sandbox_id: made.sandbox_id.to_string(),
-    name: made.name.to_string(),
-    container_id: made.container_id.to_string(),
-    owner,
-    tenant: cfg.tenant.clone(),
-    exclusive_gpus: made.exclusive_gpus,
-    saved: Default::default(),
-  })
+  Ok(())
+}
+
+/// Starts the new sandbox's agent and makes the layout through it (as root, then given to the
+/// sandbox's user; who that is, numerically, is read back). `false` when the agent cannot run
+/// there: the caller makes the layout through the archive endpoint.
+async fn lay_out_by_agent(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  target: &mut Target,
+  dirs: &[String],
+  log: &Logger,
+) -> Result<bool> {
+  let conn = match agent::connect(engine, target, &agent::Setup::of(cfg), log).await {
+    Ok(c) => c,
+    Err(agent::Failure::Unavailable(_)) => return Ok(false),
+    Err(agent::Failure::Start(e)) => {
+      let detail = match e {
+        StartError::NotRunning => "the container stopped right after it started".into(),
+        StartError::Gone => "the container was removed while it was being made".into(),
+        StartError::NeverStarted(text) => text,
+        StartError::Other(e) => return Err(e),
+      };
+      return Err(SandboxError::CreateFailed {
+        step: "start the sandbox agent".into(),
+        detail,
+      });
+    }
+  };
+  // /tmp holds the agent's activity file; an image without one gets it (1777, root's).
+  let tmp = trueforge_agent_proto::msg::LayoutSpec {
+    dirs: vec![trueforge_agent_proto::msg::LayoutDir {
+      path: "/tmp".into(),
+      mode: 0o1777,
+      user_owned: false,
+    }],
+    user: None,
+    links: Vec::new(),
+    activity_file: false,
+  };
+  let _ = agent::ops::lay_out(&conn, tmp).await;
+  agent::ops::lay_out(&conn, agent::ops::new_layout(dirs, &conn, target)).await?;
+  target.owner = agent::ops::owner_of(&conn, &target.sandbox_id).await?;
+  Ok(true)
 }
 
 /// The directories a new sandbox gets: the layout and its root. With a read-only root the

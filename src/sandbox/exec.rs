@@ -75,6 +75,8 @@ pub struct ExecRequest {
   pub env: BTreeMap<String, String>,
   pub timeout: Duration,
   pub max_output: usize,
+  /// Whom it runs as (`docker exec -u`); `None`: the container's user.
+  pub user: Option<String>,
 }
 
 /// How a command ended.
@@ -169,6 +171,7 @@ async fn start(
     attach_stdin: Some(false),
     tty: Some(false),
     working_dir: Some("/".to_string()),
+    user: req.user.clone(),
     ..Default::default()
   };
   // Creating and starting the exec share one engine budget (the caller's timeout plus a grace

@@ -10,6 +10,8 @@ pub const UPLOADS_DIR: &str = "/trueforge/uploads";
 pub const SKILLS_DIR: &str = "/trueforge/skills";
 pub const TOOL_RESULTS_DIR: &str = "/trueforge/tool-results";
 pub const BIN_DIR: &str = "/trueforge/bin";
+/// Everything Code Mode puts in a sandbox lives under here (the sandbox user's).
+pub const CODE_MODE_DIR: &str = "/trueforge/codemode";
 /// Where Code Mode links `mcp-client`; every command has it first on `PATH`.
 pub const CODE_MODE_BIN_DIR: &str = "/trueforge/codemode/bin";
 pub const GIT_DOWNLOADER_PATH: &str = "/trueforge/bin/git_downloader.py";

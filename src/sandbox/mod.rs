@@ -1,6 +1,7 @@
 //! One sandbox's container: finding, starting and removing it, running commands and moving
 //! files in it, and its layout.
 
+pub mod agent;
 pub mod body;
 pub mod container;
 pub mod create;

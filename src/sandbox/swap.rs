@@ -53,7 +53,12 @@ pub fn saved_of(labels: Option<&HashMap<String, String>>) -> Saved {
 
 /// Removes what a removed moved sandbox held; best effort (a sweep finds a left image).
 pub async fn remove_saved(engine: &Engine, saved: &Saved, log: &Logger) {
-  for v in &saved.volumes {
+  // An agent volume is shared by every sandbox: never removed with one.
+  for v in saved
+    .volumes
+    .iter()
+    .filter(|v| !crate::sandbox::agent::is_agent_volume(v))
+  {
     if let Err(e) = engine.remove_unused_volume(v).await {
       log.warn(
         "could not remove a moved sandbox's volume",

@@ -22,6 +22,14 @@ pub const LABEL_POOL: &str = "trueforge.sandbox.pool";
 /// The label recording an exclusive sandbox's GPUs, comma-separated.
 pub const LABEL_GPUS: &str = "trueforge.sandbox.gpus";
 
+/// On a sandbox made to run the in-sandbox agent on Docker: whom commands and files run as (a
+/// `docker exec -u` spec; empty for root). Its main process then runs as root, because with
+/// `no-new-privileges` an exec as root in a container whose user is not root gets no
+/// capability at all, and the agent needs some to run things as that user.
+pub const LABEL_USER: &str = "trueforge.sandbox.user";
+/// The label an agent volume and its claim carry (value: the binaries' tag).
+pub const LABEL_AGENT: &str = "trueforge.sandbox.agent";
+
 /// The label on probe containers, so a crash mid-probe leaves nothing the reaper cannot find.
 pub const LABEL_PROBE: &str = "trueforge.sandbox.probe";
 /// The label an image-work lease carries; its value is the image reference the work is for.

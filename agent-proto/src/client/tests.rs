@@ -397,7 +397,10 @@ async fn code_mode_calls_are_routed_and_answered() {
   fake.send(Frame::empty(Kind::End, id)).await;
   let mut call = calls.recv().await.unwrap();
   assert_eq!((call.socket.as_str(), call.size), ("/s.sock", Some(19)));
-  assert_eq!(&call.read_request().await.unwrap()[..], b"{\"op\":\"list_tools\"}");
+  assert_eq!(
+    &call.read_request().await.unwrap()[..],
+    b"{\"op\":\"list_tools\"}"
+  );
   let reply = Bytes::from(vec![b'x'; 300 * 1024]);
   let answer = tokio::spawn(call.reply(reply.clone()));
   let mut got = Vec::new();

@@ -1,0 +1,165 @@
+//! The provider's calls through the in-sandbox agent (`sandbox::agent`). Each returns `None`
+//! when the agent cannot run in the sandbox (the option is off, no binary for its platform, no
+//! safe place for it …): the caller then takes the engine's exec and archive endpoints, as
+//! before the agent. A stopped container is started and a stale one looked up again as for an
+//! engine exec (`retry::with_running`).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crate::engine::Engine;
+use crate::provider::Provider;
+use crate::sandbox::agent::{self, activity, ops, Conn, Failure};
+use crate::sandbox::container::Target;
+use crate::sandbox::exec::{ExecOutput, ExecRequest};
+use crate::util::errors::{Result, SandboxError};
+
+fn never_started(text: String) -> SandboxError {
+  SandboxError::Internal(format!("the sandbox agent could not be started: {text}"))
+}
+
+impl Provider {
+  /// Runs `op` with the sandbox's agent, starting a stopped container (or the agent) first.
+  /// `Ok(None)`: no agent can serve this sandbox.
+  pub(crate) async fn by_agent<T, F, Fut>(
+    &self,
+    engine: &Engine,
+    target: Target,
+    op: F,
+  ) -> Result<Option<T>>
+  where
+    F: Fn(Arc<Conn>, Target) -> Fut,
+    Fut: Future<Output = Result<T>>,
+  {
+    if !self.agent.enabled {
+      return Ok(None);
+    }
+    let op = &op;
+    let out = self
+      .with_running(engine, target, never_started, |t| async move {
+        match agent::connect(engine, &t, &self.agent, &self.log).await {
+          Ok(c) => Ok(Some(op(c, t).await)),
+          Err(Failure::Start(e)) => Err(e),
+          Err(Failure::Unavailable(_)) => Ok(None),
+        }
+      })
+      .await?;
+    out.transpose()
+  }
+
+  /// A command through the agent, the idle stop's activity refreshed as the sandbox needs.
+  pub(crate) async fn exec_by_agent(
+    &self,
+    engine: &Engine,
+    target: Target,
+    req: &ExecRequest,
+  ) -> Result<Option<ExecOutput>> {
+    self
+      .by_agent(engine, target, |c, t| async move {
+        activity::around(engine, &t, Some(c.clone()), ops::exec(&c, &t, req)).await
+      })
+      .await
+  }
+
+  /// A file call through the agent, made once more on a new agent when the first one's stream
+  /// ended under it (reads and replacing writes are safe to repeat).
+  pub(crate) async fn file_by_agent<T, F, Fut>(
+    &self,
+    engine: &Engine,
+    target: Target,
+    op: F,
+  ) -> Result<Option<T>>
+  where
+    F: Fn(Arc<Conn>, Target) -> Fut,
+    Fut: Future<Output = Result<T>>,
+  {
+    let op = &op;
+    let once = |c: Arc<Conn>, t: Target| async move {
+      activity::around(engine, &t, Some(c.clone()), op(c, t.clone())).await
+    };
+    match self.by_agent(engine, target.clone(), once).await {
+      Err(e) if ops::is_lost(&e) => self.by_agent(engine, target, once).await,
+      other => other,
+    }
+  }
+
+  pub(crate) async fn upload_by_agent(
+    &self,
+    engine: &Engine,
+    target: Target,
+    shown: &str,
+    path: &str,
+    content: Bytes,
+  ) -> Result<Option<()>> {
+    let max = self.cfg.upload_max_bytes;
+    self
+      .file_by_agent(engine, target, |c, t| {
+        let content = content.clone();
+        async move { ops::upload(&c, &t, shown, path, content, max).await }
+      })
+      .await
+  }
+
+  pub(crate) async fn download_by_agent(
+    &self,
+    engine: &Engine,
+    target: Target,
+    shown: &str,
+    path: &str,
+  ) -> Result<Option<Vec<u8>>> {
+    // /dev, /proc and /sys are the kernel's: nothing there is a file worth downloading.
+    if let Some(tree) = crate::sandbox::layout::kernel_tree(path) {
+      return Err(SandboxError::NotRegularFile {
+        path: shown.to_string(),
+        kind: format!("a file under {tree}"),
+      });
+    }
+    let max = self.cfg.file_max_bytes;
+    self
+      .file_by_agent(engine, target, |c, t| async move {
+        ops::download(&c, &t, shown, path, max).await
+      })
+      .await
+  }
+
+  /// What serves a sandbox's calls, for `doctor` and the tests: `{ mode: 'agent', uid, arch,
+  /// version, path, asUser }` or `{ mode: 'engine-exec', reason }`.
+  pub async fn agent_status(&self, sandbox_id: &str) -> Result<Value> {
+    let (engine, target) = self.target(sandbox_id).await?;
+    let container = target.container_id.clone();
+    let status = self
+      .by_agent(&engine, target, |c, _| async move {
+        let h = c.hello();
+        Ok(json!({
+          "mode": "agent",
+          "version": h.version,
+          "arch": h.arch,
+          "uid": h.uid,
+          "pid": h.pid,
+          "path": c.path,
+          "asUser": c.as_user,
+          "openat2": h.openat2,
+          "subreaper": h.subreaper,
+        }))
+      })
+      .await?;
+    Ok(match status {
+      Some(s) => s,
+      None => {
+        let reason = if self.agent.enabled {
+          engine
+            .shared
+            .state::<agent::State>()
+            .down_reason(&container)
+            .unwrap_or_else(|| "the agent cannot run in this sandbox".into())
+        } else {
+          "the `agent` option is false".into()
+        };
+        json!({ "mode": "engine-exec", "reason": reason })
+      }
+    })
+  }
+}

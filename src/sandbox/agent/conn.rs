@@ -1,0 +1,423 @@
+//! Connections: one agent per container per process, started through an engine exec as root
+//! (stdin, stdout and stderr attached, no TTY), its stdout frames read as one byte stream by the
+//! protocol's `AgentClient`, its stderr kept (bounded) for messages. Concurrent first calls share
+//! one start; a connection that ended (the agent died, the container stopped or restarted) is
+//! dropped, and the next call starts a new agent. Where the container gives no capability to
+//! switch users (Podman with a non-root user, whose capabilities are all dropped), the agent is
+//! started as the sandbox's user instead and runs everything as itself.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_util::io::StreamReader;
+use trueforge_agent_proto::client::{AgentClient, ClientError, ClientOptions, CodeModeCall};
+use trueforge_agent_proto::msg::Hello;
+
+use crate::engine::Engine;
+use crate::sandbox::agent::binaries::{Arch, Binary};
+use crate::sandbox::agent::{bounded_insert, ops, place, volume, Failure, Setup, State};
+use crate::sandbox::body::non_root;
+use crate::sandbox::container::Target;
+use crate::sandbox::exec::{is_pid_exhaustion, StartError};
+use crate::util::errors::SandboxError;
+use crate::util::logging::Logger;
+
+/// A container's connection slot: `None` while none is up.
+pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
+/// Code Mode calls by relay socket.
+type Routes = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<CodeModeCall>>>>;
+
+/// Stderr bytes kept per agent (its own diagnostics only).
+const MAX_STDERR: usize = 16 * 1024;
+/// How long the agent has to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// A container the agent cannot run in is tried again after this long.
+const DOWN_RETRY: Duration = Duration::from_secs(60);
+/// CapEff bits: CAP_SETGID, CAP_SETUID.
+const CAP_SETGID: u64 = 1 << 6;
+const CAP_SETUID: u64 = 1 << 7;
+
+/// One live agent in one container.
+pub struct Conn {
+  pub client: AgentClient,
+  /// Started as the sandbox's user (the container gives no capability to switch users): it
+  /// runs everything as itself, and cannot keep the idle stop's root-owned file.
+  pub as_user: bool,
+  /// The binary's path in the container.
+  pub path: String,
+  pub arch: Arch,
+  stderr: Arc<Mutex<Vec<u8>>>,
+  routes: Routes,
+}
+
+impl Conn {
+  pub fn hello(&self) -> &Hello {
+    self.client.hello()
+  }
+
+  /// What the agent said on stderr (bounded).
+  pub fn stderr(&self) -> String {
+    String::from_utf8_lossy(&self.stderr.lock().expect("stderr")).into_owned()
+  }
+
+  /// Code Mode calls to `socket` go to `tx` from now on.
+  pub fn route(&self, socket: &str, tx: mpsc::UnboundedSender<CodeModeCall>) {
+    self
+      .routes
+      .lock()
+      .expect("routes")
+      .insert(socket.to_string(), tx);
+  }
+
+  /// Stops routing `socket`'s calls to `tx` (a later `route` of the same socket stays).
+  pub fn unroute(&self, socket: &str, tx: &mpsc::UnboundedSender<CodeModeCall>) {
+    let mut routes = self.routes.lock().expect("routes");
+    if routes.get(socket).is_some_and(|t| t.same_channel(tx)) {
+      routes.remove(socket);
+    }
+  }
+}
+
+impl State {
+  fn slot(&self, container: &str) -> Slot {
+    let mut conns = self.conns.lock().expect("agent conns");
+    if let Some(s) = conns.get(container) {
+      return s.clone();
+    }
+    let s = Slot::default();
+    bounded_insert(&mut conns, container.to_string(), s.clone());
+    s
+  }
+
+  /// Forgets `container`'s slot if it is still `slot` and holds nothing (or holds `conn`).
+  fn release(&self, container: &str, slot: &Slot, conn: Option<&Arc<Conn>>) {
+    let mut conns = self.conns.lock().expect("agent conns");
+    let Some(current) = conns.get(container) else {
+      return;
+    };
+    if !Arc::ptr_eq(current, slot) {
+      return;
+    }
+    let Ok(held) = current.try_lock() else {
+      return;
+    };
+    let same = match (held.as_ref(), conn) {
+      (None, _) => true,
+      (Some(h), Some(c)) => Arc::ptr_eq(h, c),
+      (Some(_), None) => false,
+    };
+    drop(held);
+    if same {
+      conns.remove(container);
+    }
+  }
+
+  fn down(&self, container: &str) -> Option<String> {
+    let down = self.down.lock().expect("agent down");
+    down
+      .get(container)
+      .filter(|(_, at)| at.elapsed() < DOWN_RETRY)
+      .map(|(why, _)| why.clone())
+  }
+
+  /// Why the agent could not run in `container`, when it could not.
+  pub fn down_reason(&self, container: &str) -> Option<String> {
+    let down = self.down.lock().expect("agent down");
+    down.get(container).map(|(why, _)| why.clone())
+  }
+
+  /// Records why the agent cannot run in `container`; true when that is news (to be logged).
+  fn mark_down(&self, container: &str, why: &str) -> bool {
+    let mut down = self.down.lock().expect("agent down");
+    let news = down.get(container).is_none_or(|(w, _)| w != why);
+    bounded_insert(
+      &mut down,
+      container.to_string(),
+      (why.to_string(), Instant::now()),
+    );
+    news
+  }
+
+  /// Drops `container`'s connection, if any (the container is being removed).
+  pub fn forget(&self, container: &str) {
+    let slot = self.conns.lock().expect("agent conns").remove(container);
+    if let Some(c) = slot.and_then(|s| s.try_lock().ok().and_then(|g| g.clone())) {
+      c.client.close();
+    }
+  }
+}
+
+/// The container's agent, started (or replaced) when there is none alive.
+pub async fn connect(
+  engine: &Engine,
+  target: &Target,
+  setup: &Setup,
+  log: &Logger,
+) -> Result<Arc<Conn>, Failure> {
+  if !setup.enabled {
+    return Err(Failure::Unavailable("the `agent` option is false".into()));
+  }
+  let state = engine.shared.state::<State>();
+  let container = target.container_id.as_str();
+  if let Some(why) = state.down(container) {
+    return Err(Failure::Unavailable(why));
+  }
+  let slot = state.slot(container);
+  let mut held = slot.lock().await;
+  if let Some(c) = held.as_ref().filter(|c| !c.client.is_closed()) {
+    return Ok(c.clone());
+  }
+  *held = None;
+  match start(engine, target, setup).await {
+    Ok(c) => {
+      *held = Some(c.clone());
+      drop(held);
+      watch(engine, container, slot, c.clone());
+      Ok(c)
+    }
+    Err(e) => {
+      drop(held);
+      state.release(container, &slot, None);
+      if let Failure::Unavailable(why) = &e {
+        if state.mark_down(container, why) {
+          log.warn(
+            "the sandbox agent cannot run here; commands and files use the engine's exec and archive endpoints",
+            json!({ "sandboxId": target.sandbox_id, "reason": why }),
+          );
+        }
+      }
+      Err(e)
+    }
+  }
+}
+
+/// Forgets the connection once it ends; closes it when the engine's background work stops
+/// (the engine's last provider was disposed).
+fn watch(engine: &Engine, container: &str, slot: Slot, conn: Arc<Conn>) {
+  let (state, container) = (engine.shared.state::<State>(), container.to_string());
+  engine.shared.background.spawn(|stop| async move {
+    tokio::select! {
+      _ = conn.client.closed() => {}
+      _ = stop.cancelled() => conn.client.close(),
+    }
+    state.release(&container, &slot, Some(&conn));
+  });
+}
+
+async fn start(engine: &Engine, target: &Target, setup: &Setup) -> Result<Arc<Conn>, Failure> {
+  let bundle = setup
+    .binaries
+    .bundle()
+    .await
+    .map_err(Failure::Unavailable)?;
+  let arch = image_arch(engine, &target.agent.image).await?;
+  let binary = bundle.get(arch).ok_or_else(|| {
+    Failure::Unavailable(format!(
+      "its image is built for {} and this package carries no agent binary for that platform",
+      arch.name()
+    ))
+  })?;
+  let path = binary_path(engine, target, &bundle.tag, binary).await?;
+  let mut conn = launch(engine, &target.container_id, &path, arch, None).await?;
+  let switch = CAP_SETUID | CAP_SETGID;
+  if conn.hello().cap_eff & switch != switch && non_root(target.user.as_deref()) {
+    // No capability to switch users: the agent runs as the sandbox's user itself.
+    conn.client.close();
+    let user = target.user.as_deref();
+    conn = launch(engine, &target.container_id, &path, arch, user).await?;
+  }
+  // The static `mcp-client` and its directories, in sandboxes made by an earlier version too.
+  // Best effort: a workload that planted a link there only loses the static client.
+  let _ = ops::lay_out(&conn, ops::code_mode_layout(&conn, target)).await;
+  Ok(Arc::new(conn))
+}
+
+/// The platform of an image (cached per image id).
+async fn image_arch(engine: &Engine, image: &str) -> Result<Arch, Failure> {
+  let state = engine.shared.state::<State>();
+  if let Some(a) = state.archs.lock().expect("archs").get(image) {
+    return Ok(*a);
+  }
+  let info = engine
+    .inspect_image(image)
+    .await
+    .map_err(|e| Failure::Start(StartError::Other(e)))?
+    .ok_or_else(|| {
+      Failure::Unavailable(format!(
+        "its image {image} is no longer in the engine, so its platform is unknown"
+      ))
+    })?;
+  let name = info.architecture.unwrap_or_default();
+  let arch = Arch::of_image(&name).ok_or_else(|| {
+    Failure::Unavailable(format!(
+      "its image is built for {name:?}, a platform the agent is not built for"
+    ))
+  })?;
+  bounded_insert(
+    &mut state.archs.lock().expect("archs"),
+    image.to_string(),
+    arch,
+  );
+  Ok(arch)
+}
+
+/// The binary's path: in the container's agent volume when it mounts ours, else placed.
+async fn binary_path(
+  engine: &Engine,
+  target: &Target,
+  tag: &str,
+  binary: &Binary,
+) -> Result<String, Failure> {
+  let mount = volume::mount_dir(tag);
+  if target.agent.mounted.as_deref() == Some(mount.as_str()) {
+    return Ok(format!("{mount}/{}", binary.arch.file_name()));
+  }
+  let placed = place::ensure(
+    engine,
+    &target.container_id,
+    target.agent.read_only_root,
+    tag,
+    binary,
+  )
+  .await
+  .map_err(|e| Failure::Start(StartError::from_engine(e)))?;
+  placed.map_err(|why| Failure::Unavailable(format!("the agent cannot be placed: {why}")))
+}
+
+type Output = std::pin::Pin<
+  Box<dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
+>;
+
+/// Starts the agent at `path` (as root, or as `user`) and waits for its hello.
+async fn launch(
+  engine: &Engine,
+  container: &str,
+  path: &str,
+  arch: Arch,
+  user: Option<&str>,
+) -> Result<Conn, Failure> {
+  let start = |e| Failure::Start(StartError::from_engine(e));
+  let opts = CreateExecOptions {
+    cmd: Some(vec![path.to_string()]),
+    user: Some(user.unwrap_or("0:0").to_string()),
+    attach_stdin: Some(true),
+    attach_stdout: Some(true),
+    attach_stderr: Some(true),
+    tty: Some(false),
+    working_dir: Some("/".to_string()),
+    ..Default::default()
+  };
+  let limit = engine.control_timeout;
+  let op = "start the sandbox agent";
+  let id = engine
+    .create_exec(op, container, opts, limit)
+    .await
+    .map_err(start)?;
+  let StartExecResults::Attached { output, input } = engine
+    .start_exec(op, &id, Some(1 << 20), limit)
+    .await
+    .map_err(start)?
+  else {
+    return Err(Failure::Start(StartError::Other(SandboxError::Internal(
+      "the engine detached an attached exec".into(),
+    ))));
+  };
+  let stderr = Arc::new(Mutex::new(Vec::new()));
+  let reader = StreamReader::new(stdout_of(output, stderr.clone()));
+  let opts = ClientOptions {
+    expected_version: Some(trueforge_agent_proto::VERSION.to_string()),
+    hello_timeout: HELLO_TIMEOUT.min(limit),
+  };
+  let client = match AgentClient::connect(reader, input, opts).await {
+    Ok(c) => c,
+    Err(e) => return Err(no_hello(engine, container, e, &stderr).await),
+  };
+  if client.hello().arch != arch.name() {
+    client.close();
+    return Err(Failure::Unavailable(format!(
+      "the agent reports {} where {} was expected",
+      client.hello().arch,
+      arch.name()
+    )));
+  }
+  let routes = Routes::default();
+  serve_calls(&client, routes.clone());
+  Ok(Conn {
+    client,
+    as_user: user.is_some(),
+    path: path.to_string(),
+    arch,
+    stderr,
+    routes,
+  })
+}
+
+/// The exec's stdout as bytes; stderr goes to `stderr` (bounded).
+fn stdout_of(
+  output: Output,
+  stderr: Arc<Mutex<Vec<u8>>>,
+) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> + Send + Unpin + 'static {
+  output.filter_map(move |item| {
+    futures_util::future::ready(match item {
+      Ok(LogOutput::StdOut { message }) => Some(Ok(message)),
+      Ok(LogOutput::StdErr { message }) => {
+        let mut kept = stderr.lock().expect("stderr");
+        let room = MAX_STDERR.saturating_sub(kept.len());
+        kept.extend_from_slice(&message[..message.len().min(room)]);
+        None
+      }
+      Ok(_) => None,
+      Err(e) => Some(Err(std::io::Error::other(e.to_string()))),
+    })
+  })
+}
+
+/// Hands each Code Mode call to the session that listens on its socket; a call for no socket
+/// of ours is dropped, which fails it.
+fn serve_calls(client: &AgentClient, routes: Routes) {
+  let mut calls = client.code_mode_calls();
+  tokio::spawn(async move {
+    while let Some(call) = calls.recv().await {
+      let tx = routes.lock().expect("routes").get(&call.socket).cloned();
+      if let Some(tx) = tx {
+        let _ = tx.send(call);
+      }
+    }
+  });
+}
+
+/// What a start that never got the hello means: a container that stopped or went meanwhile, one
+/// out of processes, or an agent that cannot run here (the text says why).
+async fn no_hello(
+  engine: &Engine,
+  container: &str,
+  e: ClientError,
+  stderr: &Mutex<Vec<u8>>,
+) -> Failure {
+  let mut text = e.to_string();
+  let err = String::from_utf8_lossy(&stderr.lock().expect("stderr")).into_owned();
+  if !err.trim().is_empty() {
+    text = format!("{text}; stderr: {}", err.trim());
+  }
+  if is_pid_exhaustion(&text) {
+    return Failure::Start(StartError::NeverStarted(text));
+  }
+  match engine
+    .inspect_container("inspect the sandbox container", container)
+    .await
+  {
+    Ok(None) => Failure::Start(StartError::Gone),
+    Ok(Some(info)) if info.state.as_ref().and_then(|s| s.running) != Some(true) => {
+      Failure::Start(StartError::NotRunning)
+    }
+    Ok(Some(_)) => Failure::Unavailable(text),
+    Err(e) => Failure::Start(StartError::Other(e)),
+  }
+}
