@@ -113,6 +113,8 @@ test('per-container entries go with their containers after 1,000 execs over 50 s
     const busy = engineStats(HOST)!
     expect(busy.cachedTargets).toBeGreaterThanOrEqual(50)
     expect(busy.startLocks).toBe(0)
+    // One agent per sandbox, however many execs went through it.
+    expect(busy.agentConnections).toBe(50)
 
     await inBatches(ids, 8, async (id) => {
       expect(await p.removeSandbox(id)).toBe(true)
@@ -121,6 +123,10 @@ test('per-container entries go with their containers after 1,000 execs over 50 s
     expect(done.startLocks).toBe(0)
     expect(done.probeLocks).toBe(0)
     expect(done.cachedTargets).toBe(0)
+    // Each agent's connection ends with its container.
+    const deadline = Date.now() + 10_000
+    while (engineStats(HOST)!.agentConnections > 0 && Date.now() < deadline) await sleep(100)
+    expect(engineStats(HOST)!.agentConnections).toBe(0)
   } finally {
     await p.dispose()
     cleanupNamespace(namespace)

@@ -83,7 +83,10 @@ describe('one process', () => {
     const after = inspectContainer(name)
     expect(after.Name).toBe(`/${name}`)
     expect(after.State.Running).toBe(true)
-    expect(after.ExecIDs ?? []).toEqual([])
+    // The one exec it has is its agent, started when it was made so that the first call to it
+    // finds it running; nothing ran a command in it.
+    expect(after.ExecIDs ?? []).toHaveLength(1)
+    expect(docker(['top', name, '-o', 'pid,args'])).toMatch(/\/\.trueforge-agent\/[^ ]+\/trueforge-agent-(x86_64|aarch64)/)
   })
 
   test('createSandbox claims a member, the pool refills, and the sandbox passes the contract behaviours', async () => {

@@ -221,10 +221,11 @@ describe('from inside a default sandbox', () => {
       })
     expect(rows.find((r) => r.pid === 1)?.comm).toBe(INIT)
     expect(rows.filter((r) => /sleep 777/.test(r.args))).toEqual([])
-    // Only its own: the init, the init script and its sleep, our own marker, the exec wrapper,
-    // the shell and ps itself. Nothing of the host (dockerd, containerd, node) or of B.
+    // Only its own: the init, the init script and its sleep, our own marker, the agent (and the
+    // shepherd it forks per command), the shell and ps itself. Nothing of the host (dockerd,
+    // containerd, node) or of B.
     for (const r of rows) {
-      expect({ comm: r.comm, allowed: [INIT, 'sh', 'bash', 'sleep', 'ps'].includes(r.comm) }).toEqual({
+      expect({ comm: r.comm, allowed: [INIT, 'sh', 'bash', 'sleep', 'ps', 'trueforge-agent'].includes(r.comm) }).toEqual({
         comm: r.comm,
         allowed: true,
       })
@@ -267,8 +268,19 @@ dockerSpellings('the container definition (docker inspect; Docker spellings, ski
       const h = info.HostConfig
       expect(h.Privileged).toBe(false)
       expect(h.Binds ?? []).toEqual([])
-      expect(h.Mounts ?? []).toEqual([])
-      expect(info.Mounts ?? []).toEqual([])
+      // One mount only: the agent's volume, read-only, never seeded from the image.
+      expect(h.Mounts ?? []).toEqual([
+        {
+          Type: 'volume',
+          Source: expect.stringMatching(/^trueforge-agent-[0-9.]+-[0-9a-f]{12}$/),
+          Target: expect.stringMatching(/^\/\.trueforge-agent\/[0-9.]+-[0-9a-f]{12}$/),
+          ReadOnly: true,
+          VolumeOptions: { NoCopy: true },
+        },
+      ])
+      expect((info.Mounts ?? []).map((m: any) => ({ type: m.Type, rw: m.RW, name: m.Name }))).toEqual([
+        { type: 'volume', rw: false, name: h.Mounts[0].Source },
+      ])
       expect(h.VolumesFrom ?? []).toEqual([])
       expect(h.Devices ?? []).toEqual([])
       expect(h.DeviceRequests ?? []).toEqual([])
@@ -306,6 +318,10 @@ describe('resource limits', () => {
     const info = inspectContainer(name)
     expect(info.HostConfig.PidsLimit).toBe(64)
     const containerId = info.Id as string
+    // What the sandbox holds at rest: docker-init, the init script and its sleep, and the agent
+    // (with its threads).
+    await ok(bomber, id, 'true')
+    const atRest = hostPidsCurrent(containerId) ?? 5
     const rounds = []
     for (let round = 1; round <= 2; round++) {
       // `sleep` first (the bomb leaves no pid to fork it later), then the classic bomb, then
@@ -314,19 +330,19 @@ describe('resource limits', () => {
         run(bomber, id, 'sleep 30 & s=$!; :(){ :|:& };:; wait $s', { timeoutSeconds: 5 }),
       )
       // The result says "the command and every process it started were killed": the host's
-      // count of the container's pids must drop back to the init's few (docker-init, the init
-      // script, its sleep) within moments. Read from the host: nothing can fork inside.
+      // count of the container's pids must drop back to what it holds at rest within moments.
+      // Read from the host: nothing can fork inside.
       let pids = hostPidsCurrent(containerId)
-      for (let i = 0; i < 30 && pids !== null && pids > 5; i++) {
+      for (let i = 0; i < 30 && pids !== null && pids > atRest; i++) {
         await sleep(100)
         pids = hostPidsCurrent(containerId)
       }
-      const left = pids !== null && pids > 5 ? docker(['top', name, '-o', 'pid,pgid,args']).split('\n').length - 1 : 0
+      const left = pids !== null && pids > atRest ? docker(['top', name, '-o', 'pid,pgid,args']).split('\n').length - 1 : 0
       rounds.push({
         round,
         exitCode: value.exitCode,
         fast: ms < 20_000,
-        pidsSoonAfter: pids === null ? 'unreadable' : pids <= 5 ? 'init only' : `${pids} pids, ${left} processes`,
+        pidsSoonAfter: pids === null ? 'unreadable' : pids <= atRest ? 'init only' : `${pids} pids, ${left} processes`,
         // The same sandbox, and another one, still answer.
         sameSandbox: await answersOk(bomber, id, 10_000),
         otherSandbox: (await run(deb, debId, 'echo ok')).result,
@@ -393,7 +409,10 @@ describe('a non-root user', () => {
   ])('%s: uploads, layout and pwd work as that user; it cannot write outside what it owns', async (_l, image, user, uid, gid) => {
     const p = provider({ image, user, network: 'none' })
     const id = await create(p)
-    expect(inspectContainer(containerNameFor(namespace, id)).Config.User).toBe(user)
+    // On Docker the sandbox's user is a label and its main process runs as root, so that the
+    // agent (an exec as root) keeps the capabilities it needs to run things as that user.
+    const config = inspectContainer(containerNameFor(namespace, id)).Config
+    expect(config.Labels['trueforge.sandbox.user'] ?? config.User).toBe(user)
     expect(await ok(p, id, 'id -u; id -g; pwd')).toBe(`${uid}\n${gid}\n${id}\n`)
 
     await p.uploadFile({ sandboxId: id, remotePath: 'up.txt', content: Buffer.from('hello') })
@@ -430,6 +449,7 @@ describe('readOnlyRootfs: true', () => {
     expect((info.HostConfig.Binds ?? []).filter((b: string) => !onPodman || b.startsWith('/'))).toEqual([])
     const mounts = (info.Mounts as any[]).map((m) => ({ type: m.Type, dest: m.Destination, rw: m.RW })).sort((a, b) => a.dest.localeCompare(b.dest))
     expect(mounts).toEqual([
+      { type: 'volume', dest: expect.stringMatching(/^\/\.trueforge-agent\//), rw: false },
       { type: 'volume', dest: '/trueforge', rw: true },
       { type: 'volume', dest: '/workspace', rw: true },
     ])

@@ -17,6 +17,11 @@ use crate::sandbox::container::Target;
 use crate::sandbox::exec::{ExecOutput, ExecRequest};
 use crate::util::errors::{Result, SandboxError};
 
+/// How often an agent with a call in flight is pinged (and how long it has to answer).
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// An agent silent for longer than this (or the engine timeout, if longer) is given up.
+const WEDGED: std::time::Duration = std::time::Duration::from_secs(30);
+
 fn never_started(text: String) -> SandboxError {
   SandboxError::Internal(format!("the sandbox agent could not be started: {text}"))
 }
@@ -41,13 +46,56 @@ impl Provider {
     let out = self
       .with_running(engine, target, never_started, |t| async move {
         match agent::connect(engine, &t, &self.agent, &self.log).await {
-          Ok(c) => Ok(Some(op(c, t).await)),
+          Ok(c) => Ok(Some(
+            self.watched(engine, &t, c.clone(), op(c, t.clone())).await,
+          )),
           Err(Failure::Start(e)) => Err(e),
           Err(Failure::Unavailable(_)) => Ok(None),
         }
       })
       .await?;
     out.transpose()
+  }
+
+  /// Runs one call on `conn`, watching the agent: while the call is in flight, an agent that
+  /// does not answer a ping within a second is checked on (a paused container is unpaused, as
+  /// an engine exec would find it), and one that answers nothing for `WEDGED` is closed, so the
+  /// call fails instead of hanging and the next one starts a new agent. Calls end on their own
+  /// deadlines inside the agent (a command's timeout) well before that.
+  async fn watched<T>(
+    &self,
+    engine: &Engine,
+    target: &Target,
+    conn: Arc<Conn>,
+    call: impl Future<Output = Result<T>>,
+  ) -> Result<T> {
+    tokio::pin!(call);
+    let mut silent_since: Option<std::time::Instant> = None;
+    loop {
+      tokio::select! {
+        out = &mut call => return out,
+        _ = tokio::time::sleep(WATCH_EVERY) => {}
+      }
+      let answered = tokio::time::timeout(WATCH_EVERY, conn.client.ping()).await;
+      if matches!(answered, Ok(Ok(_))) {
+        silent_since = None;
+        continue;
+      }
+      let since = *silent_since.get_or_insert_with(std::time::Instant::now);
+      if since.elapsed() > engine.control_timeout.max(WEDGED) {
+        conn.client.close();
+        return Err(SandboxError::AgentLost {
+          detail: format!(
+            "the agent answered nothing for {} s and was closed",
+            since.elapsed().as_secs()
+          ),
+        });
+      }
+      // A paused container answers nothing: unpause it (this is the engine's own state, read
+      // with one inspect, only while the agent is silent).
+      crate::sandbox::container::ensure_started(engine, target, self.placement.as_ref(), &self.log)
+        .await?;
+    }
   }
 
   /// A command through the agent, the idle stop's activity refreshed as the sandbox needs.

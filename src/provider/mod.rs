@@ -101,7 +101,14 @@ impl Provider {
     self.lease.lock().expect("lease").take();
     let hold = self.hold.lock().expect("hold").take();
     if let Some(hold) = hold {
+      let engine = engine::connected(&self.endpoint);
       hold.release().await;
+      // The engine's last provider: its sandboxes' agents go too (the next call starts one).
+      if let Some(e) = engine.filter(|e| e.shared.stats().providers == 0) {
+        if let Some(agents) = e.shared.peek::<crate::sandbox::agent::State>() {
+          agents.close_all();
+        }
+      }
     }
   }
 

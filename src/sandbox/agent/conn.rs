@@ -145,11 +145,20 @@ impl State {
     news
   }
 
-  /// Drops `container`'s connection, if any (the container is being removed).
-  pub fn forget(&self, container: &str) {
-    let slot = self.conns.lock().expect("agent conns").remove(container);
-    if let Some(c) = slot.and_then(|s| s.try_lock().ok().and_then(|g| g.clone())) {
-      c.client.close();
+  /// Closes every agent connection (the engine's last provider was disposed): each agent
+  /// exits, and the next call starts a new one.
+  pub fn close_all(&self) {
+    let slots: Vec<Slot> = self
+      .conns
+      .lock()
+      .expect("agent conns")
+      .values()
+      .cloned()
+      .collect();
+    for slot in slots {
+      if let Some(c) = slot.try_lock().ok().and_then(|g| g.clone()) {
+        c.client.close();
+      }
     }
   }
 }
@@ -198,15 +207,12 @@ pub async fn connect(
   }
 }
 
-/// Forgets the connection once it ends; closes it when the engine's background work stops
-/// (the engine's last provider was disposed).
+/// Forgets the connection once it ends. Not one of the engine's background tasks: it is the
+/// connection's own, and ends with it (`State::close_all` ends them all).
 fn watch(engine: &Engine, container: &str, slot: Slot, conn: Arc<Conn>) {
   let (state, container) = (engine.shared.state::<State>(), container.to_string());
-  engine.shared.background.spawn(|stop| async move {
-    tokio::select! {
-      _ = conn.client.closed() => {}
-      _ = stop.cancelled() => conn.client.close(),
-    }
+  tokio::spawn(async move {
+    conn.client.closed().await;
     state.release(&container, &slot, Some(&conn));
   });
 }
