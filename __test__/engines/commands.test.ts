@@ -90,11 +90,13 @@ test('ls lists our sandboxes with state, times, image, tenant, pool flag and siz
 test('doctor on the local engine: every check a line, a real test sandbox, exit 0; --json', () => {
   const r = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace])
   expect(r.stdout).not.toContain('\u001b[')
-  for (const name of ['endpoint', 'engine reachable', 'version', 'rootless', 'cgroups', 'storage', 'seccomp', 'runtimes', 'network', 'gpu', 'image', 'test sandbox']) {
+  for (const name of ['endpoint', 'engine reachable', 'version', 'rootless', 'cgroups', 'storage', 'seccomp', 'runtimes', 'network', 'gpu', 'image', 'agent', 'test sandbox']) {
     expect(r.stdout).toMatch(new RegExp(`^(ok  |warn|fail)  ${name}: `, 'm'))
   }
   expect(r.stdout).toMatch(/^ok {4}endpoint: socket: unix:\/\/\/var\/run\/docker.sock/m)
   expect(r.stdout).toMatch(/^ok {4}test sandbox: create \d+ ms, exec \d+ ms, upload \d+ ms, download \d+ ms, remove \d+ ms$/m)
+  // The test sandbox's calls went through the in-sandbox agent, as root.
+  expect(r.stdout).toMatch(/^ok {4}agent: in-sandbox agent [0-9.]+ \((x86_64|aarch64)\) at \/\.trueforge-agent\/\S+, as root, commands and files as the sandbox user$/m)
   expect(r.code).toBe(0)
   const j = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace, '--json'])
   const report = JSON.parse(j.stdout)

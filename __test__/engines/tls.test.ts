@@ -75,6 +75,8 @@ async function roundTrip(p: InstanceType<typeof DockerSandboxProvider>) {
   try {
     const r = await p.exec({ sandboxId, command: 'echo over-tls; pwd' })
     expect(r).toEqual({ success: true, response: { exitCode: 0, result: `over-tls\n${sandboxId}\n` } })
+    // Through the in-sandbox agent, whose stream is the engine's attached exec over TLS.
+    expect(await p.agentStatus(sandboxId)).toMatchObject({ mode: 'agent', uid: 0 })
     await p.uploadFile({ sandboxId, remotePath: `${sandboxId}/a.txt`, content: Buffer.from('tls bytes') })
     const got = await p.downloadFile({ sandboxId, path: `${sandboxId}/a.txt` })
     expect(Buffer.from(got).toString()).toBe('tls bytes')

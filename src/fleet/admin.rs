@@ -80,18 +80,7 @@ pub async fn list(engine: &Engine, namespace: Option<&str>) -> Result<Vec<Sandbo
     let container = c.id.clone().unwrap_or_default();
     // Any answer but a stat (the file or the container is gone, a stopped container on an
     // engine that cannot stat those) means "unknown", not a failed listing.
-    let last_activity = match engine
-      .archive_stat(
-        "stat the activity file",
-        &container,
-        crate::sandbox::layout::ACTIVITY_FILE,
-      )
-      .await
-    {
-      Ok(s) => s.and_then(|s| s.modification_time.as_deref().and_then(parse_time)),
-      Err(SandboxError::Engine { .. }) => None,
-      Err(e) => return Err(e),
-    };
+    let last_activity = last_activity(engine, &container).await?;
     out.push(SandboxInfo {
       sandbox_id,
       namespace: ns,
@@ -203,4 +192,25 @@ pub async fn remove_stopped(
     removed.extend(reaper::reap(engine, &n, older_than, false, &placement, &log).await?);
   }
   Ok(removed)
+}
+
+/// When the sandbox last had a host call: the mtime of the agent's activity file, else (a
+/// sandbox made by an earlier version) of the old one. Any answer but a stat (the file or the
+/// container is gone, a stopped container on an engine that cannot stat those, a read-only
+/// root's /tmp) means "unknown", not a failed listing.
+async fn last_activity(engine: &Engine, container: &str) -> Result<Option<u64>> {
+  for file in [
+    trueforge_agent_proto::msg::ACTIVITY_FILE,
+    crate::sandbox::layout::ACTIVITY_FILE,
+  ] {
+    match engine
+      .archive_stat("stat the activity file", container, file)
+      .await
+    {
+      Ok(Some(s)) => return Ok(s.modification_time.as_deref().and_then(parse_time)),
+      Ok(None) | Err(SandboxError::Engine { .. }) => {}
+      Err(e) => return Err(e),
+    }
+  }
+  Ok(None)
 }

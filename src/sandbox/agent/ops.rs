@@ -55,9 +55,8 @@ pub async fn exec(conn: &Conn, target: &Target, req: &ExecRequest) -> Result<Exe
     if !output.is_empty() && !output.ends_with('\n') {
       output.push('\n');
     }
-    output.push_str(&format!(
-      "[the sandbox was out of processes, so before this command ran the agent {what}; files were kept]"
-    ));
+    // The agent's own sentence: what it killed, and that files were kept.
+    output.push_str(&format!("[{what}]"));
   }
   Ok(ExecOutput {
     exit_code: out.exit_code,
