@@ -17,10 +17,13 @@ function makePayload(size) {
 }
 
 async function makeImpl(name) {
-  if (name === 'addon') {
+  const common = require('./impl/common')
+  if (name === 'addon' || name === common.ENGINE_PATH) {
     const addon = require('./impl/addon')
     await addon.load()
-    return addon.create()
+    return name === 'addon'
+      ? addon.create()
+      : addon.create({ name, namespace: common.ADDON_ENGINE_NAMESPACE, extra: { agent: false } })
   }
   return require(`./impl/${name}`).create()
 }

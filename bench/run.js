@@ -12,9 +12,11 @@
 //                         scaled by N/30, i.e. N execs), or overrides like 'exec=50,create=20'
 //                         (keys: exec, create, xfer_small, xfer_10m, xfer_100m, conc_exec,
 //                         conc_create, mem)
-//   BENCH_IMPLS           comma list to run a subset of addon,floor,dockerode,cli
+//   BENCH_IMPLS           comma list to run a subset of addon,addon-engine,floor,dockerode,cli
+//                         (addon: through the in-sandbox agent; addon-engine: `agent: false`)
 //   BENCH_OPS             comma list of operation keys to run a subset (see OPS below)
-//   BENCH_SKIP_MEM=1      skip the memory probes; BENCH_SKIP_REQS=1 skip the request count
+//   BENCH_SKIP_MEM=1      skip the memory probes; BENCH_SKIP_REQS=1 skip the request count;
+//                         BENCH_SKIP_AGENT=1 the agent probe; BENCH_SKIP_CODEMODE=1 Code Mode
 //   BENCH_WARM_POOL_SIZE  pool size for the "addon (warm pool)" rows (default 2)
 //   BENCH_WARM_SETTLE_MS  pause after each warm-pool create so the refill does not load the
 //                         next measurement (default 1500)
@@ -483,14 +485,23 @@ async function requestCounts(implNames, log) {
 // ---------------------------------------------------------------------------------------------
 // Implementations
 
-const IMPL_ORDER = ['addon', 'floor', 'dockerode', 'cli']
+const IMPL_ORDER = ['addon', 'addon-engine', 'floor', 'dockerode', 'cli']
 const OURS = 'addon'
 const WARM = 'addon (warm pool)'
+const ENGINE_PATH = common.ENGINE_PATH
 
 function makeImpl(name, opts = {}) {
   switch (name) {
     case 'addon':
       return addonImpl.create(opts)
+    case 'addon-engine':
+    case ENGINE_PATH:
+      return addonImpl.create({
+        name: ENGINE_PATH,
+        namespace: common.ADDON_ENGINE_NAMESPACE,
+        extra: { agent: false },
+        ...opts,
+      })
     case 'floor':
       return floorImpl.create(opts)
     case 'dockerode':
@@ -532,6 +543,7 @@ async function sweepAll() {
     `${common.BENCH_LABEL}=1`,
     `${common.NAMESPACE_LABEL}=${common.ADDON_NAMESPACE}`,
     `${common.NAMESPACE_LABEL}=${common.ADDON_WARM_NAMESPACE}`,
+    `${common.NAMESPACE_LABEL}=${common.ADDON_ENGINE_NAMESPACE}`,
   ]) {
     n += await floorImpl.sweep(label)
   }
@@ -716,6 +728,72 @@ function evaluateTargets(rows, mem) {
   return targets
 }
 
+/** The issue's bounds for the agent path, against the floor (the fewest raw engine requests). */
+function agentTargets(rows, probe) {
+  const get = (key, impl) => rows.find((r) => r.op.key === key && r.impl === impl)
+  const ok = (r) => r && r.n > 0 && Number.isFinite(r.p50)
+  const targets = []
+  const add = (name, met, detail) =>
+    targets.push({ name, status: met === null ? 'N/A' : met ? 'MET' : 'MISSED', detail })
+  const vsFloor = (key, factor, title) => {
+    const ours = get(key, OURS)
+    const floor = get(key, 'floor')
+    const eng = get(key, ENGINE_PATH)
+    if (!ok(ours) || !ok(floor)) return add(`agent: ${title} ≤ ${factor}× the floor`, null, 'not measured')
+    const engine = ok(eng) ? `; the engine-exec path ${fmtMs(eng.p50)} ms` : ''
+    add(
+      `agent: ${title} ≤ ${factor}× the floor`,
+      ours.p50 <= factor * floor.p50,
+      `ours ${fmtMs(ours.p50)} ms, floor ${fmtMs(floor.p50)} ms (${(ours.p50 / floor.p50).toFixed(3)}×)${engine}`,
+    )
+  }
+  vsFloor('exec_true', 0.1, 'exec `true` p50')
+  vsFloor('exec_x50', 0.2, '50 concurrent execs over 10 sandboxes, wall p50')
+  vsFloor('upload_1KiB', 0.15, '1 KiB upload p50')
+  vsFloor('download_1KiB', 0.15, '1 KiB download p50')
+  const create = get('create', OURS)
+  const first = get('create_exec', OURS)
+  if (!ok(create) || !ok(first)) add('agent: create → first exec ≤ create + 15 ms', null, 'not measured')
+  else
+    add(
+      'agent: create → first exec ≤ create + 15 ms',
+      first.p50 - create.p50 <= 15,
+      `create ${fmtMs(create.p50)} ms, create → first exec ${fmtMs(first.p50)} ms (+${fmtMs(first.p50 - create.p50)} ms)`,
+    )
+  if (!probe || probe.error) {
+    const why = probe ? probe.error : 'not measured'
+    add('agent: idle RSS in the sandbox ≤ 8 MiB', null, why)
+    add('agent: host RSS growth for 1 GiB of output ≤ 30 MiB', null, why)
+  } else {
+    add('agent: idle RSS in the sandbox ≤ 8 MiB', probe.idleRssBytes <= 8 * MiB, fmtBytes(probe.idleRssBytes))
+    add(
+      'agent: host RSS growth for 1 GiB of output ≤ 30 MiB',
+      probe.hostGrowthBytes <= 30 * MiB,
+      `${fmtBytes(probe.hostGrowthBytes)} while 1 GiB went through in ${fmtMs(probe.outputMs)} ms (${fmtBytes(probe.keptBytes)} kept under the output cap)`,
+    )
+  }
+  return targets
+}
+
+/** Runs bench/agentprobe.js in a child process of its own; its JSON (or `{ error }`). */
+function agentProbe() {
+  return new Promise((resolve) => {
+    execFile(
+      process.execPath,
+      ['--expose-gc', path.join(__dirname, 'agentprobe.js')],
+      { maxBuffer: 16 * MiB, timeout: 300_000 },
+      (err, stdout, stderr) => {
+        if (err) return resolve({ error: (stderr || err.message).trim().split('\n').slice(-3).join(' ') })
+        try {
+          resolve(JSON.parse(stdout.trim().split('\n').pop()))
+        } catch (e) {
+          resolve({ error: `unreadable output: ${e.message}` })
+        }
+      },
+    )
+  })
+}
+
 /** Runs bench/codemode.js in a child process and returns its JSON (or `{ error }`). */
 function codeModeBench() {
   const args = [
@@ -736,23 +814,25 @@ function codeModeBench() {
   })
 }
 
-/** The issue's bounds: the relay within 1.2× the floor's round trip, plus the client's own start-up for the CLI. */
+/**
+ * The issue's bounds for Code Mode through the agent: the Python API within 1.2 × (the
+ * bind-mounted socket's round trip + one round trip on the engine's exec stream, which any
+ * transport over that stream adds), and the static `mcp-client` within 10 ms.
+ */
 function codeModeTargets(cm) {
-  const name = (what) =>
-    `Code Mode ${what}: p50 ≤ 1.2 × the bind-mounted socket's round trip${what === 'CLI' ? ' plus its start-up' : ''}`
-  if (cm.error) return [{ name: name('Python API'), status: 'N/A', detail: cm.error }]
-  const api = cm.relay.api_p50 <= cm.target_api_p50_ms
-  const cli = cm.relay.cli_p50 <= cm.target_cli_p50_ms
+  const api = 'Code Mode Python API round trip: p50 ≤ 1.2 × (bind-mounted socket + exec-stream echo)'
+  const cli = 'Code Mode `mcp-client call-tool` in the sandbox (the static client): p50 ≤ 10 ms'
+  if (cm.error) return [{ name: api, status: 'N/A', detail: cm.error }]
   return [
     {
-      name: name('Python API'),
-      status: api ? 'MET' : 'MISSED',
-      detail: `relay ${cm.relay.api_p50} ms, floor ${cm.floor.api_p50} ms, bound ${cm.target_api_p50_ms} ms (${cm.ratio.api_p50}×); the engine's exec-stream echo alone takes ${cm.engine_exec_echo.p50} ms, so the design's own floor is ${cm.design_floor_api_p50_ms} ms (relay ${cm.ratio.api_p50_vs_design_floor}× that)`,
+      name: api,
+      status: cm.agent.api_p50 <= cm.target_api_p50_ms ? 'MET' : 'MISSED',
+      detail: `agent ${cm.agent.api_p50} ms, bound ${cm.target_api_p50_ms} ms (floor ${cm.floor.api_p50} ms + echo ${cm.engine_exec_echo.p50} ms); the Python relay (agent: false) ${cm.relay?.api_p50 ?? '–'} ms`,
     },
     {
-      name: name('CLI'),
-      status: cli ? 'MET' : 'MISSED',
-      detail: `relay ${cm.relay.cli_p50} ms, floor ${cm.floor.cli_p50} ms, bound ${cm.target_cli_p50_ms} ms`,
+      name: cli,
+      status: cm.agent.cli_p50 <= cm.target_cli_p50_ms ? 'MET' : 'MISSED',
+      detail: `static client ${cm.agent.cli_p50} ms; the Python CLI over the same agent ${cm.agent.pycli_p50} ms, through the Python relay ${cm.relay?.cli_p50 ?? '–'} ms, at the floor ${cm.floor.cli_p50} ms`,
     },
   ]
 }
@@ -850,27 +930,21 @@ function renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, targ
     L.push('')
     if (codemode.error) L.push(`Could not run: ${codemode.error}`)
     else {
-      const { relay, floor } = codemode
+      const { agent, relay, floor } = codemode
       L.push(
         mdTable(
-          ['client', 'relay p50', 'relay p99', 'floor p50', 'floor p99', 'relay/floor p50'],
+          ['client', 'agent p50', 'agent p99', 'Python relay p50', 'floor p50', 'floor p99'],
           [
-            ['Python API', relay.api_p50, relay.api_p99, floor.api_p50, floor.api_p99, `${codemode.ratio.api_p50}×`],
-            [
-              'CLI (`mcp-client call-tool`)',
-              relay.cli_p50,
-              relay.cli_p99,
-              floor.cli_p50,
-              floor.cli_p99,
-              `${codemode.ratio.cli_p50}×`,
-            ],
+            ['Python API', agent.api_p50, agent.api_p99, relay.api_p50, floor.api_p50, floor.api_p99],
+            ['CLI (`mcp-client call-tool`)', agent.cli_p50, agent.cli_p99, relay.cli_p50, floor.cli_p50, floor.cli_p99],
+            ['Python CLI (`mcp-client-python`)', agent.pycli_p50, '', '', '', ''],
           ],
           [1, 2, 3, 4, 5],
         ),
       )
       L.push('')
       L.push(
-        `Image ${codemode.image}; ${codemode.apiCalls} API and ${codemode.cliCalls} CLI calls per round, best of ${codemode.rounds} rounds. Relay: the provider's transport (a relay in the sandbox on the engine's attached exec stream). Floor: the same client and dispatcher over a Unix socket bind-mounted from the host. Python start-up alone (\`import mcp_client\`): ${relay.startup_p50} ms. The engine's own round trip on an attached exec stream (128 bytes to \`cat\` and back, which the relay adds to the floor by design): p50 ${codemode.engine_exec_echo.p50} ms, p99 ${codemode.engine_exec_echo.p99} ms; floor plus that echo: ${codemode.design_floor_api_p50_ms} ms, relay ${codemode.ratio.api_p50_vs_design_floor}× that.`,
+        `Image ${codemode.image}; ${codemode.apiCalls} API and ${codemode.cliCalls} CLI calls per round, best of ${codemode.rounds} rounds. Agent: the provider's transport through the in-sandbox agent (its socket; \`mcp-client\` is its static client). Python relay: the same with \`agent: false\` (a Python relay in the sandbox; \`mcp-client\` is the Python CLI). Both ride the engine's attached exec stream. Floor: the same client and dispatcher over a Unix socket bind-mounted from the host. Python start-up alone (\`import mcp_client\`): ${agent.startup_p50} ms. The engine's own round trip on an attached exec stream (128 bytes to \`cat\` and back, which any transport over that stream adds to the floor): p50 ${codemode.engine_exec_echo.p50} ms, p99 ${codemode.engine_exec_echo.p99} ms; floor plus that echo: ${codemode.design_floor_api_p50_ms} ms (agent ${codemode.ratio.agent_api_p50_vs_design_floor}× that, Python relay ${codemode.ratio.relay_api_p50_vs_design_floor}×).`,
       )
     }
     L.push('')
@@ -918,7 +992,7 @@ async function bench() {
   }
   if (!(await floorImpl.imageExists(common.IMAGE)))
     throw new Error(`image ${common.IMAGE} is not present on the engine`)
-  if (wantImpls.includes('addon')) await addonImpl.load()
+  if (wantImpls.includes('addon') || wantImpls.includes('addon-engine')) await addonImpl.load()
 
   const env = {
     date: new Date().toISOString(),
@@ -961,6 +1035,7 @@ async function bench() {
   let mem = null
   let reqs = null
   let codemode = null
+  let agent = null
   try {
     // One long-lived sandbox per implementation for the exec and transfer operations.
     if (opsRun.some((op) => op.uses === 'work')) {
@@ -1018,12 +1093,22 @@ async function bench() {
     if (process.env.BENCH_SKIP_MEM !== '1' && (!wantOps || wantOps.some((k) => k.includes('100MiB') || k === 'mem'))) {
       const t0 = performance.now()
       log(`memory probes (100 MiB, ${reps.mem} run(s) each, child processes) …`)
-      mem = await memoryProbes(impls, reps.mem, log)
+      mem = await memoryProbes(
+        impls.filter((im) => im.name !== ENGINE_PATH),
+        reps.mem,
+        log,
+      )
+      log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
+    }
+    if (process.env.BENCH_SKIP_AGENT !== '1' && (!wantOps || wantOps.includes('agent'))) {
+      const t0 = performance.now()
+      log('agent probe (its idle RSS; the host while a command prints 1 GiB) …')
+      agent = await agentProbe()
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
     if (process.env.BENCH_SKIP_CODEMODE !== '1' && (!wantOps || wantOps.includes('codemode'))) {
       const t0 = performance.now()
-      log('Code Mode round trip (bench/codemode.js: relay vs a bind-mounted socket) …')
+      log('Code Mode round trip (bench/codemode.js: the agent and the Python relay vs a bind-mounted socket) …')
       codemode = await codeModeBench()
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
@@ -1049,6 +1134,7 @@ async function bench() {
     }
   }
   const targets = evaluateTargets(rows, mem)
+  targets.push(...agentTargets(rows, agent))
   if (codemode) targets.push(...codeModeTargets(codemode))
   const wallMs = performance.now() - started
 

@@ -38,6 +38,9 @@ const IMPL_LABEL = 'trueforge.bench.impl'
 const NAMESPACE_LABEL = 'trueforge.sandbox.namespace'
 const ADDON_NAMESPACE = process.env.BENCH_NAMESPACE || 'bench'
 const ADDON_WARM_NAMESPACE = `${ADDON_NAMESPACE}-warm`
+// The addon with `agent: false`: the engine's exec and archive endpoints, the agent's fallback.
+const ADDON_ENGINE_NAMESPACE = `${ADDON_NAMESPACE}-engine`
+const ENGINE_PATH = 'addon (engine exec)'
 
 function benchLabels(impl) {
   return { [BENCH_LABEL]: '1', [IMPL_LABEL]: impl }
@@ -180,6 +183,8 @@ function splitPath(p) {
 }
 
 module.exports = {
+  ADDON_ENGINE_NAMESPACE,
+  ENGINE_PATH,
   SOCKET,
   IMAGE,
   NETWORK,
