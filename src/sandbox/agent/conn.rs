@@ -231,12 +231,15 @@ async fn start(engine: &Engine, target: &Target, setup: &Setup) -> Result<Arc<Co
     ))
   })?;
   let path = binary_path(engine, target, &bundle.tag, binary).await?;
-  let mut conn = launch(engine, &target.container_id, &path, arch, None).await?;
+  let user = target.user.as_deref();
+  // Podman drops every capability of a sandbox whose user is not root (`body::podman_adjust`):
+  // there the agent starts as that user at once.
+  let first = (engine.podman && non_root(user)).then_some(user).flatten();
+  let mut conn = launch(engine, &target.container_id, &path, arch, first).await?;
   let switch = CAP_SETUID | CAP_SETGID;
-  if conn.hello().cap_eff & switch != switch && non_root(target.user.as_deref()) {
+  if first.is_none() && conn.hello().cap_eff & switch != switch && non_root(user) {
     // No capability to switch users: the agent runs as the sandbox's user itself.
     conn.client.close();
-    let user = target.user.as_deref();
     conn = launch(engine, &target.container_id, &path, arch, user).await?;
   }
   // The static `mcp-client` and its directories, in sandboxes made by an earlier version too.

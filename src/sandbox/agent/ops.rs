@@ -141,7 +141,7 @@ pub async fn download(
       user: user_of(conn, target),
       max_bytes: max,
     };
-    match conn.client.download_bytes(spec).await {
+    match read_capped(conn, spec, max).await {
       Ok(bytes) => return Ok(bytes),
       Err(ClientError::Agent(e)) if e.kind == ErrorKind::Changed => {
         if tries >= READ_TRIES {
@@ -155,6 +155,21 @@ pub async fn download(
       Err(e) => return Err(file_error(e, shown)),
     }
   }
+}
+
+/// A download held in memory, never more than `max` bytes whatever the agent announces.
+async fn read_capped(conn: &Conn, spec: DownloadSpec, max: u64) -> Result<Vec<u8>, ClientError> {
+  let mut d = conn.client.download(spec).await?;
+  if d.head.size > max {
+    let mut e = AgentError::new(ErrorKind::TooLarge, "over the download cap");
+    (e.size, e.max) = (Some(d.head.size), Some(max));
+    return Err(ClientError::Agent(e));
+  }
+  let mut out = Vec::with_capacity(d.head.size as usize);
+  while let Some(chunk) = d.chunk().await? {
+    out.extend_from_slice(&chunk);
+  }
+  Ok(out)
 }
 
 /// An agent's file error as ours.
