@@ -143,10 +143,16 @@ export function nameOf(namespace: string, sandboxId: string): string {
   return containerNameFor(namespace, sandboxId)
 }
 
-/** Processes in a container whose arguments mention `trueforge-exec` (the CLI's `ps` itself does not). */
+/**
+ * Processes in a container running a command of ours: the engine-exec wrapper (its arguments
+ * mention `trueforge-exec`) or a command's shell under the in-sandbox agent (`sh -c` or
+ * `bash -c`, not the init script's). The CLI's `ps` itself is neither.
+ */
 export function execLeftovers(container: string, host = FAULT_HOST): string[] {
   const out = dk(['exec', container, 'ps', '-o', 'pid,args'], host)
-  return out.split('\n').filter((l) => l.includes('trueforge-exec'))
+  return out
+    .split('\n')
+    .filter((l) => l.includes('trueforge-exec') || (/(^|[\s/])(ba)?sh -c /.test(l) && !l.includes('trueforge-init')))
 }
 
 

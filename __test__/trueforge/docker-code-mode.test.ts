@@ -60,10 +60,11 @@ async function agentExec(sandbox: Sandbox, command: string): Promise<{ exitCode:
   return { exitCode: parsed.response.exitCode, out: parsed.response.result, sessionId: r.sandboxInfo?.sandbox_id }
 }
 
+/** Code Mode sockets served in the sandbox (by the agent, or by a Python relay each). */
 const relays = (provider: DockerProvider, sandboxId: string) =>
   provider.exec({
     sandboxId,
-    command: `for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); case "$c" in "python3 -I -S /trueforge/codemode/relay.py"*) echo r;; esac; done | wc -l`,
+    command: `ls /trueforge/codemode/run 2>/dev/null | grep '\\.sock$' | wc -l`,
   })
 
 afterAll(async () => {

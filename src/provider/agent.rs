@@ -73,7 +73,10 @@ impl Provider {
     let mut silent_since: Option<std::time::Instant> = None;
     loop {
       tokio::select! {
-        out = &mut call => return out,
+        out = &mut call => return match out {
+          Err(SandboxError::AgentLost { detail }) => Err(lost(engine, target, detail).await),
+          other => other,
+        },
         _ = tokio::time::sleep(WATCH_EVERY) => {}
       }
       let answered = tokio::time::timeout(WATCH_EVERY, conn.client.ping()).await;
@@ -91,10 +94,22 @@ impl Provider {
           ),
         });
       }
-      // A paused container answers nothing: unpause it (this is the engine's own state, read
-      // with one inspect, only while the agent is silent).
-      crate::sandbox::container::ensure_started(engine, target, self.placement.as_ref(), &self.log)
+      // A paused container answers nothing: unpause it. The engine's own state, read with one
+      // inspect only while the agent is silent, and outside the start lock, so that calls on a
+      // frozen engine each fail by their own deadline instead of queueing behind each other.
+      let state = engine
+        .inspect_container("inspect the sandbox container", &target.container_id)
+        .await?
+        .and_then(|i| i.state);
+      if state.and_then(|s| s.paused) == Some(true) {
+        crate::sandbox::container::ensure_started(
+          engine,
+          target,
+          self.placement.as_ref(),
+          &self.log,
+        )
         .await?;
+      }
     }
   }
 
@@ -209,5 +224,26 @@ impl Provider {
         json!({ "mode": "engine-exec", "reason": reason })
       }
     })
+  }
+}
+
+/// An agent lost under a call, with what became of its container and engine.
+async fn lost(engine: &Engine, target: &Target, detail: String) -> SandboxError {
+  let why = match engine
+    .inspect_container("inspect the sandbox container", &target.container_id)
+    .await
+  {
+    Err(e) => format!("the engine at {} does not answer: {e}", engine.host),
+    Ok(None) => "the sandbox's container is gone".to_string(),
+    Ok(Some(i)) if i.state.as_ref().and_then(|s| s.running) != Some(true) => {
+      "the sandbox's container stopped".to_string()
+    }
+    Ok(Some(_)) => format!(
+      "the container still runs on the engine at {}: the agent was killed or died",
+      engine.host
+    ),
+  };
+  SandboxError::AgentLost {
+    detail: format!("{detail}; {why}"),
   }
 }
