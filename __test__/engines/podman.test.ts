@@ -57,6 +57,8 @@ suite('on Podman (skipped unless DOCKER_HOST is the Podman test socket: npm run 
     }
     await p.uploadFile({ sandboxId: id, remotePath: 'up.txt', content: Buffer.from('hello') })
     expect(await ok(p, id, `stat -c %u up.txt && touch ${p.getFileUploadsDir(id)}/w && echo writable`)).toBe(`${uid}\nwritable\n`)
+    // With no capability to switch users, the agent runs as that user and serves all of it.
+    expect(await p.agentStatus(id)).toMatchObject({ mode: 'agent', asUser: true, uid: Number(uid) })
   })
 
   test("an image whose USER is not root (the default image runs as agent): no capability at all, none ambient", async () => {
@@ -65,6 +67,7 @@ suite('on Podman (skipped unless DOCKER_HOST is the Podman test socket: npm run 
     expect(await ok(p, id, 'id -un')).toBe('agent\n')
     expect(await caps(p, id)).toEqual({ CapEff: '0000000000000000', CapAmb: '0000000000000000', NoNewPrivs: '1' })
     expect((await run(p, id, 'touch /etc/x')).exitCode).not.toBe(0)
+    expect(await p.agentStatus(id)).toMatchObject({ mode: 'agent', asUser: true })
     // The same image with `user: 'root'` keeps the default set: the option wins over USER.
     const asRoot = provider({ image: TRUEFORGE, user: 'root' })
     const rootId = await tracker.create(asRoot)

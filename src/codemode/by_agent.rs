@@ -127,11 +127,7 @@ pub async fn listen(
   conn.route(socket, route.clone());
   let spec = CodeModeListenSpec {
     socket: socket.to_string(),
-    user: if conn.as_user {
-      None
-    } else {
-      target.user.clone()
-    },
+    user: target.user.clone(),
   };
   if let Err(e) = conn.client.code_mode_listen(spec).await {
     conn.unroute(socket, &route);

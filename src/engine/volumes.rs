@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use bollard::models::{Volume, VolumeCreateRequest};
 
 use crate::engine::{absent_on, Engine};
-use crate::util::errors::Result;
+use crate::util::errors::{Result, SandboxError};
 
 impl Engine {
   /// A volume's inspect data; `None` when there is no such volume.
@@ -17,19 +17,30 @@ impl Engine {
     absent_on(r, &[404])
   }
 
-  /// Creates a named volume carrying `labels`. The engine answers with the existing volume
-  /// when one of that name is there (its labels are then that volume's), so a repeat is
-  /// harmless and it is retried like a read.
+  /// Creates a named volume carrying `labels`; when one of that name is there, that volume (its
+  /// labels are then its own). Docker answers a create of an existing name with it, Podman with
+  /// 409, which is read as the same. A repeat is harmless, so it is retried like a read.
   pub async fn create_volume(&self, name: &str, labels: HashMap<String, String>) -> Result<Volume> {
     let body = VolumeCreateRequest {
       name: Some(name.to_string()),
       labels: Some(labels),
       ..Default::default()
     };
-    self
+    let made = self
       .control("create a volume", || {
         self.docker.create_volume(body.clone())
       })
-      .await
+      .await;
+    match absent_on(made, &[409])? {
+      Some(v) => Ok(v),
+      None => self
+        .inspect_volume(name)
+        .await?
+        .ok_or_else(|| SandboxError::Engine {
+          operation: "create a volume".into(),
+          status: 409,
+          detail: format!("the engine says {name} exists, and then that it does not"),
+        }),
+    }
   }
 }

@@ -325,6 +325,18 @@ async fn lay_out_by_agent(
       });
     }
   };
+  if conn.as_user {
+    // An agent that runs as the sandbox's user cannot make root's directories: the archive
+    // endpoint makes the layout (the container has not run anything of the user's yet), then the
+    // agent its Code Mode part inside it.
+    target.owner = resolve_owner(engine, &target.container_id, target.user.as_deref()).await?;
+    let ro = cfg.read_only_rootfs;
+    transfer::make_layout(engine, &target.container_id, dirs, target.owner, ro)
+      .await
+      .map_err(|e| step_failed("create the sandbox layout", e))?;
+    let _ = agent::ops::lay_out(&conn, agent::ops::code_mode_layout(&conn, target)).await;
+    return Ok(true);
+  }
   // /tmp holds the agent's activity file; an image without one gets it (1777, root's).
   let tmp = trueforge_agent_proto::msg::LayoutSpec {
     dirs: vec![trueforge_agent_proto::msg::LayoutDir {

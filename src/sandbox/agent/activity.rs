@@ -107,7 +107,7 @@ pub fn touch(engine: &Engine, target: &Target, conn: Option<Arc<Conn>>, keep: Ke
       (Keep::ThroughAgent, Some(c)) => {
         let spec = UploadSpec {
           path: layout::ACTIVITY_FILE.to_string(),
-          user: if c.as_user { None } else { user },
+          user,
           mode: 0o644,
           max_bytes: Some(0),
           parents: false,

@@ -19,14 +19,10 @@ use crate::util::errors::{Result, SandboxError};
 /// How many times a download is read while the file keeps changing under it.
 const READ_TRIES: u32 = 4;
 
-/// Whom the agent runs a request as: the container's user, or itself when it was started as
-/// that user (it cannot switch users then).
-fn user_of(conn: &Conn, target: &Target) -> Option<String> {
-  if conn.as_user {
-    None
-  } else {
-    target.user.clone()
-  }
+/// Whom the agent runs a request as: the sandbox's user (an agent started as that user is that
+/// user already, and then does not switch).
+fn user_of(_conn: &Conn, target: &Target) -> Option<String> {
+  target.user.clone()
 }
 
 /// Runs a command through the agent. The exit code is the command's own (`waitpid`), a timeout
@@ -248,11 +244,7 @@ pub fn code_mode_layout(conn: &Conn, target: &Target) -> LayoutSpec {
   };
   LayoutSpec {
     dirs: vec![dir(layout::CODE_MODE_DIR), dir(layout::CODE_MODE_BIN_DIR)],
-    user: if conn.as_user {
-      None
-    } else {
-      target.user.clone()
-    },
+    user: user_of(conn, target),
     links: vec![LayoutLink {
       path: format!("{}/mcp-client", layout::CODE_MODE_BIN_DIR),
       target: conn.path.clone(),
