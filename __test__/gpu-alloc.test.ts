@@ -291,8 +291,12 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     await ok(p, a, 'echo kept > a.txt')
     await p.uploadFile({ sandboxId: a, remotePath: `${p.getFileUploadsDir(a)}/u.txt`, content: Buffer.from('up\n') })
     const before = containerOf(n, a)
-    const volumes = (before.Mounts as any[]).filter((m) => m.Type === 'volume').map((m) => m.Name as string)
+    const mounted = (before.Mounts as any[]).filter((m) => m.Type === 'volume').map((m) => m.Name as string)
+    // The sandbox's own volumes; the agent's volume is every sandbox's, mounted but never carried.
+    const agentVolume = mounted.filter((v) => v.startsWith('trueforge-agent-'))
+    const volumes = mounted.filter((v) => !v.startsWith('trueforge-agent-'))
     expect(volumes.length).toBeGreaterThanOrEqual(2)
+    expect(agentVolume).toHaveLength(1)
     engineCli(['stop', '-t', '1', before.Id])
     const b = (await p.createSandbox()).sandboxId
     expect(gpusOf(n, b)).toEqual(['r0'])
@@ -302,7 +306,7 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     expect(after.HostConfig.ReadonlyRootfs).toBe(true)
     // The same volumes, and no new ones.
     const volumesOf = (c: any) => (c.Mounts as any[]).filter((m) => m.Type === 'volume').map((m) => m.Name as string).sort()
-    expect(volumesOf(after)).toEqual([...volumes].sort())
+    expect(volumesOf(after)).toEqual([...mounted].sort())
     // A second move carries them again (and still names them all for removal).
     engineCli(['stop', '-t', '1', after.Id])
     const c = (await p.createSandbox()).sandboxId
@@ -311,10 +315,11 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     expect(await ok(p, a, `cat a.txt; echo $NVIDIA_VISIBLE_DEVICES`)).toBe('kept\nr0\n')
     const again = containerOf(n, a)
     expect(again.Id).not.toBe(after.Id)
-    expect(volumesOf(again)).toEqual([...volumes].sort())
+    expect(volumesOf(again)).toEqual([...mounted].sort())
     expect(again.Config.Labels['trueforge.sandbox.carried-volumes'].split(',').sort()).toEqual([...volumes].sort())
     expect(await p.removeSandbox(a)).toBe(true)
     for (const v of volumes) expect(engineHas('volume', v)).toBe(false)
+    expect(engineHas('volume', agentVolume[0])).toBe(true)
     p.dispose()
     cleanup(n)
   }, 180_000)

@@ -64,6 +64,10 @@ pub fn kind_of(mode: libc::mode_t) -> FileKind {
 
 /// A typed error for an OS error met while working on `path`.
 fn io_error(path: &str, e: &io::Error) -> AgentError {
+  // Opening a Unix socket (or a device with no driver) fails with ENXIO: it is no regular file.
+  if e.raw_os_error() == Some(libc::ENXIO) {
+    return not_regular(path, FileKind::Socket);
+  }
   let (kind, why) = match e.raw_os_error().unwrap_or(0) {
     libc::ENOENT => (ErrorKind::NotFound, "no such file or directory"),
     libc::EISDIR => (ErrorKind::IsDirectory, "is a directory"),

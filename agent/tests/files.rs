@@ -267,6 +267,16 @@ async fn fifos_devices_and_directories_are_refused_without_blocking() {
       other => panic!("{other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(2));
+    // A Unix socket cannot even be opened (ENXIO): it is refused as one.
+    let sock = t.path("sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    match c.download_bytes(down(&sock, None)).await {
+      Err(ClientError::Agent(e)) => {
+        assert_eq!(e.kind, ErrorKind::NotRegularFile, "{mode}");
+        assert_eq!(e.file_kind, Some(FileKind::Socket));
+      }
+      other => panic!("{other:?}"),
+    }
     assert_eq!(
       kind_of(c.download_bytes(down("/dev/zero", None)).await),
       ErrorKind::NotRegularFile
