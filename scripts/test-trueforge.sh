@@ -225,6 +225,31 @@ step "typecheck: trueforge-sdk (tsc over the hand-written union types)" \
   node_modules/.bin/tsc -p packages/trueforge-sdk/tsconfig.json --noEmit --typeRoots "$types_node"
 note "typecheck trueforge-sdk: $(find "$work/packages/trueforge-sdk/src" -name '*.ts' | wc -l) files, 0 errors (${step_secs}s)"
 
+# The SDK's own tests (vitest: wire tests against a mock server, and unit tests). The package is out
+# of the workspace, so its test tools (the versions its package.json names) come from npm into the
+# tools folder, once, and are linked in for this step.
+sdk="$work/packages/trueforge-sdk"
+sdk_tools="$tools_dir/sdk-tests"
+sdk_want=$(node -p "const d = require('$sdk/package.json').devDependencies;
+  ['vitest', 'msw', 'typescript', '@types/node'].map((n) => n + '@' + d[n]).join(' ')")
+if [ "$(cat "$sdk_tools/.installed" 2>/dev/null)" != "$sdk_want" ]; then
+  rm -rf "$sdk_tools" && mkdir -p "$sdk_tools"
+  # shellcheck disable=SC2086 # a list of package specs
+  (cd "$sdk_tools" && echo '{"private":true}' >package.json && npm install --no-audit --no-fund --silent $sdk_want &&
+    echo "$sdk_want" >.installed) >"$logs/sdk-tools.log" 2>&1 || true
+fi
+if [ -f "$sdk_tools/.installed" ]; then
+  ln -sfn "$sdk_tools/node_modules" "$sdk/node_modules"
+  NO_COLOR=1 step "SDK tests: trueforge-sdk (vitest, wire and unit)" \
+    bash -c 'cd packages/trueforge-sdk && node_modules/.bin/vitest run'
+  rm -f "$sdk/node_modules"
+  sdk_counts="$(grep -E '^ +Test Files' "$step_log" | tail -n 1 | sed -E 's/^ +Test Files +/files: /'); $(grep -E '^ +Tests ' "$step_log" | tail -n 1 | sed -E 's/^ +Tests +/tests: /')"
+  note "SDK tests (vitest, $sdk_want): $sdk_counts (${step_secs}s)"
+  say "$sdk_counts"
+else
+  sdk_skipped="the SDK's vitest tests: could not install $sdk_want (log $logs/sdk-tools.log)"
+fi
+
 printf '\n==> lint: eslint packages/trueforge-core packages/trueforge\n'
 t0=$SECONDS
 set +e
@@ -329,9 +354,10 @@ note "end to end: $e2e ($((SECONDS - t0))s)"
 # --- what cannot run here
 skipped=(
   "trueforge-ui and frontend (install, typecheck, vitest): their locked @assistant-ui/core 0.2.22 and @truefoundry/assistant-ui-runtime 0.1.21 are not served by the registry, so they stay out of the workspace; patch 6's UI changes and tests are written, not run"
-  "SDK generation (Fern, pnpm sdk:generate): the generator needs its CLI and network access; patch 6's SDK types are hand-written to the regenerated OpenAPI and type-checked above; the SDK's vitest wire tests need its dev dependencies, which are out of the workspace"
+  "SDK generation (Fern, pnpm sdk:generate): the generator needs its CLI and network access; patch 6's SDK types are hand-written to the regenerated OpenAPI, type-checked and tested above"
   "store contract suites on Postgres (pnpm test:store:postgres): need a Postgres server"
 )
+[ -z "${sdk_skipped:-}" ] || skipped+=("$sdk_skipped")
 if command -v helm >/dev/null 2>&1; then
   step "helm lint + template (dockerSandbox values)" bash -c \
     'helm lint charts/trueforge --values charts/trueforge/ci/lint-values.yaml && helm template t charts/trueforge --values charts/trueforge/ci/lint-values.yaml --set dockerSandbox.socketHostPath=/var/run/docker.sock,dockerSandbox.host=tcp://engine:2376 >/dev/null'
