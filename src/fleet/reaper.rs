@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
-use bollard::models::ContainerSummary;
+use bollard::models::{ContainerSummary, ContainerSummaryStateEnum};
 
 use crate::engine::{claim, Engine};
 use crate::gpu::GpuPlacement;
@@ -47,22 +47,11 @@ pub async fn reap(
   placement: &dyn Placement,
   log: &Logger,
 ) -> Result<Vec<String>> {
-  let filters = HashMap::from([
-    (
-      "label".to_string(),
-      vec![
-        labels::ours(),
-        labels::filter(labels::LABEL_NAMESPACE, namespace),
-      ],
-    ),
-    (
-      "status".to_string(),
-      vec!["exited".into(), "created".into(), "dead".into()],
-    ),
-  ]);
-  let list = engine
-    .list_containers("list sandbox containers", true, false, filters)
-    .await?;
+  let labels = vec![
+    labels::ours(),
+    labels::filter(labels::LABEL_NAMESPACE, namespace),
+  ];
+  let list = stopped(engine, "list sandbox containers", labels).await?;
   let now = now_secs();
   let mut removed = Vec::new();
   for c in list {
@@ -81,6 +70,35 @@ pub async fn reap(
     let _ = crate::images::work::reap_forgotten(engine).await;
   }
   Ok(removed)
+}
+
+/// The containers carrying `labels` that are not running (created, exited, dead …). Filtered
+/// here, not by the engine's `status` filter: Podman 4 refuses the whole list for a state it
+/// does not know (`dead`).
+async fn stopped(
+  engine: &Engine,
+  operation: &str,
+  labels: Vec<String>,
+) -> Result<Vec<ContainerSummary>> {
+  let filters = HashMap::from([("label".to_string(), labels)]);
+  let list = engine
+    .list_containers(operation, true, false, filters)
+    .await?;
+  Ok(
+    list
+      .into_iter()
+      .filter(|c| {
+        !matches!(
+          c.state,
+          Some(
+            ContainerSummaryStateEnum::RUNNING
+              | ContainerSummaryStateEnum::PAUSED
+              | ContainerSummaryStateEnum::RESTARTING
+          )
+        )
+      })
+      .collect(),
+  )
 }
 
 /// A sandbox container found stale.
@@ -202,24 +220,12 @@ pub async fn reap_standalone(
 /// stopped. A probe runs for seconds and its maker removes it; a running one is left alone
 /// (removal is not forced), as is any other namespace's. Best effort.
 async fn reap_probes(engine: &Engine, namespace: &str) {
-  let filters = HashMap::from([
-    (
-      "label".to_string(),
-      vec![
-        labels::ours(),
-        labels::filter(labels::LABEL_NAMESPACE, namespace),
-        LABEL_PROBE.to_string(),
-      ],
-    ),
-    (
-      "status".to_string(),
-      vec!["exited".into(), "created".into(), "dead".into()],
-    ),
-  ]);
-  let Ok(list) = engine
-    .list_containers("list probe containers", true, false, filters)
-    .await
-  else {
+  let labels = vec![
+    labels::ours(),
+    labels::filter(labels::LABEL_NAMESPACE, namespace),
+    LABEL_PROBE.to_string(),
+  ];
+  let Ok(list) = stopped(engine, "list probe containers", labels).await else {
     return;
   };
   let now = crate::util::timestamps::now_ms();
