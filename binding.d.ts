@@ -65,8 +65,10 @@ export declare function codeModeClient(): NativeCodeModeClient
 export declare function describeEndpoint(dockerHost?: string | undefined | null): any
 
 /**
- * How the engine is reached and what it says about itself (`/version` and `/info`), for
- * `doctor`: `{ endpoint: { host, source, tls, verify, clientCert, describe }, version, info }`.
+ * How the engine is reached and what it says about itself (`/version` and `/info`), and the
+ * image-work leases on it, for `doctor`: `{ endpoint: { host, source, tls, verify, clientCert,
+ * describe }, apiVersion, version, info, imageWork, imageWorkError }` (`imageWork` is `null`
+ * and `imageWorkError` says why when they could not be listed).
  */
 export declare function engineReport(options: NativeAdminOptions): Promise<any>
 
@@ -75,6 +77,12 @@ export declare function engineReport(options: NativeAdminOptions): Promise<any>
  * without TLS options) holds in this process; null when this process has not connected to it.
  */
 export declare function engineStats(dockerHost?: string | undefined | null): NativeEngineStats | null
+
+/**
+ * The image-work leases on the engine (`admin::LeaseInfo` objects); engine-wide, whatever the
+ * namespace options say.
+ */
+export declare function listImageWorkLeases(options: NativeAdminOptions): Promise<any>
 
 /** This package's sandboxes (`admin::SandboxInfo` objects). */
 export declare function listSandboxes(options: NativeAdminOptions): Promise<any>
@@ -253,6 +261,14 @@ export interface NativeReapOptions {
  * provider's default delete interval); returns their ids. No provider needed (for cron).
  */
 export declare function reapSandboxes(options: NativeReapOptions): Promise<Array<string>>
+
+/**
+ * Removes image-work leases: those named (`trueforge-imagework-<hash>`), or, with `names`
+ * absent, every one whose work failed or whose holder died, last written at least
+ * `olderThanMinutes` ago (default 0). A lease whose holder is at work is never removed.
+ * `[{ kind, container, image, outcome: 'removed' | 'not-found' | 'in-use' }]`.
+ */
+export declare function removeImageWorkLeases(options: NativeAdminOptions, names?: Array<string> | undefined | null, olderThanMinutes?: number | undefined | null): Promise<any>
 
 /** Removes the sandboxes with these ids; `[{ sandboxId, outcome: 'removed' | 'not-found' }]`. */
 export declare function removeSandboxes(options: NativeAdminOptions, ids: Array<string>): Promise<any>

@@ -7,14 +7,15 @@
 const fs = require('node:fs')
 const path = require('node:path')
 
-const { native, parseArgs, adminOptions, colour, bytes, tty } = require('./common')
+const { native, parseArgs, adminOptions, colour, ago, short, bytes, tty } = require('./common')
 
 const USAGE = `usage: trueforge-docker-sandbox doctor [--docker-host H] [--image I] [--network N] [--namespace N] [--json]
 
 Checks, one line each (ok / warn / fail, with the fix): how the engine is reached (socket, TLS,
 SSH, context) and that it answers, its version and API, rootless or not, cgroup version and
 driver, storage driver and free space on its data root, the default seccomp profile, the OCI
-runtimes (runsc …), GPU support (nvidia runtime, CDI specs and their devices), the image
+runtimes (runsc …), GPU support (nvidia runtime, CDI specs and their devices), the image-work
+leases failed or interrupted pulls and builds left on the engine, the image
 (default trueforge-sandbox:2) and what its probe found, and a test sandbox created, exec'd,
 transferred and removed, with timings. Exit code 0 only when nothing fails.`
 
@@ -124,6 +125,8 @@ async function run(argv, out) {
     'ok',
     `${podman ? 'Podman' : 'Docker Engine'} ${v.Version ?? '?'}, API ${v.ApiVersion ?? '?'} (negotiated ${report.apiVersion}), ${v.Os ?? '?'}/${v.Arch ?? '?'}`,
   )
+
+  imageWork(report, add)
 
   const sec = info.SecurityOptions || []
   const rootless = sec.some((s) => s.includes('name=rootless'))
@@ -269,6 +272,29 @@ async function run(argv, out) {
     provider.dispose()
   }
   return finish(opts, out, checks)
+}
+
+/** The image-work leases: work in progress is fine; a failed or dead one is left behind. */
+function imageWork(report, add) {
+  const name = 'image-work leases'
+  const leases = report.imageWork
+  if (!leases) return add(name, 'warn', `could not list them: ${report.imageWorkError}`)
+  const running = leases.filter((l) => l.state === 'running')
+  const left = leases.filter((l) => l.state !== 'running')
+  const busy = running.length
+    ? `${running.length} pull(s) or build(s) in progress (${running.map((l) => `${l.image} in ${l.holder}`).join(', ')})`
+    : ''
+  if (!left.length) return add(name, 'ok', busy || 'none left by failed or interrupted pulls and builds')
+  const each = left.map(
+    (l) =>
+      `${l.container} (${l.work} of ${l.image}, ${l.state === 'failed' ? 'failed' : 'its server process died'}, last heard ${ago(l.ageSeconds)} ago${l.reason ? `: ${short(l.reason, 160)}` : ''})`,
+  )
+  add(
+    name,
+    'warn',
+    `${left.length} left by failed or interrupted pulls and builds: ${each.join('; ')}${busy ? `; ${busy}` : ''}`,
+    '`trueforge-docker-sandbox rm --image-work` removes them (the reaper does once they are an hour old); fix what made the work fail, then save the sandbox settings again (buildImage() retries)',
+  )
 }
 
 function finish(opts, out, checks) {

@@ -531,9 +531,22 @@ impl Engine {
   /// Removes a stopped container (and its anonymous volumes). `false` when it is gone, or
   /// running again: the engine refuses to remove a running container unforced.
   pub async fn remove_stopped(&self, operation: &str, container: &str) -> Result<bool> {
+    self.remove_unforced(operation, container, true).await
+  }
+
+  /// As `remove_stopped`, but keeping its volumes: another container mounts them now.
+  pub async fn remove_stopped_keeping_volumes(
+    &self,
+    operation: &str,
+    container: &str,
+  ) -> Result<bool> {
+    self.remove_unforced(operation, container, false).await
+  }
+
+  async fn remove_unforced(&self, operation: &str, container: &str, volumes: bool) -> Result<bool> {
     let opts = RemoveContainerOptions {
       force: false,
-      v: true,
+      v: volumes,
       ..Default::default()
     };
     let r = self
