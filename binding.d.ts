@@ -200,8 +200,8 @@ export interface NativeProviderOptions {
   /** Minutes a sandbox may stay stopped before the reaper removes it; 0 = never. Default 7200. */
   autoDeleteIntervalInMinutes?: number
   /**
-   * Linux capabilities kept (all others dropped). Default CHOWN, DAC_OVERRIDE, FOWNER, FSETID,
-   * KILL, SETGID, SETUID, NET_BIND_SERVICE.
+   * Linux capabilities kept (all others dropped), from Docker's default set only. Default
+   * CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE.
    */
   capabilities?: string[]
   /** Set `no-new-privileges`. Default true. */

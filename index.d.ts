@@ -93,7 +93,7 @@ export interface DockerSandboxProviderOptions {
   autoStopIntervalInMinutes?: number
   /** Minutes a sandbox may stay stopped before the reaper removes it; 0 = never. Fractions allowed. Default 7200. */
   autoDeleteIntervalInMinutes?: number
-  /** Linux capabilities kept (all others are dropped). Default CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE. SYS_ADMIN and other escape hatches are refused. */
+  /** Linux capabilities kept (all others are dropped). Default CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE. Only Docker's default set may be kept (those and AUDIT_WRITE, MKNOD, NET_RAW, SETFCAP, SETPCAP, SYS_CHROOT); any other capability, `ALL` or an unknown name is refused with INVALID_OPTION. */
   capabilities?: string[]
   /** Set `no-new-privileges` (setuid binaries cannot gain privileges). Default true. */
   noNewPrivileges?: boolean

@@ -1,6 +1,7 @@
 //! Provider options: parsed from the JavaScript object, validated, defaults applied. Pure logic,
 //! no I/O, so every rule here is unit-tested.
 
+pub mod capabilities;
 pub mod gpus;
 pub mod options;
 
@@ -8,6 +9,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Number, Value};
 
+pub use crate::config::capabilities::DEFAULT_CAPABILITIES;
 pub use crate::config::gpus::Gpus;
 use crate::config::gpus::{parse_gpu_wait, parse_gpus};
 use crate::config::options::{BuildOptions, Given, ProviderOptions, WarmPoolOptions};
@@ -42,33 +44,6 @@ pub const DEFAULT_MEMORY_BYTES: u64 = 8 << 30;
 pub const DEFAULT_PIDS_LIMIT: u64 = 4096;
 /// Default for `network`.
 pub const DEFAULT_NETWORK: &str = "bridge";
-
-/// The capabilities kept by default: what package managers (apt, pip, npm) need to install,
-/// chown and switch users, plus signalling and low ports. Everything else Docker grants by
-/// default is dropped: NET_RAW (spoofing), MKNOD, AUDIT_WRITE, SETFCAP, SETPCAP, SYS_CHROOT.
-pub const DEFAULT_CAPABILITIES: [&str; 8] = [
-  "CHOWN",
-  "DAC_OVERRIDE",
-  "FOWNER",
-  "FSETID",
-  "KILL",
-  "SETGID",
-  "SETUID",
-  "NET_BIND_SERVICE",
-];
-
-/// Capabilities that may never be added: each one is a way out of the container.
-const FORBIDDEN_CAPABILITIES: [&str; 9] = [
-  "SYS_ADMIN",
-  "SYS_MODULE",
-  "SYS_PTRACE",
-  "SYS_RAWIO",
-  "SYS_BOOT",
-  "NET_ADMIN",
-  "DAC_READ_SEARCH",
-  "SYS_TIME",
-  "MAC_ADMIN",
-];
 
 /// Container resource limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,7 +180,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
       o.auto_delete_interval_in_minutes,
       DEFAULT_AUTO_DELETE_MINUTES,
     )?;
-    let capabilities = parse_capabilities(o.capabilities)?;
+    let capabilities = capabilities::parse(o.capabilities)?;
     let no_new_privileges = boolean("noNewPrivileges", o.no_new_privileges, true)?;
     let resources = parse_resources(o.resources)?;
     let network = parse_network(o.network)?;
@@ -461,39 +436,6 @@ fn minutes_of(option: &str, v: Option<Given<Number>>, default: f64) -> Result<Op
     return Ok(None);
   }
   Ok(Some(((m * 60.0).round() as u64).max(1)))
-}
-
-fn parse_capabilities(v: Option<Given<Vec<Given<String>>>>) -> Result<Vec<String>> {
-  let items = typed(v, "capabilities", |v| {
-    format!("expected a list such as ['CHOWN', 'SETUID'], got {v}")
-  })?;
-  let Some(items) = items else {
-    return Ok(DEFAULT_CAPABILITIES.iter().map(|c| c.to_string()).collect());
-  };
-  let mut out = Vec::new();
-  for i in items {
-    let c = must(i, "capabilities", |i| {
-      format!("{i} is not a capability name")
-    })?;
-    let c = c.to_ascii_uppercase();
-    let c = c.strip_prefix("CAP_").unwrap_or(&c).to_string();
-    if c.is_empty() || !c.bytes().all(|b| b.is_ascii_uppercase() || b == b'_') {
-      return Err(bad(
-        "capabilities",
-        format!("{c:?} is not a capability name"),
-      ));
-    }
-    if c == "ALL" || FORBIDDEN_CAPABILITIES.contains(&c.as_str()) {
-      return Err(bad(
-        "capabilities",
-        format!("{c} would let code escape the sandbox; it cannot be granted"),
-      ));
-    }
-    if !out.contains(&c) {
-      out.push(c);
-    }
-  }
-  Ok(out)
 }
 
 fn parse_resources(v: Option<Value>) -> Result<Resources> {
