@@ -38,6 +38,11 @@ export declare class NativeProvider {
   additionalInstructions(): string
   createSandbox(): Promise<string>
   exec(params: NativeExecParams): Promise<NativeExecResult>
+  /**
+   * Throws `SANDBOX_NOT_AVAILABLE` for an id outside the grammar, as every call does before it
+   * looks at its other arguments; for checks the JavaScript layer makes itself.
+   */
+  checkSandboxId(sandboxId: string): void
   uploadFile(sandboxId: string, remotePath: string, content: Buffer): Promise<void>
   downloadFile(sandboxId: string, path: string): Promise<Buffer>
   removeSandbox(sandboxId: string): Promise<boolean>

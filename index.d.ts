@@ -54,9 +54,9 @@ export interface SandboxLogger {
 }
 
 export interface DockerSandboxProviderOptions {
-  /** The image every sandbox runs. Required. */
+  /** The image every sandbox runs: `[registry[:port]/]repository[:tag][@digest]`, the repository lowercase. Required. */
   image: string
-  /** `unix:///path` or `tcp://host:port`. Default: `$DOCKER_HOST`, else `$DOCKER_CONTEXT`, else the Docker config's current context, else `unix:///var/run/docker.sock`. */
+  /** `unix:///path` or `tcp://host:port` (port 1 to 65535, IPv6 in brackets). Default: `$DOCKER_HOST`, else `$DOCKER_CONTEXT`, else the Docker config's current context, else `unix:///var/run/docker.sock`. */
   dockerHost?: string
   /**
    * TLS for a `tcp://` engine: `{ ca, cert, key }` (each a file path or PEM text) and `verify`
@@ -101,7 +101,7 @@ export interface DockerSandboxProviderOptions {
   resources?: { memoryBytes?: number | null; nanoCpus?: number | null; pidsLimit?: number }
   /** `'bridge'`, `'none'` or a user-defined network name (never `host`). Default `'bridge'`. */
   network?: string
-  /** Run commands as this `uid[:gid]` or user name; uploads and the layout then belong to it. Default: the image's user. */
+  /** Run commands as this `uid[:gid]` (each 0 to 4294967294) or user name; uploads and the layout then belong to it. Default: the image's user. */
   user?: string
   /** Make the root filesystem read-only; /workspace and /trueforge (volumes) and /tmp (tmpfs) stay writable. Default false. */
   readOnlyRootfs?: boolean
@@ -109,7 +109,7 @@ export interface DockerSandboxProviderOptions {
   runtime?: string
   /** Recorded as a label; sandboxes of another tenant are not reachable from this provider. Default none. */
   tenantName?: string
-  /** Build the image from a local context through the Engine build API (tag derived from a hash of the context and args). */
+  /** Build the image from a local context (a readable directory when the provider is built) through the Engine build API (tag derived from a hash of the context and args). */
   build?: { context: string; dockerfile?: string; args?: Record<string, string> }
   /** Credentials per registry host, e.g. `{ 'registry.example:5000': { username, password } }` or `{ identityToken }`. */
   registryAuth?: Record<string, { username: string; password: string } | { identityToken: string }>

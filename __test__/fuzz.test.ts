@@ -224,6 +224,8 @@ const MAX_PATH = 3800
 
 /** The path refusal the README documents for `path` (null: the path is acceptable). */
 function pathRefusal(sandboxId: string, path: string, forUpload: boolean): string | null {
+  // A lone UTF-16 surrogate would reach the sandbox as U+FFFD, naming another file.
+  if (/\p{Cs}/u.test(path)) return 'INVALID_PATH'
   if (path === '' || path.includes('\0') || bytes(path) > MAX_PATH) return 'INVALID_PATH'
   if (path.split('/').includes('..')) return 'PATH_TRAVERSAL'
   const full = path.startsWith('/') ? path : `${sandboxId}/${path}`

@@ -65,6 +65,9 @@ pub struct Provider {
 
 impl Provider {
   pub fn new(cfg: ProviderConfig, log: Logger) -> Result<Self> {
+    if let Some(build) = &cfg.build {
+      images::context::check_readable(build)?;
+    }
     let endpoint = engine::effective_endpoint(cfg.docker_host.as_deref(), cfg.tls.as_ref())?;
     let scope = Scope::of(&cfg);
     // GPU discovery, when a restart needs it, runs in the provider's image.
