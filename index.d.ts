@@ -231,7 +231,7 @@ export declare class SandboxPathTraversalError extends SandboxError {
   readonly statusCode: 400
   readonly path: string
 }
-/** A path with a NUL byte, over 3800 bytes, whose parent is a file, or (for uploads) under /dev, /proc or /sys. */
+/** A path with a NUL byte or a lone UTF-16 surrogate, over 3800 bytes, whose parent is a file, or (for uploads) under /dev, /proc or /sys or onto a file the engine mounts (/etc/hosts). */
 export declare class SandboxInvalidPathError extends SandboxError {
   constructor(message: string, path: string)
   readonly path: string
@@ -239,6 +239,12 @@ export declare class SandboxInvalidPathError extends SandboxError {
 /** Download of a device, FIFO, socket or other non-regular file. */
 export declare class SandboxNotRegularFileError extends SandboxError {
   constructor(message: string, path: string)
+  readonly path: string
+}
+/** Download of a file that was rewritten while it was read, on every try (`code` `'FILE_CHANGED'`). */
+export declare class SandboxFileChangedError extends SandboxError {
+  constructor(message: string, path: string)
+  readonly statusCode: 409
   readonly path: string
 }
 /** The Docker engine could not be reached, timed out, or refused the request. */

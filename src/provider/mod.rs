@@ -300,9 +300,8 @@ impl Provider {
   ) -> Result<Relay> {
     let (engine, target) = self.target(sandbox_id).await?;
     let ro = self.cfg.read_only_rootfs;
-    let unavailable = |reason: String| SandboxError::CodeModeUnavailable { reason };
     self
-      .with_running(&engine, target, unavailable, |t| {
+      .with_running(&engine, target, codemode::relay::never_listened, |t| {
         let (engine, sink, log) = (&engine, sink.clone(), &self.log);
         async move { codemode::launch(engine, &t, socket, ro, sink, log).await }
       })
