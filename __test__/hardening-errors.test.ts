@@ -6,7 +6,13 @@
 // relay (a full disk) as CODE_MODE_START_FAILED; downloads of a file rewritten in place are
 // never INTERNAL "archive stream ended early".
 
-import { DockerSandboxProvider, SandboxError, SandboxInvalidPathError, SandboxNotAvailableError } from '..'
+import {
+  DockerSandboxProvider,
+  SandboxError,
+  SandboxFileChangedError,
+  SandboxInvalidPathError,
+  SandboxNotAvailableError,
+} from '..'
 import { BUSYBOX, DEBIAN, ok, rejection, SandboxTracker, TRUEFORGE, uniqueNamespace } from './helpers'
 
 jest.setTimeout(120_000)
@@ -172,3 +178,27 @@ test('60 downloads of a file rewritten in place are never INTERNAL: its content 
   expect({ unexpected, seen }).toEqual({ unexpected: [], seen })
   expect(seen.content ?? 0).toBeGreaterThan(0)
 }, 120_000)
+
+test('FILE_CHANGED from the binding is SandboxFileChangedError (409), built on the host base class when given', () => {
+  const { fromNative, onHostBase } = require('../errors.js') as {
+    fromNative: (e: unknown, injected?: object) => any
+    onHostBase: (base: new (message?: string) => Error) => object
+  }
+  const message = 'File changed while being read: /f (it was rewritten during each of 4 tries); download it again once nothing writes to it'
+  const native = Object.assign(new Error(message), { code: 'FILE_CHANGED', path: '/f' })
+  const e = fromNative(native)
+  expect(e).toBeInstanceOf(SandboxFileChangedError)
+  expect(e).toBeInstanceOf(SandboxError)
+  expect({ name: e.name, statusCode: e.statusCode, code: e.code, path: e.path, message: e.message }).toEqual({
+    name: 'SandboxFileChangedError',
+    statusCode: 409,
+    code: 'FILE_CHANGED',
+    path: '/f',
+    message,
+  })
+  class HostBase extends Error {}
+  const hosted = fromNative(native, onHostBase(HostBase))
+  expect(hosted).toBeInstanceOf(HostBase)
+  expect(hosted).toBeInstanceOf(SandboxFileChangedError)
+  expect(hosted.statusCode).toBe(409)
+})
