@@ -273,11 +273,15 @@ impl Provider {
     let never_started =
       |text: String| SandboxError::Internal(format!("the command could not be started: {text}"));
     let out = self
-      .with_running(&engine, target, never_started, |t| {
+      .with_running(&engine, target.clone(), never_started, |t| {
         let (engine, req) = (&engine, &req);
         async move { exec::run(engine, &t.container_id, req).await }
       })
-      .await??;
+      .await?;
+    let out = match out {
+      Ok(out) => out,
+      Err(e) => return Err(self.unless_gone(&engine, &target, e).await),
+    };
     if out.timed_out {
       self.log.info(
         "exec timed out",

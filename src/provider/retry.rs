@@ -172,6 +172,23 @@ impl Provider {
     }
   }
 
+  /// `e` from a call that ran in the container, unless the container is gone or being removed
+  /// (the call raced its removal): then `SandboxNotAvailable`.
+  pub(crate) async fn unless_gone(
+    &self,
+    engine: &Engine,
+    target: &Target,
+    e: SandboxError,
+  ) -> SandboxError {
+    if !unclear(&e) {
+      return e;
+    }
+    match container::standing(engine, &self.scope, target).await {
+      Ok(Standing::Removing | Standing::Gone) => not_available(&target.sandbox_id),
+      _ => e,
+    }
+  }
+
   /// Runs `op` on the container; after a `FileNotFound` tells a missing file (the error stands)
   /// from a missing container (`SandboxNotAvailable`) or a replaced one (tried once more). An
   /// unclear error on a container being removed, or gone, is `SandboxNotAvailable` too.
