@@ -154,7 +154,7 @@ export interface CodeModeClientInstall {
  */
 export interface CodeModeTransport {
   getClientInstall(params: { sandboxId: string }): CodeModeClientInstall
-  /** Makes sure a relay serves this sandbox (relaunching a dead one); cheap when one does. Rejects with `code` `CODE_MODE_UNAVAILABLE` when the image has no python3. */
+  /** Makes sure a relay serves this sandbox (relaunching a dead one); cheap when one does. Rejects with `code` `CODE_MODE_UNAVAILABLE` when the image has no python3, `CODE_MODE_START_FAILED` when python3 is there but the relay did not start (a full disk, say). */
   start(params: {
     codeModeDispatcher: CodeModeDispatcher
     sandboxId: string
