@@ -38,6 +38,11 @@ export declare class NativeProvider {
   additionalInstructions(): string
   createSandbox(): Promise<string>
   exec(params: NativeExecParams): Promise<NativeExecResult>
+  /**
+   * Throws `SANDBOX_NOT_AVAILABLE` for an id outside the grammar, as every call does before it
+   * looks at its other arguments; for checks the JavaScript layer makes itself.
+   */
+  checkSandboxId(sandboxId: string): void
   uploadFile(sandboxId: string, remotePath: string, content: Buffer): Promise<void>
   downloadFile(sandboxId: string, path: string): Promise<Buffer>
   removeSandbox(sandboxId: string): Promise<boolean>
@@ -208,8 +213,8 @@ export interface NativeProviderOptions {
   /** Minutes a sandbox may stay stopped before the reaper removes it; 0 = never. Default 7200. */
   autoDeleteIntervalInMinutes?: number
   /**
-   * Linux capabilities kept (all others dropped). Default CHOWN, DAC_OVERRIDE, FOWNER, FSETID,
-   * KILL, SETGID, SETUID, NET_BIND_SERVICE.
+   * Linux capabilities kept (all others dropped), from Docker's default set only. Default
+   * CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE.
    */
   capabilities?: string[]
   /** Set `no-new-privileges`. Default true. */

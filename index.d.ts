@@ -54,9 +54,9 @@ export interface SandboxLogger {
 }
 
 export interface DockerSandboxProviderOptions {
-  /** The image every sandbox runs. Required. */
+  /** The image every sandbox runs: `[registry[:port]/]repository[:tag][@digest]`, the repository lowercase. Required. */
   image: string
-  /** `unix:///path` or `tcp://host:port`. Default: `$DOCKER_HOST`, else `$DOCKER_CONTEXT`, else the Docker config's current context, else `unix:///var/run/docker.sock`. */
+  /** `unix:///path` or `tcp://host:port` (port 1 to 65535, IPv6 in brackets). Default: `$DOCKER_HOST`, else `$DOCKER_CONTEXT`, else the Docker config's current context, else `unix:///var/run/docker.sock`. */
   dockerHost?: string | undefined
   /**
    * TLS for a `tcp://` engine: `{ ca, cert, key }` (each a file path or PEM text) and `verify`
@@ -93,15 +93,15 @@ export interface DockerSandboxProviderOptions {
   autoStopIntervalInMinutes?: number | undefined
   /** Minutes a sandbox may stay stopped before the reaper removes it; 0 = never. Fractions allowed. Default 7200. */
   autoDeleteIntervalInMinutes?: number | undefined
-  /** Linux capabilities kept (all others are dropped). Default CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE. SYS_ADMIN and other escape hatches are refused. */
+  /** Linux capabilities kept (all others are dropped). Default CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE. Only Docker's default set may be kept (those and AUDIT_WRITE, MKNOD, NET_RAW, SETFCAP, SETPCAP, SYS_CHROOT); any other capability, `ALL` or an unknown name is refused with INVALID_OPTION. */
   capabilities?: string[] | undefined
   /** Set `no-new-privileges` (setuid binaries cannot gain privileges). Default true. */
   noNewPrivileges?: boolean | undefined
   /** Resource limits. Defaults: memoryBytes 8 GiB (swap never above it; null = unlimited), nanoCpus unlimited, pidsLimit 4096. */
   resources?: { memoryBytes?: number | null | undefined; nanoCpus?: number | null | undefined; pidsLimit?: number | undefined } | undefined
-  /** `'bridge'`, `'none'` or a user-defined network name (never `host`). Default `'bridge'`. */
+  /** `'bridge'`, `'none'` or a user-defined network name (never `host`). Default: a network the provider makes per namespace and tenant (`trueforge-<namespace>`), inter-container communication off. */
   network?: string | undefined
-  /** Run commands as this `uid[:gid]` or user name; uploads and the layout then belong to it. Default: the image's user. */
+  /** Run commands as this `uid[:gid]` (each 0 to 4294967294) or user name; uploads and the layout then belong to it. Default: the image's user. */
   user?: string | undefined
   /** Make the root filesystem read-only; /workspace and /trueforge (volumes) and /tmp (tmpfs) stay writable. Default false. */
   readOnlyRootfs?: boolean | undefined
@@ -109,8 +109,8 @@ export interface DockerSandboxProviderOptions {
   runtime?: string | undefined
   /** Recorded as a label; sandboxes of another tenant are not reachable from this provider. Default none. */
   tenantName?: string | undefined
-  /** Build the image from a local context through the Engine build API (tag derived from a hash of the context and args). */
-  build?: { context: string; dockerfile?: string | undefined; args?: Record<string, string> | undefined } | undefined
+  /** Build the image from a local context (a readable directory when the provider is built) through the Engine build API (tag derived from a hash of the context and args). */
+  build?: { context: string; dockerfile?: string; args?: Record<string, string> } | undefined
   /** Credentials per registry host, e.g. `{ 'registry.example:5000': { username, password } }` or `{ identityToken }`. */
   registryAuth?: Record<string, { username: string; password: string } | { identityToken: string }> | undefined
   /** Deadline for one engine request that is not a command or a transfer (a hung engine then fails the call). Default 30000. */
@@ -154,7 +154,7 @@ export interface CodeModeClientInstall {
  */
 export interface CodeModeTransport {
   getClientInstall(params: { sandboxId: string }): CodeModeClientInstall
-  /** Makes sure a relay serves this sandbox (relaunching a dead one); cheap when one does. Rejects with `code` `CODE_MODE_UNAVAILABLE` when the image has no python3. */
+  /** Makes sure a relay serves this sandbox (relaunching a dead one); cheap when one does. Rejects with `code` `CODE_MODE_UNAVAILABLE` when the image has no python3, `CODE_MODE_START_FAILED` when python3 is there but the relay did not start (a full disk, say). */
   start(params: {
     codeModeDispatcher: CodeModeDispatcher
     sandboxId: string
@@ -231,7 +231,7 @@ export declare class SandboxPathTraversalError extends SandboxError {
   readonly statusCode: 400
   readonly path: string
 }
-/** A path with a NUL byte, over 3800 bytes, whose parent is a file, or (for uploads) under /dev, /proc or /sys. */
+/** A path with a NUL byte or a lone UTF-16 surrogate, over 3800 bytes, whose parent is a file, or (for uploads) under /dev, /proc or /sys or onto a file the engine mounts (/etc/hosts). */
 export declare class SandboxInvalidPathError extends SandboxError {
   constructor(message: string, path: string)
   readonly path: string
@@ -239,6 +239,12 @@ export declare class SandboxInvalidPathError extends SandboxError {
 /** Download of a device, FIFO, socket or other non-regular file. */
 export declare class SandboxNotRegularFileError extends SandboxError {
   constructor(message: string, path: string)
+  readonly path: string
+}
+/** Download of a file that was rewritten while it was read, on every try (`code` `'FILE_CHANGED'`). */
+export declare class SandboxFileChangedError extends SandboxError {
+  constructor(message: string, path: string)
+  readonly statusCode: 409
   readonly path: string
 }
 /** The Docker engine could not be reached, timed out, or refused the request. */

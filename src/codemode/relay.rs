@@ -135,7 +135,7 @@ pub async fn launch(
   upload(engine, target, read_only).await?;
   let (exec_id, mut output, input) = attach(engine, &target.container_id, socket).await?;
   let mut decoder = Decoder::default();
-  let pid = await_ready(engine, &mut output, &mut decoder).await?;
+  let pid = await_ready(engine, &exec_id, &mut output, &mut decoder).await?;
   let generation = GENERATION.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
   let alive = Arc::new(AtomicBool::new(true));
   let (ended_tx, ended) = watch::channel(false);
@@ -189,6 +189,11 @@ async fn upload(
   match uploaded {
     Ok(()) => Ok(()),
     Err(SandboxError::Engine { status: 404, .. }) => Err(StartError::Gone),
+    Err(SandboxError::Engine { detail, .. }) if detail.contains("no space left on device") => {
+      Err(StartError::Other(SandboxError::CodeModeStartFailed {
+        detail: format!("the relay could not be written into the sandbox: {detail}"),
+      }))
+    }
     Err(e) => Err(StartError::Other(e)),
   }
 }
@@ -244,6 +249,7 @@ async fn attach(
 /// Waits for READY (its pid), keeping what the relay says on stderr in case it fails instead.
 async fn await_ready(
   engine: &Engine,
+  exec_id: &str,
   output: &mut Output,
   decoder: &mut Decoder,
 ) -> std::result::Result<u32, StartError> {
@@ -280,12 +286,9 @@ async fn await_ready(
     }
     Ok(Err(e)) => return Err(StartError::Other(e)),
     Ok(Ok(None)) => {
-      let text = String::from_utf8_lossy(&stderr).trim().to_string();
-      return Err(StartError::NeverStarted(if text.is_empty() {
-        "the Code Mode relay exited before it listened".to_string()
-      } else {
-        text
-      }));
+      let text = String::from_utf8_lossy(&stderr).into_owned();
+      let exit = exit_code(engine, exec_id).await;
+      return Err(StartError::never_started(ended_before_ready(&text, exit)));
     }
     Ok(Ok(Some(p))) => p,
   };
@@ -295,6 +298,67 @@ async fn await_ready(
       .and_then(|v| v["pid"].as_u64())
       .unwrap_or(0) as u32,
   )
+}
+
+/// What the launcher prints, and exits 127 with, when the image has no python3 (`LAUNCHER`):
+/// the one failure that means Code Mode cannot run in this image.
+pub const NO_PYTHON: &str =
+  "python3 is not on PATH in this sandbox image; Code Mode needs Python 3.9 or later";
+const NO_PYTHON_EXIT: i64 = 127;
+
+/// The relay exec's exit code, once the engine reports it ended (it may lag the stream's end).
+async fn exit_code(engine: &Engine, exec_id: &str) -> Option<i64> {
+  for _ in 0..20 {
+    let info = engine
+      .inspect_exec(
+        "inspect the Code Mode relay",
+        exec_id,
+        engine.control_timeout,
+      )
+      .await
+      .ok()?;
+    if info.running != Some(true) {
+      return info.exit_code;
+    }
+    tokio::time::sleep(Duration::from_millis(25)).await;
+  }
+  None
+}
+
+/// What a relay that ended before it listened said: exactly `NO_PYTHON` for the launcher's
+/// own failure; nothing when it said nothing (killed, as by its container's end: the caller
+/// then asks the container); else its last lines of stderr and its exit status (a full disk).
+fn ended_before_ready(stderr: &str, exit: Option<i64>) -> String {
+  if exit == Some(NO_PYTHON_EXIT) && stderr.contains(NO_PYTHON) {
+    return NO_PYTHON.to_string();
+  }
+  let lines: Vec<&str> = stderr
+    .lines()
+    .map(str::trim)
+    .filter(|l| !l.is_empty())
+    .collect();
+  if lines.is_empty() {
+    return String::new();
+  }
+  let said: String = lines[lines.len().saturating_sub(3)..]
+    .join(" | ")
+    .chars()
+    .take(800)
+    .collect();
+  let status = exit.map_or("an unknown status".to_string(), |c| format!("status {c}"));
+  format!("the relay exited with {status} before it listened: {said}")
+}
+
+/// The error for a relay that never listened (after `with_running` tried what it could):
+/// `CodeModeUnavailable` only for an image without python3, else `CodeModeStartFailed`.
+pub fn never_listened(text: String) -> SandboxError {
+  match text.as_str() {
+    NO_PYTHON => SandboxError::CodeModeUnavailable { reason: text },
+    "" => SandboxError::CodeModeStartFailed {
+      detail: "the relay ended before it listened, without a word".into(),
+    },
+    _ => SandboxError::CodeModeStartFailed { detail: text },
+  }
 }
 
 /// Writes replies into the relay's stdin; closing the channel closes the stream. It ends with
@@ -382,5 +446,51 @@ impl Drop for Relay {
   fn drop(&mut self) {
     // Closing the stream ends the relay.
     self.frames.lock().expect("frames").take();
+  }
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn only_the_launchers_own_failure_means_no_python() {
+    assert!(crate::codemode::LAUNCHER.contains(NO_PYTHON));
+    assert!(crate::codemode::LAUNCHER.contains(&format!("exit {NO_PYTHON_EXIT}")));
+    let no_python = ended_before_ready(&format!("{NO_PYTHON}\n"), Some(127));
+    assert_eq!(
+      never_listened(no_python),
+      SandboxError::CodeModeUnavailable {
+        reason: NO_PYTHON.into()
+      }
+    );
+    // The same words with another status are not the launcher's.
+    let other = ended_before_ready(NO_PYTHON, Some(1));
+    assert!(matches!(
+      never_listened(other),
+      SandboxError::CodeModeStartFailed { .. }
+    ));
+    // A full disk: Python's traceback, its last lines kept.
+    let traceback = "Traceback (most recent call last):\n  File \"/trueforge/codemode/relay.py\", line 199, in <module>\n    main()\n  File \"/trueforge/codemode/relay.py\", line 162, in main\n    os.makedirs(directory, mode=0o700, exist_ok=True)\nOSError: [Errno 28] No space left on device: '/trueforge/codemode/run'\n";
+    let e = never_listened(ended_before_ready(traceback, Some(1)));
+    let SandboxError::CodeModeStartFailed { detail } = &e else {
+      panic!("{e:?}")
+    };
+    assert!(detail.starts_with("the relay exited with status 1 before it listened: "));
+    assert!(
+      detail.ends_with("OSError: [Errno 28] No space left on device: '/trueforge/codemode/run'")
+    );
+    assert!(!detail.contains("Traceback"));
+    assert_eq!(e.code(), "CODE_MODE_START_FAILED");
+    assert!(e.to_string().contains("free disk space"));
+    assert_eq!(ended_before_ready(" \n", None), "");
+    assert!(matches!(
+      never_listened(String::new()),
+      SandboxError::CodeModeStartFailed { .. }
+    ));
+    assert_eq!(
+      ended_before_ready("boom\n", None),
+      "the relay exited with an unknown status before it listened: boom"
+    );
   }
 }

@@ -121,8 +121,8 @@ pub struct ProviderOptions {
   /// Minutes a sandbox may stay stopped before the reaper removes it; 0 = never. Default 7200.
   #[napi(ts_type = "number")]
   pub auto_delete_interval_in_minutes: Option<Given<Number>>,
-  /// Linux capabilities kept (all others dropped). Default CHOWN, DAC_OVERRIDE, FOWNER, FSETID,
-  /// KILL, SETGID, SETUID, NET_BIND_SERVICE.
+  /// Linux capabilities kept (all others dropped), from Docker's default set only. Default
+  /// CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE.
   #[napi(ts_type = "string[]")]
   pub capabilities: Option<Given<Vec<Given<String>>>>,
   /// Set `no-new-privileges`. Default true.

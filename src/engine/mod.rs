@@ -328,7 +328,15 @@ impl Engine {
     let r = self
       .control(operation, || self.docker.inspect_container(container, None))
       .await;
-    absent_on(r, &[404])
+    match absent_on(r, &[404]) {
+      // Podman answers for a container it is removing with a 500 "no such container".
+      Err(SandboxError::Engine {
+        status: 500,
+        ref detail,
+        ..
+      }) if detail.contains("no such container") => Ok(None),
+      other => other,
+    }
   }
 
   /// Creates a container (named when `name` is given); returns its id.

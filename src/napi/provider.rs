@@ -15,7 +15,7 @@ use crate::config::ProviderConfig;
 use crate::images::Build;
 use crate::napi::js::{promise, to_js};
 use crate::provider::{ExecOutcome, ExecParams, Provider};
-use crate::sandbox::layout;
+use crate::sandbox::{container, layout};
 use crate::util::logging::{Logger, Sink};
 
 /// Parameters of one exec.
@@ -184,6 +184,15 @@ impl NativeProvider {
         },
       })
     })
+  }
+
+  /// Throws `SANDBOX_NOT_AVAILABLE` for an id outside the grammar, as every call does before it
+  /// looks at its other arguments; for checks the JavaScript layer makes itself.
+  #[napi]
+  pub fn check_sandbox_id(&self, env: &Env, sandbox_id: String) -> napi::Result<()> {
+    container::name_for(&self.inner.config().namespace, &sandbox_id)
+      .map(|_| ())
+      .map_err(|e| to_js(env, e))
   }
 
   #[napi(ts_return_type = "Promise<void>")]

@@ -65,6 +65,9 @@ pub struct Provider {
 
 impl Provider {
   pub fn new(cfg: ProviderConfig, log: Logger) -> Result<Self> {
+    if let Some(build) = &cfg.build {
+      images::context::check_readable(build)?;
+    }
     let endpoint = engine::effective_endpoint(cfg.docker_host.as_deref(), cfg.tls.as_ref())?;
     let scope = Scope::of(&cfg);
     // GPU discovery, when a restart needs it, runs in the provider's image.
@@ -270,11 +273,15 @@ impl Provider {
     let never_started =
       |text: String| SandboxError::Internal(format!("the command could not be started: {text}"));
     let out = self
-      .with_running(&engine, target, never_started, |t| {
+      .with_running(&engine, target.clone(), never_started, |t| {
         let (engine, req) = (&engine, &req);
         async move { exec::run(engine, &t.container_id, req).await }
       })
-      .await??;
+      .await?;
+    let out = match out {
+      Ok(out) => out,
+      Err(e) => return Err(self.unless_gone(&engine, &target, e).await),
+    };
     if out.timed_out {
       self.log.info(
         "exec timed out",
@@ -297,9 +304,8 @@ impl Provider {
   ) -> Result<Relay> {
     let (engine, target) = self.target(sandbox_id).await?;
     let ro = self.cfg.read_only_rootfs;
-    let unavailable = |reason: String| SandboxError::CodeModeUnavailable { reason };
     self
-      .with_running(&engine, target, unavailable, |t| {
+      .with_running(&engine, target, codemode::relay::never_listened, |t| {
         let (engine, sink, log) = (&engine, sink.clone(), &self.log);
         async move { codemode::launch(engine, &t, socket, ro, sink, log).await }
       })

@@ -33,6 +33,9 @@ pub enum SandboxError {
   #[error("Not a regular file ({kind}): {path}; only regular files can be downloaded")]
   NotRegularFile { path: String, kind: String },
 
+  #[error("File changed while being read: {path} (it was rewritten during each of {tries} tries); download it again once nothing writes to it")]
+  FileChanged { path: String, tries: u32 },
+
   #[error("Docker engine at {host} is unreachable ({detail}); check that dockerd runs and that `dockerHost` points at it")]
   EngineUnreachable { host: String, detail: String },
 
@@ -73,6 +76,9 @@ pub enum SandboxError {
   #[error("Code Mode cannot run in this sandbox: {reason}")]
   CodeModeUnavailable { reason: String },
 
+  #[error("Code Mode's relay did not start in this sandbox, though python3 is there: {detail}. Check that the sandbox has free disk space (its root filesystem, /tmp, /trueforge) and memory")]
+  CodeModeStartFailed { detail: String },
+
   #[error("No GPU is free for this sandbox: it needs {wanted} of {total} ({devices}), and {held}; retry once one of those sandboxes stops, or raise `gpuWaitMs`")]
   GpusUnavailable {
     wanted: u32,
@@ -104,6 +110,7 @@ impl SandboxError {
       Self::PathTraversal { .. } => "PATH_TRAVERSAL",
       Self::InvalidPath { .. } => "INVALID_PATH",
       Self::NotRegularFile { .. } => "NOT_REGULAR_FILE",
+      Self::FileChanged { .. } => "FILE_CHANGED",
       Self::EngineUnreachable { .. } => "ENGINE_UNREACHABLE",
       Self::EngineTimeout { .. } => "ENGINE_TIMEOUT",
       Self::EngineTls { .. } => "ENGINE_TLS",
@@ -112,6 +119,7 @@ impl SandboxError {
       Self::ImageNotAvailable { .. } => "IMAGE_NOT_AVAILABLE",
       Self::CreateFailed { .. } => "CREATE_FAILED",
       Self::CodeModeUnavailable { .. } => "CODE_MODE_UNAVAILABLE",
+      Self::CodeModeStartFailed { .. } => "CODE_MODE_START_FAILED",
       Self::GpusUnavailable { .. } => "GPUS_UNAVAILABLE",
       Self::GpuUnsupported { .. } => "GPU_UNSUPPORTED",
       Self::Internal(_) => "INTERNAL",
@@ -130,7 +138,8 @@ impl SandboxError {
       | Self::PathIsDirectory { path }
       | Self::PathTraversal { path }
       | Self::InvalidPath { path, .. }
-      | Self::NotRegularFile { path, .. } => {
+      | Self::NotRegularFile { path, .. }
+      | Self::FileChanged { path, .. } => {
         o.insert("path".into(), json!(path));
       }
       Self::FileTooLarge { path, size, max } => {
