@@ -22,7 +22,7 @@ use crate::sandbox::container::Target;
 use crate::sandbox::exec::StartError;
 use crate::sandbox::transfer;
 use crate::util::errors::SandboxError;
-use crate::util::logging::Logger;
+use crate::util::logging::{Level, Logger};
 
 /// One running relay process and its attached stream.
 pub struct Relay {
@@ -358,9 +358,13 @@ fn spawn_reader(engine: &Engine, mut r: Reader) {
           r.decoder.push(&message);
           outcome = r.drain();
         }
-        Some(Ok(LogOutput::StdErr { message })) => r.log.warn(
+        Some(Ok(LogOutput::StdErr { message })) => r.log.sandbox_text(
+          Level::Warn,
           "Code Mode relay stderr",
-          json!({ "sandboxId": r.sandbox_id, "text": String::from_utf8_lossy(&message) }),
+          &r.sandbox_id,
+          "text",
+          &message,
+          json!({ "sandboxId": r.sandbox_id }),
         ),
         Some(Ok(_)) => {}
         Some(Err(e)) => outcome = Err(e.to_string()),
@@ -368,6 +372,7 @@ fn spawn_reader(engine: &Engine, mut r: Reader) {
     }
     r.alive.store(false, Ordering::SeqCst);
     let _ = r.ended.send(true);
+    Logger::sandbox_text_ended(&r.sandbox_id);
     let why = outcome
       .err()
       .unwrap_or_else(|| "the stream closed".to_string());

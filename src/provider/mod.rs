@@ -25,7 +25,7 @@ use crate::sandbox::exec::{self, ExecRequest};
 use crate::sandbox::layout;
 use crate::sandbox::transfer;
 use crate::util::errors::{Result, SandboxError};
-use crate::util::logging::Logger;
+use crate::util::logging::{Level, Logger};
 
 /// How long `createSandbox()` waits for an absent image to be pulled or built.
 const IMAGE_WAIT: Duration = Duration::from_secs(30 * 60);
@@ -232,13 +232,17 @@ impl Provider {
       Ok(o) => Ok(o),
       Err(e @ SandboxError::SandboxNotAvailable { .. }) => Err(e),
       Err(e) => {
-        self.log.warn(
+        let error = e.to_string();
+        // The error may carry the command's early output, which the sandbox controls.
+        self.log.sandbox_text(
+          Level::Warn,
           "exec failed",
-          json!({ "sandboxId": p.sandbox_id, "error": e.to_string() }),
+          &p.sandbox_id,
+          "error",
+          error.as_bytes(),
+          json!({ "sandboxId": p.sandbox_id }),
         );
-        Ok(ExecOutcome::Failed {
-          error: e.to_string(),
-        })
+        Ok(ExecOutcome::Failed { error })
       }
     }
   }
