@@ -11,7 +11,7 @@ use serde_json::json;
 
 use std::sync::{Arc, Mutex};
 
-use crate::codemode::{self, Launcher, Relay, RequestSink};
+use crate::codemode::{self, Budget, Intake, Launcher, Pool, Relay};
 use crate::config::{Gpus, ProviderConfig};
 use crate::engine::runtime::Hold;
 use crate::engine::{self, Engine};
@@ -60,6 +60,8 @@ pub struct Provider {
   lease: Mutex<Option<Arc<reaper::Lease>>>,
   /// This provider's claim on its engine, taken on the first call; `dispose()` gives it back.
   hold: Mutex<Option<Hold>>,
+  /// The Code Mode request bytes all of this provider's relays may hold at once.
+  code_mode_pool: Arc<Pool>,
   disposed: std::sync::atomic::AtomicBool,
 }
 
@@ -74,7 +76,12 @@ impl Provider {
       Box::pin(async move { Ok(images::source(&cfg).await?.reference) })
     });
     let placement = Arc::new(GpuPlacement::new(StartSettings::of(&cfg, image)));
+    let code_mode_pool = Pool::new(
+      cfg.code_mode_inflight.per_provider as usize,
+      codemode::budget::PROVIDER_OPTION,
+    );
     Ok(Self {
+      code_mode_pool,
       cfg,
       scope,
       endpoint,
@@ -297,15 +304,21 @@ impl Provider {
     &self,
     sandbox_id: &str,
     socket: &str,
-    sink: RequestSink,
+    intake: Intake,
   ) -> Result<Relay> {
     let (engine, target) = self.target(sandbox_id).await?;
     let ro = self.cfg.read_only_rootfs;
     let unavailable = |reason: String| SandboxError::CodeModeUnavailable { reason };
+    let budget = Budget::new(
+      &engine,
+      sandbox_id,
+      self.cfg.code_mode_inflight.per_sandbox as usize,
+      self.code_mode_pool.clone(),
+    );
     self
       .with_running(&engine, target, unavailable, |t| {
-        let (engine, sink, log) = (&engine, sink.clone(), &self.log);
-        async move { codemode::launch(engine, &t, socket, ro, sink, log).await }
+        let (engine, intake, budget, log) = (&engine, intake.clone(), budget.clone(), &self.log);
+        async move { codemode::launch(engine, &t, socket, ro, intake, budget, log).await }
       })
       .await
   }
@@ -432,9 +445,11 @@ impl Provider {
 }
 
 impl Launcher for Provider {
-  async fn launch_relay(&self, sandbox_id: &str, socket: &str, sink: RequestSink) -> Result<Relay> {
+  async fn launch_relay(&self, sandbox_id: &str, socket: &str, intake: Intake) -> Result<Relay> {
     container::name_for(&self.cfg.namespace, sandbox_id)?;
-    self.launch_code_mode_relay(sandbox_id, socket, sink).await
+    self
+      .launch_code_mode_relay(sandbox_id, socket, intake)
+      .await
   }
 }
 
