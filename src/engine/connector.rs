@@ -4,8 +4,8 @@
 //! Each request written resets the count and picks the cap from its method and path; the status
 //! line read says whether the reply is an error (capped lower); a read past the cap fails with
 //! `ReplyTooLarge`, which `Engine::map_error` turns into `EngineReplyTooLarge`. Streamed replies
-//! (archives, logs, attached streams, progress, wait) are not capped by count: the code reading
-//! them bounds what it keeps.
+//! (archives, logs, attached streams, pull and build progress) are not capped by count: the code
+//! reading them bounds what it keeps.
 
 use std::future::Future;
 use std::io::IoSlice;
@@ -99,8 +99,8 @@ fn kind_of(method: &str, path: &str) -> Kind {
     last,
   ) {
     ("POST", "exec", 3, "start") | ("POST", "containers", 3, "attach") => Kind::Hijacked,
+    // A wait is a long poll, but its reply is one small JSON object: it stays capped.
     ("GET", "containers", 3, "archive" | "logs" | "export" | "stats")
-    | ("POST", "containers", 3, "wait")
     | ("POST", "images", 2, "create" | "load")
     | ("POST", "images", _, "push")
     | ("GET", "images", _, "get")
@@ -171,9 +171,8 @@ impl Meter {
     }
     let end = bytes.iter().position(|b| *b == b'\n');
     let take = end.map_or(bytes.len(), |i| i + 1);
-    self
-      .line
-      .extend_from_slice(&bytes[..take.min(LINE_MAX - self.line.len().min(LINE_MAX))]);
+    let room = LINE_MAX.saturating_sub(self.line.len());
+    self.line.extend_from_slice(&bytes[..take.min(room)]);
     if end.is_some() || self.line.len() >= LINE_MAX {
       self.line_done = true;
       let line = String::from_utf8_lossy(&self.line).into_owned();
@@ -448,7 +447,7 @@ mod tests {
       Kind::Whole
     );
     assert_eq!(kind_of("POST", "/v1.41/build?t=x"), Kind::Streamed);
-    assert_eq!(kind_of("POST", "/v1.41/containers/c/wait"), Kind::Streamed);
+    assert_eq!(kind_of("POST", "/v1.41/containers/c/wait"), Kind::Whole);
     assert_eq!(kind_of("GET", "/version"), Kind::Whole);
     assert_eq!(
       kind_of("GET", "/containers/abc/logs?follow=1"),
