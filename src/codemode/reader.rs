@@ -56,11 +56,6 @@ impl Inflight {
     Some(held.relay_id)
   }
 
-  /// Requests handed on and not answered yet.
-  pub(crate) fn len(&self) -> usize {
-    self.0.lock().expect("inflight").held.len()
-  }
-
   fn hold(&self, relay_id: u32, deadline: Instant, claim: Claim) -> u32 {
     let mut p = self.0.lock().expect("inflight");
     let mut seq = p.next;

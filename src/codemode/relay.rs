@@ -63,11 +63,6 @@ impl Relay {
     }
   }
 
-  /// Requests handed on and not answered yet.
-  pub fn requests_in_flight(&self) -> usize {
-    self.inflight.len()
-  }
-
   /// Closes the stream (the relay then removes its socket and exits) and waits for the exec
   /// to end; a relay that outlives that is killed.
   pub async fn stop(&self) {
