@@ -217,6 +217,7 @@ const FROM_CODE = {
   ENGINE_ERROR: (e) => new SandboxEngineError(e.message),
   ENGINE_TLS: (e) => new SandboxEngineError(e.message),
   ENGINE_SSH: (e) => new SandboxEngineError(e.message),
+  ENGINE_REPLY_TOO_LARGE: (e) => new SandboxEngineError(e.message),
   GPUS_UNAVAILABLE: (e) => new SandboxGpuError(e.message, 'GPUS_UNAVAILABLE', e.holders),
   GPU_UNSUPPORTED: (e) => new SandboxGpuError(e.message, 'GPU_UNSUPPORTED', e.holders),
 }

@@ -115,6 +115,14 @@ export interface DockerSandboxProviderOptions {
   registryAuth?: Record<string, { username: string; password: string } | { identityToken: string }> | undefined
   /** Deadline for one engine request that is not a command or a transfer (a hung engine then fails the call). Default 30000. */
   engineTimeoutMs?: number | undefined
+  /**
+   * Code Mode request bytes this process holds at once for one sandbox (all its transports), 64 KiB
+   * to 1 GiB. Further requests wait, unread, until replies free room; one larger than this is
+   * answered with an error to its caller in the sandbox. Default 64 MiB.
+   */
+  codeModeSandboxInflightBytes?: number | undefined
+  /** The same bound for all of this provider's sandboxes together, 64 KiB to 16 GiB. Default 256 MiB. */
+  codeModeProviderInflightBytes?: number | undefined
   /** Keep this many ready sandboxes per configuration (shared in the process). Default: no pool. */
   warmPool?: { size: number } | undefined
   /** Error constructors to throw instead of this package's classes. */

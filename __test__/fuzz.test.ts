@@ -559,6 +559,8 @@ const optionValues: Record<string, fc.Arbitrary<unknown>> = {
   build: fc.oneof(fc.constant({}), fc.record({ context: fc.constantFrom('/nonexistent', '', '.'), dockerfile: fc.constantFrom('Dockerfile', '../D', '/abs', ''), args: fc.dictionary(arbitraryString, arbitraryString, { maxKeys: 2 }) }, { requiredKeys: [] })),
   registryAuth: fc.dictionary(arbitraryString, fc.oneof(fc.record({ username: arbitraryString, password: arbitraryString }), fc.record({ identityToken: arbitraryString }), junkValue), { maxKeys: 2 }),
   engineTimeoutMs: fc.oneof(fc.integer(), fc.constantFrom(1, 600_000, 600_001)),
+  codeModeSandboxInflightBytes: fc.oneof(fc.integer(), fc.constantFrom(65_535, 65_536, 2 ** 30, 2 ** 30 + 1)),
+  codeModeProviderInflightBytes: fc.oneof(fc.integer(), fc.constantFrom(65_535, 2 ** 34, 2 ** 34 + 1)),
   warmPool: fc.oneof(fc.record({ size: fc.oneof(fc.integer({ min: -2, max: 70 }), fc.constant(2.5)) }), junkValue),
   errors: fc.oneof(fc.constant({}), fc.constant({ SandboxNotAvailableError: class extends Error {} }), fc.constant({ Unknown: class extends Error {} }), fc.constant({ SandboxFileNotFoundError: 5 })),
   logger: fc.oneof(fc.constant({}), fc.constant({ info: () => undefined }), fc.constant({ info: 3 }), fc.constant(5)),

@@ -6,16 +6,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bollard::container::LogOutput;
-use bollard::errors::Error as BollardError;
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
-use crate::codemode::frame::{encode, Decoder, KIND_READY, KIND_REPLY, KIND_REQUEST};
-use crate::codemode::session::RequestSink;
+use crate::codemode::budget::Budget;
+use crate::codemode::frame::{encode, Decoder, Event, KIND_READY, KIND_REPLY};
+use crate::codemode::reader::{self, Inflight, Output, Reader};
+use crate::codemode::session::Intake;
 use crate::codemode::{LAUNCHER, RELAY_PATH, RELAY_SOURCE};
 use crate::engine::Engine;
 use crate::sandbox::container::Target;
@@ -28,8 +30,10 @@ use crate::util::logging::Logger;
 pub struct Relay {
   pub(crate) generation: u32,
   frames: Mutex<Option<mpsc::UnboundedSender<Bytes>>>,
+  inflight: Arc<Inflight>,
   alive: Arc<AtomicBool>,
   ended: watch::Receiver<bool>,
+  closing: CancellationToken,
   pid: u32,
   exec_id: String,
   container: String,
@@ -47,9 +51,14 @@ impl Relay {
     self.pid
   }
 
-  pub(crate) fn send(&self, id: u32, payload: &[u8]) -> bool {
+  /// Answers request `seq` (the number the sink was given), giving its bytes back. False when
+  /// it is not awaited any more or the relay is gone.
+  pub(crate) fn send(&self, seq: u32, payload: &[u8]) -> bool {
+    let Some(relay_id) = self.inflight.finish(seq) else {
+      return false;
+    };
     match self.frames.lock().expect("frames").as_ref() {
-      Some(tx) => tx.send(encode(KIND_REPLY, id, payload)).is_ok(),
+      Some(tx) => tx.send(encode(KIND_REPLY, relay_id, payload)).is_ok(),
       None => false,
     }
   }
@@ -57,6 +66,7 @@ impl Relay {
   /// Closes the stream (the relay then removes its socket and exits) and waits for the exec
   /// to end; a relay that outlives that is killed.
   pub async fn stop(&self) {
+    self.closing.cancel();
     self.frames.lock().expect("frames").take();
     let mut ended = self.ended.clone();
     let closed = tokio::time::timeout(Duration::from_secs(3), ended.wait_for(|e| *e))
@@ -122,14 +132,15 @@ impl Relay {
 static GENERATION: AtomicU32 = AtomicU32::new(0);
 
 /// Uploads the relay and starts it in `target`, listening on `socket`. Returns once it
-/// listens. Errors before the relay ran are `StartError`s so the caller can start a stopped
-/// container or re-resolve a stale one.
+/// listens. Its requests go to `intake`, held under `budget`. Errors before the relay ran are
+/// `StartError`s so the caller can start a stopped container or re-resolve a stale one.
 pub async fn launch(
   engine: &Engine,
   target: &Target,
   socket: &str,
   read_only: bool,
-  sink: RequestSink,
+  intake: Intake,
+  budget: Budget,
   log: &Logger,
 ) -> std::result::Result<Relay, StartError> {
   upload(engine, target, read_only).await?;
@@ -140,15 +151,21 @@ pub async fn launch(
   let alive = Arc::new(AtomicBool::new(true));
   let (ended_tx, ended) = watch::channel(false);
   let frames = spawn_writer(engine, input);
-  spawn_reader(
+  let inflight = Arc::new(Inflight::default());
+  let closing = CancellationToken::new();
+  reader::spawn(
     engine,
     Reader {
       output,
       decoder,
-      sink,
+      intake,
+      budget,
+      inflight: inflight.clone(),
+      replies: frames.downgrade(),
       generation,
       alive: alive.clone(),
       ended: ended_tx,
+      closing: closing.clone(),
       sandbox_id: target.sandbox_id.clone(),
       log: log.clone(),
     },
@@ -160,8 +177,10 @@ pub async fn launch(
   Ok(Relay {
     generation,
     frames: Mutex::new(Some(frames)),
+    inflight,
     alive,
     ended,
+    closing,
     pid,
     exec_id,
     container: target.container_id.clone(),
@@ -198,9 +217,6 @@ async fn upload(
   }
 }
 
-type Output = std::pin::Pin<
-  Box<dyn futures_util::Stream<Item = std::result::Result<LogOutput, BollardError>> + Send>,
->;
 type Input = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
 
 /// Starts the relay's exec with its streams attached.
@@ -246,6 +262,9 @@ async fn attach(
   }
 }
 
+/// The largest READY frame taken (its payload is a little JSON).
+const READY_MAX: usize = 64 * 1024;
+
 /// Waits for READY (its pid), keeping what the relay says on stderr in case it fails instead.
 async fn await_ready(
   engine: &Engine,
@@ -259,10 +278,17 @@ async fn await_ready(
       match item {
         Ok(LogOutput::StdOut { message }) => {
           decoder.push(&message);
-          match decoder.next_frame() {
-            Ok(Some(f)) if f.kind == KIND_READY => return Ok(Some(f.payload)),
-            Ok(Some(_)) | Ok(None) => {}
-            Err(e) => return Err(SandboxError::Internal(e)),
+          loop {
+            match decoder.next_event() {
+              // READY is small; anything before it is not for us.
+              Ok(Some(Event::Head(h))) if h.kind == KIND_READY && h.len <= READY_MAX => {
+                decoder.accept()
+              }
+              Ok(Some(Event::Head(_))) => decoder.skip(),
+              Ok(Some(Event::Frame(f))) => return Ok(Some(f.payload)),
+              Ok(None) => break,
+              Err(e) => return Err(SandboxError::Internal(e)),
+            }
           }
         }
         Ok(LogOutput::StdErr { message }) => {
@@ -376,75 +402,10 @@ fn spawn_writer(engine: &Engine, mut input: Input) -> mpsc::UnboundedSender<Byte
   tx
 }
 
-/// What the reader task owns.
-struct Reader {
-  output: Output,
-  decoder: Decoder,
-  sink: RequestSink,
-  pub(crate) generation: u32,
-  alive: Arc<AtomicBool>,
-  ended: watch::Sender<bool>,
-  sandbox_id: String,
-  log: Logger,
-}
-
-impl Reader {
-  /// Hands on every complete request; `Err` (why) when the stream cannot be trusted any more.
-  fn drain(&mut self) -> std::result::Result<(), String> {
-    loop {
-      match self.decoder.next_frame()? {
-        Some(f) if f.kind == KIND_REQUEST => (self.sink)(self.generation, f.id, f.payload),
-        Some(_) => {}
-        None => return Ok(()),
-      }
-    }
-  }
-}
-
-/// Reads requests out of the relay's stdout, handing them to the sink in arrival order, until
-/// the stream ends or the engine's background work is stopped (which also ends the relay, so
-/// its session sees it gone).
-fn spawn_reader(engine: &Engine, mut r: Reader) {
-  engine.shared.background.spawn(|stop| async move {
-    // Requests that came in the same chunk as READY are already in the decoder.
-    let mut outcome = r.drain();
-    while outcome.is_ok() {
-      let next = tokio::select! {
-        next = r.output.next() => next,
-        _ = stop.cancelled() => {
-          outcome = Err("the engine's last provider was disposed".to_string());
-          break;
-        }
-      };
-      match next {
-        None => break,
-        Some(Ok(LogOutput::StdOut { message })) => {
-          r.decoder.push(&message);
-          outcome = r.drain();
-        }
-        Some(Ok(LogOutput::StdErr { message })) => r.log.warn(
-          "Code Mode relay stderr",
-          json!({ "sandboxId": r.sandbox_id, "text": String::from_utf8_lossy(&message) }),
-        ),
-        Some(Ok(_)) => {}
-        Some(Err(e)) => outcome = Err(e.to_string()),
-      }
-    }
-    r.alive.store(false, Ordering::SeqCst);
-    let _ = r.ended.send(true);
-    let why = outcome
-      .err()
-      .unwrap_or_else(|| "the stream closed".to_string());
-    r.log.debug(
-      "Code Mode relay ended",
-      json!({ "sandboxId": r.sandbox_id, "reason": why }),
-    );
-  });
-}
-
 impl Drop for Relay {
   fn drop(&mut self) {
     // Closing the stream ends the relay.
+    self.closing.cancel();
     self.frames.lock().expect("frames").take();
   }
 }

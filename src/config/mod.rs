@@ -30,6 +30,14 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 const MAX_EXEC_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
 /// Caps above 1 GiB would let one call hold that much in the host process.
 const MAX_BYTES_CAP: u64 = 1024 * 1024 * 1024;
+/// Default for `codeModeSandboxInflightBytes`: one request of the largest size Code Mode takes.
+pub const DEFAULT_CODE_MODE_SANDBOX_INFLIGHT: u64 = 64 * 1024 * 1024;
+/// Default for `codeModeProviderInflightBytes`: four sandboxes' worth.
+pub const DEFAULT_CODE_MODE_PROVIDER_INFLIGHT: u64 = 256 * 1024 * 1024;
+/// Smallest in-flight bound accepted: below it ordinary requests would be refused.
+const MIN_INFLIGHT: u64 = 64 * 1024;
+/// Largest `codeModeProviderInflightBytes` accepted.
+const MAX_PROVIDER_INFLIGHT: u64 = 16 * 1024 * 1024 * 1024;
 /// Default for `engineTimeoutMs`.
 pub const DEFAULT_ENGINE_TIMEOUT_MS: u64 = 30_000;
 /// Largest `engineTimeoutMs` accepted: ten minutes.
@@ -107,6 +115,15 @@ pub struct ProviderConfig {
   pub warm_pool_size: u32,
   /// Deadline for one engine request that is not a command or a transfer.
   pub engine_timeout_ms: u64,
+  /// Code Mode request bytes held in the process at once.
+  pub code_mode_inflight: InflightBounds,
+}
+
+/// Bounds on the Code Mode request bytes held at once (`codeMode*InflightBytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InflightBounds {
+  pub per_sandbox: u64,
+  pub per_provider: u64,
 }
 
 pub(crate) fn bad(option: &str, reason: impl Into<String>) -> SandboxError {
@@ -163,6 +180,8 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
       file_max_bytes,
       upload_max_bytes,
       max_output_bytes,
+      engine_timeout_ms,
+      code_mode_inflight,
     } = Sizes::take(&mut o)?;
     let gpus = o.gpus.map(parse_gpus).transpose()?;
     let gpu_devices = gpus::parse_devices(o.gpu_devices, gpus.as_ref())?;
@@ -203,12 +222,6 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
         "cannot be combined with exclusive GPUs: idle pool members would hold GPUs nobody uses",
       ));
     }
-    let engine_timeout_ms = positive_int(
-      "engineTimeoutMs",
-      o.engine_timeout_ms,
-      DEFAULT_ENGINE_TIMEOUT_MS,
-      MAX_ENGINE_TIMEOUT_MS,
-    )?;
     Ok(Self {
       engine_timeout_ms,
       image,
@@ -237,16 +250,20 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
       build,
       registry_auth,
       warm_pool_size,
+      code_mode_inflight,
     })
   }
 }
 
-/// The time and size limits of calls, checked in the order the options are reported.
+/// The time and size limits of calls and engine requests, checked in the order the options are
+/// reported.
 struct Sizes {
   exec_timeout_ms: u64,
   file_max_bytes: u64,
   upload_max_bytes: Option<u64>,
   max_output_bytes: u64,
+  engine_timeout_ms: u64,
+  code_mode_inflight: InflightBounds,
 }
 
 impl Sizes {
@@ -280,11 +297,43 @@ impl Sizes {
         "must be at least 1024 so that head and tail both fit",
       ));
     }
+    let engine_timeout_ms = positive_int(
+      "engineTimeoutMs",
+      o.engine_timeout_ms.take(),
+      DEFAULT_ENGINE_TIMEOUT_MS,
+      MAX_ENGINE_TIMEOUT_MS,
+    )?;
+    let inflight = |option: &str, v, default, max| {
+      let n = positive_int(option, v, default, max)?;
+      if n < MIN_INFLIGHT {
+        return Err(bad(
+          option,
+          format!("{n} is below the minimum {MIN_INFLIGHT}"),
+        ));
+      }
+      Ok(n)
+    };
+    let code_mode_inflight = InflightBounds {
+      per_sandbox: inflight(
+        "codeModeSandboxInflightBytes",
+        o.code_mode_sandbox_inflight_bytes.take(),
+        DEFAULT_CODE_MODE_SANDBOX_INFLIGHT,
+        MAX_BYTES_CAP,
+      )?,
+      per_provider: inflight(
+        "codeModeProviderInflightBytes",
+        o.code_mode_provider_inflight_bytes.take(),
+        DEFAULT_CODE_MODE_PROVIDER_INFLIGHT,
+        MAX_PROVIDER_INFLIGHT,
+      )?,
+    };
     Ok(Self {
       exec_timeout_ms,
       file_max_bytes,
       upload_max_bytes,
       max_output_bytes,
+      engine_timeout_ms,
+      code_mode_inflight,
     })
   }
 }
@@ -768,6 +817,35 @@ mod tests {
     assert_eq!(c.max_output_bytes, 10 << 20);
     assert_eq!(c.gpus, None);
     assert_eq!(c.docker_host, None);
+    assert_eq!(
+      c.code_mode_inflight,
+      InflightBounds {
+        per_sandbox: 64 << 20,
+        per_provider: 256 << 20
+      }
+    );
+  }
+
+  #[test]
+  fn code_mode_inflight_bounds_are_checked() {
+    let c = ProviderConfig::with_image(json!({
+      "codeModeSandboxInflightBytes": 1 << 20, "codeModeProviderInflightBytes": 3u64 << 30
+    }))
+    .unwrap();
+    assert_eq!(c.code_mode_inflight.per_sandbox, 1 << 20);
+    assert_eq!(c.code_mode_inflight.per_provider, 3 << 30);
+    for (option, v) in [
+      ("codeModeSandboxInflightBytes", json!(1024)),
+      ("codeModeSandboxInflightBytes", json!((1u64 << 30) + 1)),
+      ("codeModeSandboxInflightBytes", json!("64MiB")),
+      ("codeModeSandboxInflightBytes", json!(1.5)),
+      ("codeModeProviderInflightBytes", json!(0)),
+      ("codeModeProviderInflightBytes", json!((16u64 << 30) + 1)),
+    ] {
+      let mut o = json!({ "image": "x" });
+      o[option] = v.clone();
+      assert_eq!(err_option(o), option, "{option}: {v}");
+    }
   }
 
   #[test]

@@ -166,6 +166,15 @@ pub struct ProviderOptions {
   /// minutes). Default 30000.
   #[napi(ts_type = "number")]
   pub engine_timeout_ms: Option<Given<Number>>,
+  /// Code Mode request bytes held in this process at once for one sandbox (all its transports),
+  /// 64 KiB to 1 GiB: more requests wait, unread, and one larger than this is refused with an
+  /// error to its caller. Default 64 MiB.
+  #[napi(ts_type = "number")]
+  pub code_mode_sandbox_inflight_bytes: Option<Given<Number>>,
+  /// Code Mode request bytes held in this process at once for all of this provider's sandboxes,
+  /// 64 KiB to 16 GiB; as `codeModeSandboxInflightBytes` otherwise. Default 256 MiB.
+  #[napi(ts_type = "number")]
+  pub code_mode_provider_inflight_bytes: Option<Given<Number>>,
 }
 
 /// The `build` option. Its typings are stated on `ProviderOptions::build`, where `context` can
@@ -269,7 +278,7 @@ mod tests {
   #[test]
   fn field_names_come_from_the_struct_in_camel_case() {
     let names = field_names::<ProviderOptions>();
-    assert_eq!(names.len(), 27);
+    assert_eq!(names.len(), 29);
     assert_eq!(names[0], "image");
     for n in [
       "dockerHost",
@@ -289,7 +298,9 @@ mod tests {
     let (option, reason) = refusal(json!({ "image": "x", "imgae": "y" }));
     assert_eq!(option, "imgae");
     assert!(reason.starts_with("unknown option; known ones are image, dockerHost, tls,"));
-    assert!(reason.ends_with("warmPool, engineTimeoutMs, errors, logger"));
+    assert!(reason.ends_with(
+      "engineTimeoutMs, codeModeSandboxInflightBytes, codeModeProviderInflightBytes, errors, logger"
+    ));
     for name in field_names::<ProviderOptions>() {
       assert!(reason.contains(name), "{name} not listed");
     }

@@ -5,6 +5,7 @@
 //! bounds control-plane calls by a deadline so a hung engine cannot hang a caller.
 
 pub mod claim;
+pub mod connector;
 pub mod credentials;
 pub mod endpoint;
 pub mod runtime;
@@ -107,11 +108,29 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
   } else if host.starts_with("ssh://") {
     crate::engine::ssh::connect(host, timeout, API_DEFAULT_VERSION)?
   } else if let Some(path) = host.strip_prefix("unix://") {
-    Docker::connect_with_unix(path, timeout, API_DEFAULT_VERSION)
-      .map_err(|e| unreachable(e.to_string()))?
+    if !std::path::Path::new(path).exists() {
+      return Err(unreachable(format!("Socket not found: {path}")));
+    }
+    // A connection per request, as bollard's own unix client: nothing pooled goes stale.
+    let socket = connector::UnixConnector(Arc::new(path.into()));
+    connector::docker(
+      socket,
+      "http://localhost",
+      false,
+      timeout,
+      API_DEFAULT_VERSION,
+    )
+    .map_err(|e| unreachable(e.to_string()))?
   } else if let Some(hp) = host.strip_prefix("tcp://") {
-    Docker::connect_with_http(&format!("http://{hp}"), timeout, API_DEFAULT_VERSION)
-      .map_err(|e| unreachable(e.to_string()))?
+    let http = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector::docker(
+      http,
+      &format!("http://{hp}"),
+      false,
+      timeout,
+      API_DEFAULT_VERSION,
+    )
+    .map_err(|e| unreachable(e.to_string()))?
   } else {
     return Err(unreachable("unsupported address".into()));
   };
@@ -242,6 +261,13 @@ impl Engine {
   /// Server answers become `Engine` errors with their status; anything else means we never got
   /// an answer, so the engine is unreachable.
   pub fn map_error(&self, operation: &str, e: BollardError) -> SandboxError {
+    if let Some(r) = connector::reply_too_large(&e) {
+      return SandboxError::EngineReplyTooLarge {
+        host: self.host.to_string(),
+        operation: operation.to_string(),
+        limit: r.limit,
+      };
+    }
     if let Some(tls) = crate::engine::tls::classify(&self.host, self.client_cert, &e) {
       return tls;
     }

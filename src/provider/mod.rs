@@ -11,7 +11,7 @@ use serde_json::json;
 
 use std::sync::{Arc, Mutex};
 
-use crate::codemode::{self, Launcher, Relay, RequestSink};
+use crate::codemode::{self, Budget, Intake, Launcher, Pool, Relay};
 use crate::config::{Gpus, ProviderConfig};
 use crate::engine::runtime::Hold;
 use crate::engine::{self, Engine};
@@ -25,7 +25,7 @@ use crate::sandbox::exec::{self, ExecRequest};
 use crate::sandbox::layout;
 use crate::sandbox::transfer;
 use crate::util::errors::{Result, SandboxError};
-use crate::util::logging::Logger;
+use crate::util::logging::{Level, Logger};
 
 /// How long `createSandbox()` waits for an absent image to be pulled or built.
 const IMAGE_WAIT: Duration = Duration::from_secs(30 * 60);
@@ -60,6 +60,8 @@ pub struct Provider {
   lease: Mutex<Option<Arc<reaper::Lease>>>,
   /// This provider's claim on its engine, taken on the first call; `dispose()` gives it back.
   hold: Mutex<Option<Hold>>,
+  /// The Code Mode request bytes all of this provider's relays may hold at once.
+  code_mode_pool: Arc<Pool>,
   disposed: std::sync::atomic::AtomicBool,
 }
 
@@ -77,7 +79,12 @@ impl Provider {
       Box::pin(async move { Ok(images::source(&cfg).await?.reference) })
     });
     let placement = Arc::new(GpuPlacement::new(StartSettings::of(&cfg, image)));
+    let code_mode_pool = Pool::new(
+      cfg.code_mode_inflight.per_provider as usize,
+      codemode::budget::PROVIDER_OPTION,
+    );
     Ok(Self {
+      code_mode_pool,
       cfg,
       scope,
       endpoint,
@@ -235,13 +242,17 @@ impl Provider {
       Ok(o) => Ok(o),
       Err(e @ SandboxError::SandboxNotAvailable { .. }) => Err(e),
       Err(e) => {
-        self.log.warn(
+        let error = e.to_string();
+        // The error may carry the command's early output, which the sandbox controls.
+        self.log.sandbox_text(
+          Level::Warn,
           "exec failed",
-          json!({ "sandboxId": p.sandbox_id, "error": e.to_string() }),
+          &p.sandbox_id,
+          "error",
+          error.as_bytes(),
+          json!({ "sandboxId": p.sandbox_id }),
         );
-        Ok(ExecOutcome::Failed {
-          error: e.to_string(),
-        })
+        Ok(ExecOutcome::Failed { error })
       }
     }
   }
@@ -300,14 +311,20 @@ impl Provider {
     &self,
     sandbox_id: &str,
     socket: &str,
-    sink: RequestSink,
+    intake: Intake,
   ) -> Result<Relay> {
     let (engine, target) = self.target(sandbox_id).await?;
     let ro = self.cfg.read_only_rootfs;
+    let budget = Budget::new(
+      &engine,
+      sandbox_id,
+      self.cfg.code_mode_inflight.per_sandbox as usize,
+      self.code_mode_pool.clone(),
+    );
     self
       .with_running(&engine, target, codemode::relay::never_listened, |t| {
-        let (engine, sink, log) = (&engine, sink.clone(), &self.log);
-        async move { codemode::launch(engine, &t, socket, ro, sink, log).await }
+        let (engine, intake, budget, log) = (&engine, intake.clone(), budget.clone(), &self.log);
+        async move { codemode::launch(engine, &t, socket, ro, intake, budget, log).await }
       })
       .await
   }
@@ -434,9 +451,11 @@ impl Provider {
 }
 
 impl Launcher for Provider {
-  async fn launch_relay(&self, sandbox_id: &str, socket: &str, sink: RequestSink) -> Result<Relay> {
+  async fn launch_relay(&self, sandbox_id: &str, socket: &str, intake: Intake) -> Result<Relay> {
     container::name_for(&self.cfg.namespace, sandbox_id)?;
-    self.launch_code_mode_relay(sandbox_id, socket, sink).await
+    self
+      .launch_code_mode_relay(sandbox_id, socket, intake)
+      .await
   }
 }
 

@@ -14,6 +14,7 @@ use crate::provider::Provider;
 use crate::sandbox::container::{self, After404, Standing, Target};
 use crate::sandbox::exec::{is_pid_exhaustion, StartError};
 use crate::util::errors::{Result, SandboxError};
+use crate::util::logging::Level;
 
 pub(crate) fn not_available(sandbox_id: &str) -> SandboxError {
   SandboxError::SandboxNotAvailable {
@@ -75,9 +76,13 @@ impl Provider {
         StartError::NeverStarted(text) if !last && !restarted && is_pid_exhaustion(&text) => {
           // Something (a fork bomb) holds every process the sandbox may have: nothing can run
           // until it is gone. Restarting kills it; files are kept.
-          self.log.warn(
+          self.log.sandbox_text(
+            Level::Warn,
             "sandbox out of processes; restarting it",
-            json!({ "sandboxId": id, "engine": text }),
+            &id,
+            "engine",
+            text.as_bytes(),
+            json!({ "sandboxId": id }),
           );
           restarted = true;
           if engine

@@ -60,6 +60,13 @@ pub enum SandboxError {
     seconds: u64,
   },
 
+  #[error("Docker engine at {host} sent more than {limit} bytes in reply to {operation}, so the reply was cut off; a Docker engine does not: check that `dockerHost` points at one, not at another service or a misbehaving proxy")]
+  EngineReplyTooLarge {
+    host: String,
+    operation: String,
+    limit: u64,
+  },
+
   #[error("Docker engine refused {operation} (HTTP {status}): {detail}")]
   Engine {
     operation: String,
@@ -116,6 +123,7 @@ impl SandboxError {
       Self::EngineTls { .. } => "ENGINE_TLS",
       Self::EngineSsh { .. } => "ENGINE_SSH",
       Self::Engine { .. } => "ENGINE_ERROR",
+      Self::EngineReplyTooLarge { .. } => "ENGINE_REPLY_TOO_LARGE",
       Self::ImageNotAvailable { .. } => "IMAGE_NOT_AVAILABLE",
       Self::CreateFailed { .. } => "CREATE_FAILED",
       Self::CodeModeUnavailable { .. } => "CODE_MODE_UNAVAILABLE",
