@@ -54,7 +54,9 @@ async function relayPid(p: Provider, sandboxId: string, socket: string): Promise
 
 test('100 MiB on the relay stderr: at most 100 logger calls and 1 MiB, then one line saying what was dropped', async () => {
   const calls: { level: string; message: string; meta: Record<string, any> }[] = []
-  const record = (level: string) => (message: string, meta: Record<string, any>) => calls.push({ level, message, meta })
+  const record = (level: string) => (message: string, meta?: Record<string, any>) => {
+    calls.push({ level, message, meta: meta ?? {} })
+  }
   const logger = { debug: record('debug'), info: record('info'), warn: record('warn'), error: record('error') }
   const p = new DockerSandboxProvider({ image: DEBIAN, namespace, logger })
   providers.push(p)
