@@ -110,7 +110,7 @@ export interface DockerSandboxProviderOptions {
   /** Recorded as a label; sandboxes of another tenant are not reachable from this provider. Default none. */
   tenantName?: string | undefined
   /** Build the image from a local context (a readable directory when the provider is built) through the Engine build API (tag derived from a hash of the context and args). */
-  build?: { context: string; dockerfile?: string; args?: Record<string, string> } | undefined
+  build?: { context: string; dockerfile?: string | undefined; args?: Record<string, string> | undefined } | undefined
   /** Credentials per registry host, e.g. `{ 'registry.example:5000': { username, password } }` or `{ identityToken }`. */
   registryAuth?: Record<string, { username: string; password: string } | { identityToken: string }> | undefined
   /** Deadline for one engine request that is not a command or a transfer (a hung engine then fails the call). Default 30000. */
