@@ -99,7 +99,7 @@ export interface DockerSandboxProviderOptions {
   noNewPrivileges?: boolean | undefined
   /** Resource limits. Defaults: memoryBytes 8 GiB (swap never above it; null = unlimited), nanoCpus unlimited, pidsLimit 4096. */
   resources?: { memoryBytes?: number | null | undefined; nanoCpus?: number | null | undefined; pidsLimit?: number | undefined } | undefined
-  /** `'bridge'`, `'none'` or a user-defined network name (never `host`). Default: a network the provider makes per namespace and tenant (`trueforge-<namespace>`), inter-container communication off. */
+  /** `'bridge'`, `'none'` or a user-defined network name (never `host`); `'isolated'`: the provider's own even where the engine is not safe with it. Default: a network the provider makes per namespace and tenant (`trueforge-<namespace>`), inter-container communication off (the default bridge on Docker before 20.10.27, which can deadlock with it). */
   network?: string | undefined
   /** Run commands as this `uid[:gid]` (each 0 to 4294967294) or user name; uploads and the layout then belong to it. Default: the image's user. */
   user?: string | undefined

@@ -169,6 +169,10 @@ async function run(argv, out) {
     `${runtimes.join(', ') || 'none listed'} (default ${info.DefaultRuntime ?? '?'})${runtimes.includes('runsc') ? '' : '; gVisor (runsc) not installed — optional, for runtime: "runsc"'}`,
   )
 
+  const [major, minor, patch] = String(v.Version ?? '')
+    .split(/[.+~-]/)
+    .map(Number)
+  const safeDocker = major >= 23 || (major === 20 && minor === 10 && patch >= 27)
   if (opts.network) add('network', 'ok', `sandboxes join ${opts.network} (--network)`)
   else if (podman)
     add(
@@ -176,6 +180,13 @@ async function run(argv, out) {
       'warn',
       'sandboxes join a network per namespace and tenant, isolated from every other network; Podman 4 cannot turn off traffic inside one, so sandboxes of one tenant can reach each other',
       'give each tenant its own tenantName (or namespace)',
+    )
+  else if (!safeDocker)
+    add(
+      'network',
+      'warn',
+      `Docker ${v.Version ?? '?'} can deadlock with many containers coming and going on one user-defined network (moby issue 46661, fixed in 20.10.27 and 23), so sandboxes join the default bridge, where they can reach each other`,
+      "upgrade the engine to 20.10.27, or 23 or later; or set network: 'isolated' to take the risk",
     )
   else add('network', 'ok', 'sandboxes join a network per namespace and tenant with inter-container communication off')
 

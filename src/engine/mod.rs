@@ -57,6 +57,8 @@ pub struct Engine {
   pub podman: bool,
   /// Podman's version (major, minor), when the engine is Podman.
   pub podman_version: Option<(u32, u32)>,
+  /// Docker's own version (major, minor, patch), when the engine is Docker and said it.
+  pub docker_version: Option<(u32, u32, u32)>,
   /// A TLS client certificate in use (TLS errors then say whether one was missing).
   pub client_cert: bool,
   /// Deadline for one control-plane request; a provider sets its own (`engineTimeoutMs`).
@@ -141,6 +143,7 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
     host: host.into(),
     podman: false,
     podman_version: None,
+    docker_version: None,
     client_cert,
     control_timeout: limit,
     shared: shared.clone(),
@@ -153,20 +156,35 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
     )
     .await?;
   // An engine that does not say what it is is taken as Docker.
-  let podman_version = engine
+  let version = engine
     .within(limit, "read the engine version", negotiated.version())
     .await
-    .ok()
-    .and_then(|v| podman_of(&v));
+    .ok();
+  let podman_version = version.as_ref().and_then(podman_of);
+  let docker_version = match podman_version {
+    Some(_) => None,
+    None => version
+      .as_ref()
+      .and_then(|v| v.version.as_deref())
+      .and_then(version_triple),
+  };
   Ok(Engine {
     docker: negotiated,
     host: host.into(),
     podman: podman_version.is_some(),
     podman_version,
+    docker_version,
     client_cert,
     control_timeout: CONTROL_TIMEOUT,
     shared,
   })
+}
+
+/// `20.10.24+dfsg1` as (20, 10, 24).
+pub fn version_triple(v: &str) -> Option<(u32, u32, u32)> {
+  let mut parts = v.split(['.', '-', '+', '~']);
+  let mut next = || parts.next().and_then(|p| p.parse::<u32>().ok());
+  Some((next()?, next()?, next().unwrap_or(0)))
 }
 
 /// Podman's version (major, minor) when `v` lists a Podman component.
