@@ -229,17 +229,13 @@ pub fn forget(engine: &Engine, name: &str) {
     .remove(name);
 }
 
-/// Whether an engine error says a network is missing.
+/// Whether an engine error says our network is missing, or has a twin for a moment (another
+/// process made one too): both mean "settle on the network again and retry".
 pub fn is_missing(e: &SandboxError) -> bool {
   match e {
-    SandboxError::Engine {
-      status: 404,
-      detail,
-      ..
-    }
-    | SandboxError::CreateFailed { detail, .. } => {
+    SandboxError::Engine { detail, .. } | SandboxError::CreateFailed { detail, .. } => {
       let d = detail.to_ascii_lowercase();
-      d.contains("network") && d.contains("not found")
+      d.contains("network") && (d.contains("not found") || d.contains("is ambiguous"))
     }
     _ => false,
   }
