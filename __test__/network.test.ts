@@ -55,14 +55,24 @@ function rules(table: string): string | null {
 }
 
 test('by default, sandboxes join ours where the engine is safe with it, else the default bridge, saying why', async () => {
-  const p = provider(namespace, { network: undefined })
-  const id = await tracker.create(p)
-  if (safeEngine) {
-    expect(networkOf(namespace, id)).toBe(`trueforge-${namespace}`)
-  } else {
-    expect(networkOf(namespace, id)).toBe('bridge')
-    // The logger hears of it on the JavaScript thread, a moment after the create settles.
-    await waitFor(() => /known deadlock with many containers on one user-defined network \(moby issue 46661/.test(logs.join('\n')), 5000, 'the warning')
+  // A fresh process: the warning is said once per engine and process.
+  const dir = mkdtempSync(join(tmpdir(), 'tf-net-default-'))
+  const go = join(dir, 'go')
+  writeFileSync(go, '')
+  try {
+    const r = spawnSync(process.execPath, [join(__dirname, 'fixtures', 'create-one.js'), namespace, go], { encoding: 'utf8', timeout: 60_000 })
+    expect(r.status).toBe(0)
+    const lines = r.stdout.trim().split('\n')
+    const id = lines[lines.length - 1]
+    tracker.ids.add(id)
+    if (safeEngine) {
+      expect(networkOf(namespace, id)).toBe(`trueforge-${namespace}`)
+    } else {
+      expect(networkOf(namespace, id)).toBe('bridge')
+      expect(lines.filter((l) => l.startsWith('WARN ')).join('\n')).toMatch(/known deadlock with many containers on one user-defined network \(moby issue 46661/)
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true })
   }
 })
 
