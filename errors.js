@@ -76,6 +76,15 @@ class SandboxNotRegularFileError extends SandboxError {
   }
 }
 
+// A download of a file that was rewritten while it was read, every time it was tried: a
+// conflict with whatever writes it (409), which a later download may not meet.
+class SandboxFileChangedError extends SandboxError {
+  constructor(message, path) {
+    super(message, 409)
+    this.path = path
+  }
+}
+
 class SandboxEngineError extends SandboxError {
   constructor(message) {
     super(message, 503)
@@ -124,6 +133,7 @@ const REQUEST_ERRORS = {
   },
   SandboxInvalidPathError: { statusCode: 400, fields: ['message', 'path'], message: (m) => m },
   SandboxNotRegularFileError: { statusCode: 400, fields: ['message', 'path'], message: (m) => m },
+  SandboxFileChangedError: { statusCode: 409, fields: ['message', 'path'], message: (m) => m },
 }
 
 /**
@@ -186,7 +196,8 @@ function argumentError(message) {
 
 // How each code the binding sets turns into the error to throw. `make(name, Fallback)` picks
 // the host's constructor of that name when it gave one. Codes not listed here (INTERNAL,
-// IMAGE_NOT_AVAILABLE, CREATE_FAILED, CODE_MODE_UNAVAILABLE, and any added later) are a plain
+// IMAGE_NOT_AVAILABLE, CREATE_FAILED, CODE_MODE_UNAVAILABLE, CODE_MODE_START_FAILED, and any
+// added later) are a plain
 // `SandboxError` with status 500, as the README's error table says: the provider failed, and
 // neither the request nor the engine's availability is to blame.
 const FROM_CODE = {
@@ -198,6 +209,7 @@ const FROM_CODE = {
   PATH_TRAVERSAL: (e, make) => make('SandboxPathTraversalError', SandboxPathTraversalError, e.path),
   INVALID_PATH: (e, make) => make('SandboxInvalidPathError', SandboxInvalidPathError, e.message, e.path),
   NOT_REGULAR_FILE: (e, make) => make('SandboxNotRegularFileError', SandboxNotRegularFileError, e.message, e.path),
+  FILE_CHANGED: (e, make) => make('SandboxFileChangedError', SandboxFileChangedError, e.message, e.path),
   INVALID_OPTION: (e) => optionError(e.option, e.reason),
   INVALID_ARGUMENT: (e) => argumentError(e.message),
   ENGINE_UNREACHABLE: (e) => new SandboxEngineError(e.message),
@@ -205,6 +217,7 @@ const FROM_CODE = {
   ENGINE_ERROR: (e) => new SandboxEngineError(e.message),
   ENGINE_TLS: (e) => new SandboxEngineError(e.message),
   ENGINE_SSH: (e) => new SandboxEngineError(e.message),
+  ENGINE_REPLY_TOO_LARGE: (e) => new SandboxEngineError(e.message),
   GPUS_UNAVAILABLE: (e) => new SandboxGpuError(e.message, 'GPUS_UNAVAILABLE', e.holders),
   GPU_UNSUPPORTED: (e) => new SandboxGpuError(e.message, 'GPU_UNSUPPORTED', e.holders),
 }
@@ -270,6 +283,7 @@ module.exports = {
   SandboxPathTraversalError,
   SandboxInvalidPathError,
   SandboxNotRegularFileError,
+  SandboxFileChangedError,
   SandboxEngineError,
   SandboxGpuError,
   CONTRACT_ERROR_NAMES,

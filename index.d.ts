@@ -10,11 +10,11 @@ export interface SandboxExecParams {
   /** A shell command line, run with `bash -c` when the image has bash, else `sh -c`. */
   command: string
   /** Relative to the sandbox root, or absolute. Default: the sandbox root. */
-  cwd?: string
+  cwd?: string | undefined
   /** Added to the process environment (never spliced into the command). */
-  env?: Record<string, string>
+  env?: Record<string, string> | undefined
   /** Overrides `execTimeoutMs` for this call. */
-  timeoutSeconds?: number
+  timeoutSeconds?: number | undefined
 }
 
 export type SandboxBuildStatus = 'pending' | 'ready' | 'failed'
@@ -37,102 +37,110 @@ export interface InjectedErrors {
    * class for (invalid path, not a regular file, path traversal, …) are then built on it, with
    * their `statusCode`, so they are `instanceof` it too. Engine failures never are.
    */
-  SandboxError?: abstract new (message?: string) => Error
-  SandboxNotAvailableError?: new (sandboxId: string) => Error
-  SandboxFileNotFoundError?: new (path: string) => Error
-  SandboxPathIsDirectoryError?: new (path: string) => Error
-  SandboxFileTooLargeError?: new (path: string, fileSize: number, maxSize: number) => Error
-  SandboxPathTraversalError?: new (path: string) => Error
+  SandboxError?: (abstract new (message?: string) => Error) | undefined
+  SandboxNotAvailableError?: (new (sandboxId: string) => Error) | undefined
+  SandboxFileNotFoundError?: (new (path: string) => Error) | undefined
+  SandboxPathIsDirectoryError?: (new (path: string) => Error) | undefined
+  SandboxFileTooLargeError?: (new (path: string, fileSize: number, maxSize: number) => Error) | undefined
+  SandboxPathTraversalError?: (new (path: string) => Error) | undefined
 }
 
 /** A winston-shaped logger; every method is optional. */
 export interface SandboxLogger {
-  debug?(message: string, meta?: Record<string, unknown>): void
-  info?(message: string, meta?: Record<string, unknown>): void
-  warn?(message: string, meta?: Record<string, unknown>): void
-  error?(message: string, meta?: Record<string, unknown>): void
+  debug?: ((message: string, meta?: Record<string, unknown>) => void) | undefined
+  info?: ((message: string, meta?: Record<string, unknown>) => void) | undefined
+  warn?: ((message: string, meta?: Record<string, unknown>) => void) | undefined
+  error?: ((message: string, meta?: Record<string, unknown>) => void) | undefined
 }
 
 export interface DockerSandboxProviderOptions {
-  /** The image every sandbox runs. Required. */
+  /** The image every sandbox runs: `[registry[:port]/]repository[:tag][@digest]`, the repository lowercase. Required. */
   image: string
-  /** `unix:///path` or `tcp://host:port`. Default: `$DOCKER_HOST`, else `$DOCKER_CONTEXT`, else the Docker config's current context, else `unix:///var/run/docker.sock`. */
-  dockerHost?: string
+  /** `unix:///path` or `tcp://host:port` (port 1 to 65535, IPv6 in brackets). Default: `$DOCKER_HOST`, else `$DOCKER_CONTEXT`, else the Docker config's current context, else `unix:///var/run/docker.sock`. */
+  dockerHost?: string | undefined
   /**
    * TLS for a `tcp://` engine: `{ ca, cert, key }` (each a file path or PEM text) and `verify`
    * (default true; verification needs `ca`); `true` = the files in `$DOCKER_CERT_PATH`; `false` =
    * never TLS. Default: as `DOCKER_TLS_VERIFY`/`DOCKER_TLS`/`DOCKER_CERT_PATH` or the context say.
    */
-  tls?: boolean | { ca?: string; cert?: string; key?: string; verify?: boolean }
+  tls?: boolean | { ca?: string | undefined; cert?: string | undefined; key?: string | undefined; verify?: boolean | undefined } | undefined
   /** Scopes container names and labels; `[a-z0-9-]{1,32}`. Default `'default'`. */
-  namespace?: string
+  namespace?: string | undefined
   /** Default exec timeout in milliseconds. Default 60000. */
-  execTimeoutMs?: number
+  execTimeoutMs?: number | undefined
   /** Cap for `downloadFile`, in bytes (at most 1 GiB). Default 20 MiB, TrueForge's own download limit. */
-  fileMaxBytes?: number
+  fileMaxBytes?: number | undefined
   /** Cap for `uploadFile`, in bytes (uploads are streamed). Default: none beyond what the engine accepts. */
-  uploadMaxBytes?: number
+  uploadMaxBytes?: number | undefined
   /** Cap on one exec's combined output (head and tail kept), in bytes. Default 10 MiB. */
-  maxOutputBytes?: number
+  maxOutputBytes?: number | undefined
   /**
    * GPUs. Like `docker run --gpus`: `'all'`, a count, or device indexes/UUIDs; or CDI device names
    * (`'nvidia.com/gpu=all'`, `['nvidia.com/gpu=0']`; Docker 25+ with CDI enabled, Podman 5+); or
    * `{ count, exclusive: true }`: GPUs no other running sandbox on the engine holds (see README).
    * Default: no GPU.
    */
-  gpus?: 'all' | number | string[] | { count: number; exclusive?: boolean }
+  gpus?: 'all' | number | string[] | { count: number; exclusive?: boolean | undefined } | undefined
   /** The GPUs (indexes, UUIDs or CDI names) exclusive allocation hands out. Default: discovered on the engine host (CDI specs, else `nvidia-smi -L` in a throwaway container). */
-  gpuDevices?: string[]
+  gpuDevices?: string[] | undefined
   /** How long `createSandbox()` waits for exclusive GPUs to free up before `GPUS_UNAVAILABLE`, in ms (at most an hour). Default 0. */
-  gpuWaitMs?: number
+  gpuWaitMs?: number | undefined
   /** Container environment. Default none. */
-  env?: Record<string, string>
+  env?: Record<string, string> | undefined
   /** Extra container labels (the `trueforge.sandbox.` prefix is reserved). Default none. */
-  labels?: Record<string, string>
+  labels?: Record<string, string> | undefined
   /** Minutes without activity (exec, upload, download, a running command) before a sandbox stops itself, even with no server running; 0 = never. Fractions allowed. Default 15. */
-  autoStopIntervalInMinutes?: number
+  autoStopIntervalInMinutes?: number | undefined
   /** Minutes a sandbox may stay stopped before the reaper removes it; 0 = never. Fractions allowed. Default 7200. */
-  autoDeleteIntervalInMinutes?: number
-  /** Linux capabilities kept (all others are dropped). Default CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE. SYS_ADMIN and other escape hatches are refused. */
-  capabilities?: string[]
+  autoDeleteIntervalInMinutes?: number | undefined
+  /** Linux capabilities kept (all others are dropped). Default CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE. Only Docker's default set may be kept (those and AUDIT_WRITE, MKNOD, NET_RAW, SETFCAP, SETPCAP, SYS_CHROOT); any other capability, `ALL` or an unknown name is refused with INVALID_OPTION. */
+  capabilities?: string[] | undefined
   /** Set `no-new-privileges` (setuid binaries cannot gain privileges). Default true. */
-  noNewPrivileges?: boolean
+  noNewPrivileges?: boolean | undefined
   /** Resource limits. Defaults: memoryBytes 8 GiB (swap never above it; null = unlimited), nanoCpus unlimited, pidsLimit 4096. */
-  resources?: { memoryBytes?: number | null; nanoCpus?: number | null; pidsLimit?: number }
-  /** `'bridge'`, `'none'` or a user-defined network name (never `host`). Default `'bridge'`. */
-  network?: string
-  /** Run commands as this `uid[:gid]` or user name; uploads and the layout then belong to it. Default: the image's user. */
-  user?: string
+  resources?: { memoryBytes?: number | null | undefined; nanoCpus?: number | null | undefined; pidsLimit?: number | undefined } | undefined
+  /** `'bridge'`, `'none'` or a user-defined network name (never `host`); `'isolated'`: the provider's own even where the engine is not safe with it. Default: a network the provider makes per namespace and tenant (`trueforge-<namespace>`), inter-container communication off (the default bridge on Docker before 20.10.27, which can deadlock with it). */
+  network?: string | undefined
+  /** Run commands as this `uid[:gid]` (each 0 to 4294967294) or user name; uploads and the layout then belong to it. Default: the image's user. */
+  user?: string | undefined
   /** Make the root filesystem read-only; /workspace and /trueforge (volumes) and /tmp (tmpfs) stay writable. Default false. */
-  readOnlyRootfs?: boolean
+  readOnlyRootfs?: boolean | undefined
   /** OCI runtime, e.g. `'runsc'` (gVisor) or a Kata runtime. Default: the engine's default. */
-  runtime?: string
+  runtime?: string | undefined
   /** Recorded as a label; sandboxes of another tenant are not reachable from this provider. Default none. */
-  tenantName?: string
-  /** Build the image from a local context through the Engine build API (tag derived from a hash of the context and args). */
-  build?: { context: string; dockerfile?: string; args?: Record<string, string> }
+  tenantName?: string | undefined
+  /** Build the image from a local context (a readable directory when the provider is built) through the Engine build API (tag derived from a hash of the context and args). */
+  build?: { context: string; dockerfile?: string | undefined; args?: Record<string, string> | undefined } | undefined
   /** Credentials per registry host, e.g. `{ 'registry.example:5000': { username, password } }` or `{ identityToken }`. */
-  registryAuth?: Record<string, { username: string; password: string } | { identityToken: string }>
+  registryAuth?: Record<string, { username: string; password: string } | { identityToken: string }> | undefined
   /** Deadline for one engine request that is not a command or a transfer (a hung engine then fails the call). Default 30000. */
-  engineTimeoutMs?: number
+  engineTimeoutMs?: number | undefined
+  /**
+   * Code Mode request bytes this process holds at once for one sandbox (all its transports), 64 KiB
+   * to 1 GiB. Further requests wait, unread, until replies free room; one larger than this is
+   * answered with an error to its caller in the sandbox. Default 64 MiB.
+   */
+  codeModeSandboxInflightBytes?: number | undefined
+  /** The same bound for all of this provider's sandboxes together, 64 KiB to 16 GiB. Default 256 MiB. */
+  codeModeProviderInflightBytes?: number | undefined
   /** Keep this many ready sandboxes per configuration (shared in the process). Default: no pool. */
-  warmPool?: { size: number }
+  warmPool?: { size: number } | undefined
   /**
    * Run commands, files and Code Mode through the in-sandbox agent (a static binary this package
    * ships, started in each sandbox through the engine's exec API); `false` uses the engine's exec
    * and archive endpoints for everything. Default true.
    */
-  agent?: boolean
+  agent?: boolean | undefined
   /** Error constructors to throw instead of this package's classes. */
-  errors?: InjectedErrors
+  errors?: InjectedErrors | undefined
   /** Receives the provider's log events. Default: none. */
-  logger?: SandboxLogger
+  logger?: SandboxLogger | undefined
 }
 
 /** A Code Mode request from the sandbox (TrueForge's shapes). */
 export type CodeModeRequest =
   | { op: 'list_tools'; server: string }
-  | { op: 'call_tool'; server: string; tool: string; arguments?: Record<string, unknown> }
+  | { op: 'call_tool'; server: string; tool: string; arguments?: Record<string, unknown> | undefined }
 
 /** The answer to a Code Mode request; `source` says who is at fault. */
 export type CodeModeReply =
@@ -155,7 +163,7 @@ export interface CodeModeClientInstall {
    * With the agent: `/trueforge/codemode/bin/mcp-client-python`, where TrueForge links the
    * Python CLI, since `mcp-client` there is the agent's static client.
    */
-  pathBinSymlink?: string
+  pathBinSymlink?: string | undefined
 }
 
 /**
@@ -164,7 +172,7 @@ export interface CodeModeClientInstall {
  */
 export interface CodeModeTransport {
   getClientInstall(params: { sandboxId: string }): CodeModeClientInstall
-  /** Makes sure a relay serves this sandbox (relaunching a dead one); cheap when one does. Rejects with `code` `CODE_MODE_UNAVAILABLE` when the image has no python3. */
+  /** Makes sure a relay serves this sandbox (relaunching a dead one); cheap when one does. Rejects with `code` `CODE_MODE_UNAVAILABLE` when the image has no python3, `CODE_MODE_START_FAILED` when python3 is there but the relay did not start (a full disk, say). */
   start(params: {
     codeModeDispatcher: CodeModeDispatcher
     sandboxId: string
@@ -264,7 +272,7 @@ export declare class SandboxPathTraversalError extends SandboxError {
   readonly statusCode: 400
   readonly path: string
 }
-/** A path with a NUL byte, over 3800 bytes, whose parent is a file, or (for uploads) under /dev, /proc or /sys. */
+/** A path with a NUL byte or a lone UTF-16 surrogate, over 3800 bytes, whose parent is a file, or (for uploads) under /dev, /proc or /sys or onto a file the engine mounts (/etc/hosts). */
 export declare class SandboxInvalidPathError extends SandboxError {
   constructor(message: string, path: string)
   readonly path: string
@@ -272,6 +280,12 @@ export declare class SandboxInvalidPathError extends SandboxError {
 /** Download of a device, FIFO, socket or other non-regular file. */
 export declare class SandboxNotRegularFileError extends SandboxError {
   constructor(message: string, path: string)
+  readonly path: string
+}
+/** Download of a file that was rewritten while it was read, on every try (`code` `'FILE_CHANGED'`). */
+export declare class SandboxFileChangedError extends SandboxError {
+  constructor(message: string, path: string)
+  readonly statusCode: 409
   readonly path: string
 }
 /** The Docker engine could not be reached, timed out, or refused the request. */
@@ -314,14 +328,14 @@ export interface EngineStats {
  * picks it; an engine reached with `tls` options is not found this way); null when the process
  * has not connected to that engine.
  */
-export declare function engineStats(dockerHost?: string): EngineStats | null
+export declare function engineStats(dockerHost?: string | undefined): EngineStats | null
 
 /** Removes sandboxes of one namespace stopped for at least `olderThanMinutes` (default 7200), without a provider. */
 export declare function reapSandboxes(options?: {
-  namespace?: string
-  dockerHost?: string
-  olderThanMinutes?: number
-  dryRun?: boolean
+  namespace?: string | undefined
+  dockerHost?: string | undefined
+  olderThanMinutes?: number | undefined
+  dryRun?: boolean | undefined
 }): Promise<{ removed: string[] }>
 
 /** A TrueForge sandbox-provider manifest of `type: 'docker'`, as the server stores it (snake_case). */
@@ -330,33 +344,33 @@ export interface TrueForgeDockerManifest {
   /** The image every sandbox runs, e.g. `'trueforge-sandbox:2'`. */
   image: string
   /** Default exec timeout in milliseconds (`execTimeoutMs`). */
-  exec_timeout_ms?: number
+  exec_timeout_ms?: number | undefined
   /** Idle minutes before a sandbox stops itself; 0 = never (`autoStopIntervalInMinutes`). */
-  auto_stop_interval_in_minutes?: number
+  auto_stop_interval_in_minutes?: number | undefined
   /** Minutes stopped before the reaper removes a sandbox; 0 = never (`autoDeleteIntervalInMinutes`). */
-  auto_delete_interval_in_minutes?: number
+  auto_delete_interval_in_minutes?: number | undefined
   /** Like `docker run --gpus`. */
-  gpus?: 'all' | number | string[]
+  gpus?: 'all' | number | string[] | undefined
   /** `[a-z0-9-]{1,32}`; scopes container names and labels. */
-  namespace?: string
+  namespace?: string | undefined
 }
 
 /** What the TrueForge server supplies when it builds a provider. */
 export interface TrueForgeContext {
   /** The tenant (TrueForge's `tenant_id`); recorded on every sandbox. */
-  tenantName?: string
+  tenantName?: string | undefined
   /** The server's sandbox error classes, or its whole errors module, so its `instanceof` checks hold. */
-  errors?: InjectedErrors
+  errors?: InjectedErrors | undefined
   /** The server's (winston) logger. */
-  logger?: SandboxLogger
+  logger?: SandboxLogger | undefined
   /** The server's download limit in bytes (`fileMaxBytes`). */
-  fileMaxBytesForDownload?: number
+  fileMaxBytesForDownload?: number | undefined
   /** The Docker engine address, when not `$DOCKER_HOST` or the local socket. */
-  dockerHost?: string
+  dockerHost?: string | undefined
 }
 
 /** Maps a TrueForge docker manifest and the server's context to provider options; refuses bad fields with `INVALID_OPTION` naming the manifest field. Reaches no engine. */
 export declare function fromTrueForgeManifest(
   manifest: TrueForgeDockerManifest,
-  context?: TrueForgeContext,
+  context?: TrueForgeContext | undefined,
 ): DockerSandboxProviderOptions

@@ -17,6 +17,7 @@ const {
   SandboxPathTraversalError,
   SandboxInvalidPathError,
   SandboxNotRegularFileError,
+  SandboxFileChangedError,
   SandboxEngineError,
   SandboxGpuError,
   CONTRACT_ERROR_NAMES,
@@ -25,7 +26,14 @@ const {
   fromNative,
   translated,
 } = require('./errors.js')
-const { unrepresentable, pickErrors, pickLogger, execParamsError, requireStrings } = require('./validate.js')
+const {
+  unrepresentable,
+  pickErrors,
+  pickLogger,
+  execParamsError,
+  requireStrings,
+  malformedPathError,
+} = require('./validate.js')
 const { DockerCodeModeTransport } = require('./transport.js')
 const { fromTrueForgeManifest } = require('./trueforge.js')
 const { reapSandboxes, engineStats, shapeBuild, forward } = require('./standalone.js')
@@ -140,12 +148,14 @@ class DockerSandboxProvider {
   async downloadFile(p) {
     const { sandboxId, path } = p ?? {}
     requireStrings({ sandboxId, path })
+    this.#refuseMalformedPath(sandboxId, path)
     return this.#call(() => this.#native.downloadFile(sandboxId, path))
   }
 
   async uploadFile(p) {
     const { sandboxId, remotePath, content } = p ?? {}
     requireStrings({ sandboxId, remotePath })
+    this.#refuseMalformedPath(sandboxId, remotePath)
     if (!(content instanceof Uint8Array)) {
       throw argumentError('uploadFile: `content` must be a Buffer or Uint8Array')
     }
@@ -195,6 +205,15 @@ class DockerSandboxProvider {
     return /** @type {any} */ (await this.#call(() => this.#native.agentStatus(sandboxId)))
   }
 
+  // A path the binding would receive altered (a lone surrogate) is refused here, after the id:
+  // every call refuses an id outside the grammar first.
+  #refuseMalformedPath(sandboxId, path) {
+    const malformed = malformedPathError(path, this.#errors)
+    if (!malformed) return
+    this.#call(() => this.#native.checkSandboxId(sandboxId))
+    throw malformed
+  }
+
   #call(fn) {
     return translated(fn, this.#errors)
   }
@@ -214,6 +233,7 @@ module.exports = {
   SandboxPathTraversalError,
   SandboxInvalidPathError,
   SandboxNotRegularFileError,
+  SandboxFileChangedError,
   SandboxEngineError,
   SandboxGpuError,
   CONTRACT_ERROR_NAMES,

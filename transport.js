@@ -13,6 +13,12 @@ const CODE_MODE_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 const PYTHON_CLI_LINK = '/trueforge/codemode/bin/mcp-client-python'
 const MALFORMED_REQUEST = { ok: false, error: 'Malformed Code Mode request', source: 'caller' }
 
+// Each request's values live in V8's heap, where V8 collects them under its own heap limit,
+// far above what one sandbox may hold: a token per request reports their size to V8 as external
+// memory until they are collected, so that large requests are collected promptly instead of
+// piling up.
+const COSTS = new WeakMap()
+
 function traceCarrierOf(v) {
   const out = {}
   const t = v && typeof v === 'object' ? v.trace : undefined
@@ -53,25 +59,30 @@ class DockerCodeModeTransport {
       // The native session holds this callback strongly; a weak link back to the transport lets
       // a transport nobody stopped be collected, and its relay end with it.
       const self = new WeakRef(this)
-      session = this.#native.codeModeSession((generation, id, payload) => {
+      session = this.#native.codeModeSession((cost, generation, id, payload) => {
         const transport = self.deref()
-        if (transport !== undefined) void transport.#onRequest(generation, id, payload)
+        if (transport === undefined) return
+        // Parsed here, at once, so the text is garbage while the dispatcher works.
+        const parsed = parseRequest(payload)
+        // `cost` tells V8 what the request's values hold while they live (see COSTS).
+        if (parsed !== null) COSTS.set(parsed.request, cost)
+        void transport.#onRequest(generation, id, parsed)
       })
       this.#session = session
     }
+    const timeout =
+      typeof requestTimeoutSeconds === 'number' && Number.isFinite(requestTimeoutSeconds) && requestTimeoutSeconds > 0
+        ? requestTimeoutSeconds
+        : undefined
     try {
-      await session.start(sandboxId)
+      // A request not answered within the timeout is answered with an error by the session,
+      // which then gives its bytes back (the client has stopped waiting by then).
+      await session.start(sandboxId, timeout)
     } catch (e) {
       throw fromNative(e, this.#errors)
     }
     const env = { TFY_CM_SOCK: session.socketPath }
-    if (
-      typeof requestTimeoutSeconds === 'number' &&
-      Number.isFinite(requestTimeoutSeconds) &&
-      requestTimeoutSeconds > 0
-    ) {
-      env.TFY_CM_REQUEST_TIMEOUT_SECONDS = String(requestTimeoutSeconds)
-    }
+    if (timeout !== undefined) env.TFY_CM_REQUEST_TIMEOUT_SECONDS = String(timeout)
     return { env }
   }
 
@@ -81,11 +92,11 @@ class DockerCodeModeTransport {
     if (session !== undefined) await session.stop()
   }
 
-  async #onRequest(generation, id, payload) {
+  async #onRequest(generation, id, parsed) {
     const session = this.#session
     let reply
     try {
-      reply = await this.#dispatch(payload)
+      reply = await this.#dispatch(parsed)
     } catch (e) {
       reply = { ok: false, error: e instanceof Error ? e.message : String(e), source: 'internal' }
     }
@@ -109,21 +120,26 @@ class DockerCodeModeTransport {
     ;(this.#session ?? session)?.reply(generation, id, bytes)
   }
 
-  async #dispatch(payload) {
-    let value
-    try {
-      value = JSON.parse(payload.toString('utf8'))
-    } catch {
-      return MALFORMED_REQUEST
-    }
-    const request = parseCodeModeRequest(value)
-    if (request === null) return MALFORMED_REQUEST
+  async #dispatch(parsed) {
+    if (parsed === null) return MALFORMED_REQUEST
     const dispatcher = this.#dispatcher
     if (dispatcher === undefined) {
       return { ok: false, error: 'Code Mode dispatcher is not configured', source: 'internal' }
     }
-    return dispatcher.dispatch({ request, traceCarrier: traceCarrierOf(value) })
+    return dispatcher.dispatch(parsed)
   }
+}
+
+/** The dispatcher's parameters for one request's text, or null when it is malformed. */
+function parseRequest(payload) {
+  let value
+  try {
+    value = JSON.parse(payload)
+  } catch {
+    return null
+  }
+  const request = parseCodeModeRequest(value)
+  return request === null ? null : { request, traceCarrier: traceCarrierOf(value) }
 }
 
 module.exports = { DockerCodeModeTransport }

@@ -4,7 +4,7 @@
 // failure is the TypeError of errors.js (`INVALID_OPTION` naming the option, `INVALID_ARGUMENT`),
 // except exec's, which the contract reports as `{ success: false, error }`.
 
-const { CONTRACT_ERROR_NAMES, onHostBase, optionError, argumentError } = require('./errors.js')
+const { CONTRACT_ERROR_NAMES, onHostBase, optionError, argumentError, fromNative } = require('./errors.js')
 
 const LOG_LEVELS = ['debug', 'info', 'warn', 'error']
 
@@ -138,6 +138,25 @@ function requireStrings(fields) {
   }
 }
 
+// A UTF-16 code unit from U+D800 to U+DFFF that is not half of a pair. In `u` mode a regular
+// expression reads pairs as one code point, so this matches only lone halves.
+const LONE_SURROGATE = /\p{Cs}/u
+
+/**
+ * The path error (`SandboxInvalidPathError`, or the class the host gave for it) for a path
+ * holding a lone UTF-16 surrogate: Rust strings cannot carry one, so it would reach the sandbox
+ * silently replaced by U+FFFD, naming another file. Null when the path is well formed.
+ *
+ * @param {string} path
+ * @param {Record<string, import('./errors').ErrorClass>} injected
+ * @returns {unknown}
+ */
+function malformedPathError(path, injected) {
+  if (!LONE_SURROGATE.test(path)) return null
+  const message = `Invalid path ${JSON.stringify(path)}: it holds a lone UTF-16 surrogate (half of a pair, U+D800 to U+DFFF), which no file name can carry; pass well-formed Unicode`
+  return fromNative({ code: 'INVALID_PATH', message, path }, injected)
+}
+
 function isNonEmptyString(v) {
   return typeof v === 'string' && v.length > 0
 }
@@ -169,5 +188,6 @@ module.exports = {
   pickLogger,
   execParamsError,
   requireStrings,
+  malformedPathError,
   parseCodeModeRequest,
 }

@@ -56,6 +56,7 @@ const DOCUMENTED_CODES = new Set([
   'PATH_TRAVERSAL',
   'INVALID_PATH',
   'NOT_REGULAR_FILE',
+  'FILE_CHANGED',
   'ENGINE_UNREACHABLE',
   'ENGINE_TIMEOUT',
   'ENGINE_ERROR',
@@ -224,6 +225,8 @@ const MAX_PATH = 3800
 
 /** The path refusal the README documents for `path` (null: the path is acceptable). */
 function pathRefusal(sandboxId: string, path: string, forUpload: boolean): string | null {
+  // A lone UTF-16 surrogate would reach the sandbox as U+FFFD, naming another file.
+  if (/\p{Cs}/u.test(path)) return 'INVALID_PATH'
   if (path === '' || path.includes('\0') || bytes(path) > MAX_PATH) return 'INVALID_PATH'
   if (path.split('/').includes('..')) return 'PATH_TRAVERSAL'
   const full = path.startsWith('/') ? path : `${sandboxId}/${path}`
@@ -518,9 +521,10 @@ const junkValue: fc.Arbitrary<unknown> = fc.letrec((tie) => ({
   ),
 })).value
 
+const ALLOWED_CAPS = ['AUDIT_WRITE', 'CHOWN', 'DAC_OVERRIDE', 'FOWNER', 'FSETID', 'KILL', 'MKNOD', 'NET_BIND_SERVICE', 'NET_RAW', 'SETFCAP', 'SETGID', 'SETPCAP', 'SETUID', 'SYS_CHROOT']
 const FORBIDDEN_CAPS = ['SYS_ADMIN', 'SYS_MODULE', 'SYS_PTRACE', 'SYS_RAWIO', 'SYS_BOOT', 'NET_ADMIN', 'DAC_READ_SEARCH', 'SYS_TIME', 'MAC_ADMIN']
 const capName = fc.oneof(
-  fc.constantFrom('CHOWN', 'KILL', 'NET_RAW', 'ALL', 'all', '', ' CHOWN', ...FORBIDDEN_CAPS),
+  fc.constantFrom('CHOWN', 'KILL', 'NET_RAW', 'MKNOD', 'SYSLOG', 'BPF', 'BOGUS', 'ALL', 'all', '', ' CHOWN', ...FORBIDDEN_CAPS),
   fc.constantFrom(...FORBIDDEN_CAPS).chain((c) => fc.constantFrom(c.toLowerCase(), `CAP_${c}`, `cap_${c.toLowerCase()}`, `Cap_${c}`)),
   arbitraryString,
 )
@@ -555,6 +559,8 @@ const optionValues: Record<string, fc.Arbitrary<unknown>> = {
   build: fc.oneof(fc.constant({}), fc.record({ context: fc.constantFrom('/nonexistent', '', '.'), dockerfile: fc.constantFrom('Dockerfile', '../D', '/abs', ''), args: fc.dictionary(arbitraryString, arbitraryString, { maxKeys: 2 }) }, { requiredKeys: [] })),
   registryAuth: fc.dictionary(arbitraryString, fc.oneof(fc.record({ username: arbitraryString, password: arbitraryString }), fc.record({ identityToken: arbitraryString }), junkValue), { maxKeys: 2 }),
   engineTimeoutMs: fc.oneof(fc.integer(), fc.constantFrom(1, 600_000, 600_001)),
+  codeModeSandboxInflightBytes: fc.oneof(fc.integer(), fc.constantFrom(65_535, 65_536, 2 ** 30, 2 ** 30 + 1)),
+  codeModeProviderInflightBytes: fc.oneof(fc.integer(), fc.constantFrom(65_535, 2 ** 34, 2 ** 34 + 1)),
   warmPool: fc.oneof(fc.record({ size: fc.oneof(fc.integer({ min: -2, max: 70 }), fc.constant(2.5)) }), junkValue),
   errors: fc.oneof(fc.constant({}), fc.constant({ SandboxNotAvailableError: class extends Error {} }), fc.constant({ Unknown: class extends Error {} }), fc.constant({ SandboxFileNotFoundError: 5 })),
   logger: fc.oneof(fc.constant({}), fc.constant({ info: () => undefined }), fc.constant({ info: 3 }), fc.constant(5)),
@@ -595,7 +601,8 @@ test('constructor options: constructs, or throws TypeError INVALID_OPTION; escap
         // Documented refusals must never construct.
         expect({ options, network: o.network === 'host' || String(o.network ?? '').startsWith('container:') }).toEqual({ options, network: false })
         const caps: unknown[] = Array.isArray(o.capabilities) ? o.capabilities : []
-        const escalating = caps.filter((c) => typeof c === 'string' && ['ALL', ...FORBIDDEN_CAPS].includes(c.toUpperCase().replace(/^CAP_/, '')))
+        // Only Docker's default set may be kept (README Security).
+        const escalating = caps.filter((c) => typeof c === 'string' && !ALLOWED_CAPS.includes(c.toUpperCase().replace(/^CAP_/, '')))
         expect({ options, escalating }).toEqual({ options, escalating: [] })
         expect(o.labels && Object.keys(o.labels).some((k) => k.startsWith('trueforge.sandbox.'))).toBeFalsy()
       } finally {

@@ -11,6 +11,8 @@ const ADMIN_FUNCTIONS = [
   'listSandboxes',
   'removeSandboxes',
   'removeStoppedSandboxes',
+  'listImageWorkLeases',
+  'removeImageWorkLeases',
   'describeEndpoint',
   'engineReport',
 ]
@@ -85,6 +87,24 @@ function iso(epochSeconds) {
   return epochSeconds == null ? '-' : new Date(epochSeconds * 1000).toISOString().replace(/\.\d{3}Z$/, 'Z')
 }
 
+/** A duration in seconds as `45s`, `3m`, `2h5m` or `1d3h`. */
+function ago(seconds) {
+  const s = Math.max(0, Math.floor(seconds))
+  if (s < 60) return `${s}s`
+  if (s < 3600) return `${Math.floor(s / 60)}m`
+  if (s < 86400) return `${Math.floor(s / 3600)}h${Math.floor((s % 3600) / 60) || ''}${s % 3600 >= 60 ? 'm' : ''}`
+  return `${Math.floor(s / 86400)}d${Math.floor((s % 86400) / 3600) || ''}${s % 86400 >= 3600 ? 'h' : ''}`
+}
+
+/** One line, at most `max` characters. */
+function short(text, max = 100) {
+  const line = String(text ?? '').replace(/\s+/g, ' ')
+  return line.length > max ? `${line.slice(0, max - 1)}…` : line
+}
+
+/** The container name of an image-work lease (src/images/work.rs `lease_name`). */
+const LEASE_NAME = /^trueforge-imagework-[0-9a-f]{32}$/
+
 function bytes(n) {
   if (n == null) return '-'
   const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB']
@@ -97,4 +117,4 @@ function bytes(n) {
   return i === 0 ? `${v} B` : `${v.toFixed(1)} ${units[i]}`
 }
 
-module.exports = { native, parseArgs, ADMIN_SPEC, adminOptions, colour, table, iso, bytes, tty }
+module.exports = { native, parseArgs, ADMIN_SPEC, adminOptions, colour, table, iso, ago, short, bytes, tty, LEASE_NAME }

@@ -7,14 +7,15 @@
 const fs = require('node:fs')
 const path = require('node:path')
 
-const { native, parseArgs, adminOptions, colour, bytes, tty } = require('./common')
+const { native, parseArgs, adminOptions, colour, ago, short, bytes, tty } = require('./common')
 
 const USAGE = `usage: trueforge-docker-sandbox doctor [--docker-host H] [--image I] [--network N] [--namespace N] [--json]
 
 Checks, one line each (ok / warn / fail, with the fix): how the engine is reached (socket, TLS,
 SSH, context) and that it answers, its version and API, rootless or not, cgroup version and
 driver, storage driver and free space on its data root, the default seccomp profile, the OCI
-runtimes (runsc …), GPU support (nvidia runtime, CDI specs and their devices), the image
+runtimes (runsc …), GPU support (nvidia runtime, CDI specs and their devices), the image-work
+leases failed or interrupted pulls and builds left on the engine, the image
 (default trueforge-sandbox:2) and what its probe found, a test sandbox created, exec'd,
 transferred and removed, with timings, and whether its calls went through the in-sandbox agent
 (and why not). Exit code 0 only when nothing fails.`
@@ -126,6 +127,8 @@ async function run(argv, out) {
     `${podman ? 'Podman' : 'Docker Engine'} ${v.Version ?? '?'}, API ${v.ApiVersion ?? '?'} (negotiated ${report.apiVersion}), ${v.Os ?? '?'}/${v.Arch ?? '?'}`,
   )
 
+  imageWork(report, add)
+
   const sec = info.SecurityOptions || []
   const rootless = sec.some((s) => s.includes('name=rootless'))
   add('rootless', 'ok', rootless ? 'rootless engine (containers cannot gain host root)' : 'rootful engine')
@@ -167,6 +170,10 @@ async function run(argv, out) {
     `${runtimes.join(', ') || 'none listed'} (default ${info.DefaultRuntime ?? '?'})${runtimes.includes('runsc') ? '' : '; gVisor (runsc) not installed — optional, for runtime: "runsc"'}`,
   )
 
+  const [major, minor, patch] = String(v.Version ?? '')
+    .split(/[.+~-]/)
+    .map(Number)
+  const safeDocker = major >= 23 || (major === 20 && minor === 10 && patch >= 27)
   if (opts.network) add('network', 'ok', `sandboxes join ${opts.network} (--network)`)
   else if (podman)
     add(
@@ -174,6 +181,13 @@ async function run(argv, out) {
       'warn',
       'sandboxes join a network per namespace and tenant, isolated from every other network; Podman 4 cannot turn off traffic inside one, so sandboxes of one tenant can reach each other',
       'give each tenant its own tenantName (or namespace)',
+    )
+  else if (!safeDocker)
+    add(
+      'network',
+      'warn',
+      `Docker ${v.Version ?? '?'} can deadlock with many containers coming and going on one user-defined network (moby issue 46661, fixed in 20.10.27 and 23), so sandboxes join the default bridge, where they can reach each other`,
+      "upgrade the engine to 20.10.27, or 23 or later; or set network: 'isolated' to take the risk",
     )
   else add('network', 'ok', 'sandboxes join a network per namespace and tenant with inter-container communication off')
 
@@ -293,6 +307,29 @@ function agentCheck(add, st) {
       'build the agent (npm run build:agent) or install a package that carries agent-bin/; see the README, "In-sandbox agent"',
     )
   }
+}
+
+/** The image-work leases: work in progress is fine; a failed or dead one is left behind. */
+function imageWork(report, add) {
+  const name = 'image-work leases'
+  const leases = report.imageWork
+  if (!leases) return add(name, 'warn', `could not list them: ${report.imageWorkError}`)
+  const running = leases.filter((l) => l.state === 'running')
+  const left = leases.filter((l) => l.state !== 'running')
+  const busy = running.length
+    ? `${running.length} pull(s) or build(s) in progress (${running.map((l) => `${l.image} in ${l.holder}`).join(', ')})`
+    : ''
+  if (!left.length) return add(name, 'ok', busy || 'none left by failed or interrupted pulls and builds')
+  const each = left.map(
+    (l) =>
+      `${l.container} (${l.work} of ${l.image}, ${l.state === 'failed' ? 'failed' : 'its server process died'}, last heard ${ago(l.ageSeconds)} ago${l.reason ? `: ${short(l.reason, 160)}` : ''})`,
+  )
+  add(
+    name,
+    'warn',
+    `${left.length} left by failed or interrupted pulls and builds: ${each.join('; ')}${busy ? `; ${busy}` : ''}`,
+    '`trueforge-docker-sandbox rm --image-work` removes them (the reaper does once they are an hour old); fix what made the work fail, then save the sandbox settings again (buildImage() retries)',
+  )
 }
 
 function finish(opts, out, checks) {

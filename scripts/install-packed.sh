@@ -4,7 +4,7 @@
 # its local tarball (as if all were published), so npm itself installs the one whose os/cpu/libc
 # match (or match the --cpu/--os/--libc in NPM_INSTALL_FLAGS) and skips the others.
 # PACKAGES: a folder made by scripts/pack-platforms.sh; without it, the packages are packed into
-# DIR/packages first (the platform packages whose binary is built).
+# DIR/packages first (scripts/pack.sh: the platform packages whose binary is built).
 # Usage: scripts/install-packed.sh DIR [PACKAGES]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -13,7 +13,7 @@ mkdir -p "$dir"
 packages=${2:-}
 if [ -z "$packages" ]; then
   packages="$dir/packages"
-  bash "$root/scripts/pack-platforms.sh" "$packages" >/dev/null
+  bash "$root/scripts/pack.sh" --out "$packages" >/dev/null
 fi
 packages=$(realpath "$packages")
 node - "$dir/package.json" "$packages" <<'EOF'

@@ -6,7 +6,7 @@
 // network's gateway — are Docker's spellings and do not apply to Podman).
 
 import { DockerSandboxProvider } from '../..'
-import { TRUEFORGE, BUSYBOX, containerNameFor, containersInNamespace, DEBIAN, docker, ok, rejection, run, SandboxTracker, sleep, uniqueNamespace } from '../helpers'
+import { TRUEFORGE, BUSYBOX, containerNameFor, containersInNamespace, DEBIAN, docker, LABEL_TEST_NAMESPACE, ok, rejection, run, SandboxTracker, sleep, uniqueNamespace } from '../helpers'
 
 const onPodman = /podman\.sock$/.test(process.env.DOCKER_HOST ?? '')
 const suite = onPodman ? describe : describe.skip
@@ -135,5 +135,20 @@ suite('on Podman (skipped unless DOCKER_HOST is the Podman test socket: npm run 
     } finally {
       await transport.stop()
     }
+  })
+
+  test("reapStale() works (Podman refuses the whole list for a status filter of 'dead'): the stale sandbox goes, a forged one stays", async () => {
+    const p = provider({ autoDeleteIntervalInMinutes: 1 / 60 })
+    const id = await tracker.create(p)
+    docker(['stop', '-t', '1', containerNameFor(namespace, id)])
+    const forged = `tf-podsec-forged-${namespace}`
+    const forgedId = `/workspace/0${'A'.repeat(25)}`
+    docker([
+      'create', '--name', forged, '--label', `${LABEL_TEST_NAMESPACE}=${namespace}`, '--label', 'trueforge.sandbox.managed-by=trueforge-docker-sandbox',
+      '--label', `trueforge.sandbox.namespace=${namespace}`, '--label', `trueforge.sandbox.id=${forgedId}`, BUSYBOX, 'true',
+    ])
+    await sleep(1200)
+    expect((await p.reapStale()).removed).toEqual([id])
+    expect(docker(['inspect', '-f', '{{.State.Status}}', forged])).toBe('created')
   })
 })

@@ -219,12 +219,15 @@ test('a failing RUN ends failed with the last build log lines; buildImage retrie
   p.dispose()
 })
 
-test('a context that is not a directory is refused as an invalid option', async () => {
-  const p = provider({}, '/nonexistent/tf-build-context')
-  const e = await p.buildImage().then(
-    () => null,
-    (err: any) => err,
-  )
-  expect(e).not.toBeNull()
-  expect(String(e.message)).toMatch(/build\.context/)
+test('a context that is not a directory is refused as an invalid option, by the constructor', () => {
+  let e: any = null
+  try {
+    provider({}, '/nonexistent/tf-build-context').dispose()
+  } catch (err) {
+    e = err
+  }
+  expect(e).toBeInstanceOf(TypeError)
+  expect(e.code).toBe('INVALID_OPTION')
+  expect(e.option).toBe('build.context')
+  expect(String(e.message)).toMatch(/\/nonexistent\/tf-build-context: not a readable directory/)
 })

@@ -51,7 +51,10 @@ class DemoTools {
   }
 }
 
-async function agentExec(sandbox: Sandbox, command: string): Promise<{ exitCode: number; out: string; sessionId?: string }> {
+async function agentExec(
+  sandbox: Sandbox,
+  command: string,
+): Promise<{ exitCode: number; out: string; sessionId?: string | undefined }> {
   const r = await sandbox.callTool({ name: SANDBOX_EXEC_TOOL_NAME, arguments: { intent: 'test', command } })
   if (!isCallToolResponseResult(r)) throw new Error(`expected a tool result, got ${JSON.stringify(r)}`)
   const text = (r.result.content[0] as { text?: string }).text ?? ''

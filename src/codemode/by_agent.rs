@@ -15,8 +15,10 @@ use tokio::sync::mpsc;
 use trueforge_agent_proto::client::CodeModeCall;
 use trueforge_agent_proto::msg::CodeModeListenSpec;
 
+use crate::codemode::budget::{Budget, Claim};
 use crate::codemode::relay::{next_generation, Relay};
-use crate::codemode::session::RequestSink;
+use crate::codemode::session::Intake;
+use crate::codemode::MAX_MESSAGE_BYTES;
 use crate::engine::Engine;
 use crate::sandbox::agent::Conn;
 use crate::sandbox::container::Target;
@@ -25,7 +27,7 @@ use crate::util::logging::Logger;
 
 /// What serves a session's socket: the agent, or (without it) the Python relay.
 pub enum Served {
-  Python(Relay),
+  Python(Box<Relay>),
   Agent(AgentRelay),
 }
 
@@ -68,8 +70,8 @@ impl Served {
   }
 }
 
-/// Calls handed to the JavaScript side and not answered yet, by id.
-type Pending = Arc<Mutex<HashMap<u32, CodeModeCall>>>;
+/// Calls handed to the JavaScript side and not answered yet, by id, with the room they hold.
+type Pending = Arc<Mutex<HashMap<u32, (CodeModeCall, Claim)>>>;
 
 /// One session's socket, served by the sandbox's agent.
 pub struct AgentRelay {
@@ -114,13 +116,14 @@ impl Drop for AgentRelay {
 }
 
 /// Opens `socket` in `target` through its agent, as the sandbox's user, and hands its calls to
-/// `sink`.
+/// the session's sink, each once `budget` has room for it.
 pub async fn listen(
   engine: &Engine,
   conn: Arc<Conn>,
   target: &Target,
   socket: &str,
-  sink: RequestSink,
+  intake: Intake,
+  budget: Budget,
   log: &Logger,
 ) -> Result<AgentRelay> {
   let (route, calls) = mpsc::unbounded_channel();
@@ -142,15 +145,13 @@ pub async fn listen(
     calls,
     replies: replies_rx,
   };
-  serve(
-    engine,
-    &conn,
-    socket,
-    channels,
+  let served = Serve {
     generation,
-    sink,
-    stopped.clone(),
-  );
+    intake,
+    budget,
+    stopped: stopped.clone(),
+  };
+  serve(engine, &conn, socket, channels, served);
   log.debug(
     "Code Mode served by the sandbox agent",
     json!({ "sandboxId": target.sandbox_id, "socket": socket }),
@@ -171,17 +172,17 @@ struct Channels {
   replies: mpsc::UnboundedReceiver<(u32, Bytes)>,
 }
 
+/// What a relay's serving task hands each call.
+struct Serve {
+  generation: u32,
+  intake: Intake,
+  budget: Budget,
+  stopped: Arc<AtomicBool>,
+}
+
 /// Carries calls to the sink and replies back until the relay is gone (or the engine's
 /// background work stops); a relay dropped without `stop` has its socket closed here.
-fn serve(
-  engine: &Engine,
-  conn: &Arc<Conn>,
-  socket: &str,
-  mut ch: Channels,
-  generation: u32,
-  sink: RequestSink,
-  stopped: Arc<AtomicBool>,
-) {
+fn serve(engine: &Engine, conn: &Arc<Conn>, socket: &str, mut ch: Channels, s: Serve) {
   let (conn, socket) = (conn.clone(), socket.to_string());
   engine.shared.background.spawn_cancellable(async move {
     let pending = Pending::default();
@@ -191,12 +192,13 @@ fn serve(
         call = ch.calls.recv() => {
           let Some(call) = call else { break };
           next_id = next_id.wrapping_add(1);
-          tokio::spawn(hand_over(call, generation, next_id, sink.clone(), pending.clone()));
+          let (intake, budget, pending) = (s.intake.clone(), s.budget.clone(), pending.clone());
+          tokio::spawn(hand_over(call, s.generation, next_id, intake, budget, pending));
         }
         reply = ch.replies.recv() => {
           let Some((id, bytes)) = reply else { break };
           let call = pending.lock().expect("pending").remove(&id);
-          if let Some(call) = call {
+          if let Some((call, _room)) = call {
             tokio::spawn(async move {
               let _ = call.reply(bytes).await;
             });
@@ -204,26 +206,53 @@ fn serve(
         }
       }
     }
-    // Calls nobody will answer now fail (dropping one fails it).
+    // Calls nobody will answer now fail (dropping one fails it) and give their room back.
     pending.lock().expect("pending").clear();
-    if !stopped.load(Ordering::SeqCst) && !conn.client.is_closed() {
+    if !s.stopped.load(Ordering::SeqCst) && !conn.client.is_closed() {
       let _ = conn.client.code_mode_close(&socket).await;
     }
   });
 }
 
-/// Reads one call's request and hands it to the sink. Its size is known before its bytes are
-/// read: this is where the host's room for in-flight requests is taken.
+/// The reply a caller in the sandbox receives for an error of ours, shaped as its client reads
+/// it.
+fn error_reply(message: &str, source: &str) -> Bytes {
+  Bytes::from(json!({ "ok": false, "error": message, "source": source }).to_string())
+}
+
+/// Takes room for one call (its size is announced before its bytes; an agent that does not say
+/// is taken at the largest size), reads its request, hands it to the sink, and answers it with a
+/// timeout error when no reply came in time. A call over a bound is refused at once.
 async fn hand_over(
   mut call: CodeModeCall,
   generation: u32,
   id: u32,
-  sink: RequestSink,
+  intake: Intake,
+  budget: Budget,
   pending: Pending,
 ) {
+  let size = call.size.map_or(MAX_MESSAGE_BYTES, |s| {
+    usize::try_from(s).unwrap_or(usize::MAX)
+  });
+  if let Some(why) = budget.refusal(size) {
+    let _ = call.reply(error_reply(&why, "caller")).await;
+    return;
+  }
+  // Until there is room, the call's bytes wait in the agent under flow control.
+  let room = budget.claim(size).await;
   let Ok(request) = call.read_request().await else {
     return;
   };
-  pending.lock().expect("pending").insert(id, call);
-  sink(generation, id, request);
+  let timeout = intake.timeout();
+  pending.lock().expect("pending").insert(id, (call, room));
+  (intake.sink)(generation, id, Vec::from(request));
+  tokio::time::sleep(timeout).await;
+  let late = pending.lock().expect("pending").remove(&id);
+  if let Some((call, _room)) = late {
+    let message = format!(
+      "Code Mode request got no reply from the host within {} s",
+      timeout.as_secs_f64()
+    );
+    let _ = call.reply(error_reply(&message, "transport")).await;
+  }
 }

@@ -18,7 +18,25 @@ pub const KIND_REPLY: u8 = 3;
 pub struct Frame {
   pub kind: u8,
   pub id: u32,
-  pub payload: Bytes,
+  pub payload: Vec<u8>,
+}
+
+/// A frame's header, given before its payload is read so that room for it can be found first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+  pub kind: u8,
+  pub id: u32,
+  pub len: usize,
+}
+
+/// What the decoder has next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+  /// A header: `accept` (its payload is then read into memory) or `skip` it (the payload is
+  /// discarded as it arrives) before asking for the next event.
+  Head(Head),
+  /// An accepted frame, whole.
+  Frame(Frame),
 }
 
 /// Encodes one frame.
@@ -31,38 +49,109 @@ pub fn encode(kind: u8, id: u32, payload: &[u8]) -> Bytes {
   out.freeze()
 }
 
-/// Reassembles frames from the stream's chunks, whatever their boundaries.
+#[derive(Default)]
+enum State {
+  #[default]
+  Header,
+  Decide(Head),
+  Body(Head, Vec<u8>),
+  Skip(usize),
+}
+
+/// Reassembles frames from the stream's chunks, whatever their boundaries. Apart from an
+/// accepted payload it holds at most the chunk it was last given.
 #[derive(Default)]
 pub struct Decoder {
   buf: BytesMut,
+  state: State,
 }
 
 impl Decoder {
-  pub fn push(&mut self, chunk: &[u8]) {
+  pub fn push(&mut self, mut chunk: &[u8]) {
+    // Payload bytes go straight where they belong, not through the buffer.
+    if self.buf.is_empty() {
+      match &mut self.state {
+        State::Body(h, payload) => {
+          let n = (h.len - payload.len()).min(chunk.len());
+          payload.extend_from_slice(&chunk[..n]);
+          chunk = &chunk[n..];
+        }
+        State::Skip(left) => {
+          let n = (*left).min(chunk.len());
+          *left -= n;
+          chunk = &chunk[n..];
+        }
+        _ => {}
+      }
+    }
     self.buf.extend_from_slice(chunk);
   }
 
-  /// The next complete frame; `Err` when a header announces more than the limit (the stream
-  /// cannot be trusted after that).
-  pub fn next_frame(&mut self) -> std::result::Result<Option<Frame>, String> {
-    if self.buf.len() < HEADER_LEN {
-      return Ok(None);
+  /// The next event, `None` until more bytes come; `Err` when a header announces more than
+  /// the limit (the stream cannot be trusted after that).
+  pub fn next_event(&mut self) -> std::result::Result<Option<Event>, String> {
+    loop {
+      match &mut self.state {
+        State::Header => {
+          if self.buf.len() < HEADER_LEN {
+            return Ok(None);
+          }
+          let kind = self.buf[0];
+          let id = u32::from_be_bytes(self.buf[1..5].try_into().expect("4 bytes"));
+          let len = u32::from_be_bytes(self.buf[5..9].try_into().expect("4 bytes")) as usize;
+          if len > MAX_MESSAGE_BYTES {
+            return Err(format!(
+              "the relay sent a frame of {len} bytes, over the limit of {MAX_MESSAGE_BYTES}"
+            ));
+          }
+          self.buf.advance(HEADER_LEN);
+          let head = Head { kind, id, len };
+          self.state = State::Decide(head);
+          return Ok(Some(Event::Head(head)));
+        }
+        State::Decide(_) => return Err("a frame header was neither accepted nor skipped".into()),
+        State::Body(h, payload) => {
+          let n = (h.len - payload.len()).min(self.buf.len());
+          payload.extend_from_slice(&self.buf[..n]);
+          self.buf.advance(n);
+          if payload.len() < h.len {
+            return Ok(None);
+          }
+          let State::Body(h, payload) = std::mem::take(&mut self.state) else {
+            unreachable!("matched above")
+          };
+          return Ok(Some(Event::Frame(Frame {
+            kind: h.kind,
+            id: h.id,
+            payload,
+          })));
+        }
+        State::Skip(left) => {
+          let n = (*left).min(self.buf.len());
+          self.buf.advance(n);
+          *left -= n;
+          if *left > 0 {
+            return Ok(None);
+          }
+          self.state = State::Header;
+        }
+      }
     }
-    let kind = self.buf[0];
-    let id = u32::from_be_bytes(self.buf[1..5].try_into().expect("4 bytes"));
-    let len = u32::from_be_bytes(self.buf[5..9].try_into().expect("4 bytes")) as usize;
-    if len > MAX_MESSAGE_BYTES {
-      return Err(format!(
-        "the relay sent a frame of {len} bytes, over the limit of {MAX_MESSAGE_BYTES}"
-      ));
+  }
+
+  /// Reads the payload of the header just given into memory (all of it at once: room for it
+  /// was found before).
+  pub fn accept(&mut self) {
+    if let State::Decide(h) = self.state {
+      self.state = State::Body(h, Vec::with_capacity(h.len));
     }
-    if self.buf.len() < HEADER_LEN + len {
-      self.buf.reserve(HEADER_LEN + len - self.buf.len());
-      return Ok(None);
+  }
+
+  /// Discards the payload of the header just given.
+  pub fn skip(&mut self) {
+    if let State::Decide(h) = self.state {
+      self.state = State::Skip(h.len);
     }
-    self.buf.advance(HEADER_LEN);
-    let payload = self.buf.split_to(len).freeze();
-    Ok(Some(Frame { kind, id, payload }))
   }
 }
 
@@ -70,27 +159,55 @@ impl Decoder {
 mod tests {
   use super::*;
 
+  /// Every frame, each accepted, or each skipped when `skip` says so.
+  fn decode(d: &mut Decoder, skip: impl Fn(&Head) -> bool, out: &mut Vec<Frame>) {
+    while let Some(e) = d.next_event().unwrap() {
+      match e {
+        Event::Head(h) if skip(&h) => d.skip(),
+        Event::Head(_) => d.accept(),
+        Event::Frame(f) => out.push(f),
+      }
+    }
+  }
+
   #[test]
   fn frames_round_trip_across_any_split() {
     let mut wire = Vec::new();
     wire.extend_from_slice(&encode(KIND_READY, 0, b"{\"pid\":7}"));
     wire.extend_from_slice(&encode(KIND_REQUEST, 42, b""));
     wire.extend_from_slice(&encode(KIND_REQUEST, u32::MAX, &[0xff; 3000]));
+    wire.extend_from_slice(&encode(KIND_REQUEST, 9, &[1; 700]));
+    wire.extend_from_slice(&encode(KIND_REPLY, 5, b"tail"));
     for step in [1, 2, 5, 9, 10, 4096] {
       let mut d = Decoder::default();
       let mut got = Vec::new();
       for chunk in wire.chunks(step) {
         d.push(chunk);
-        while let Some(f) = d.next_frame().unwrap() {
-          got.push(f);
-        }
+        decode(&mut d, |h| h.id == 9, &mut got);
       }
-      assert_eq!(got.len(), 3, "split {step}");
+      assert_eq!(got.len(), 4, "split {step}");
       assert_eq!(got[0].kind, KIND_READY);
       assert_eq!(&got[0].payload[..], b"{\"pid\":7}");
       assert_eq!((got[1].kind, got[1].id, got[1].payload.len()), (2, 42, 0));
       assert_eq!((got[2].id, got[2].payload.len()), (u32::MAX, 3000));
+      assert_eq!(
+        (got[3].kind, &got[3].payload[..]),
+        (KIND_REPLY, &b"tail"[..]),
+        "after a skip"
+      );
     }
+  }
+
+  #[test]
+  fn a_header_comes_before_its_payload_is_held() {
+    let mut d = Decoder::default();
+    let wire = encode(KIND_REQUEST, 3, &[7; 100_000]);
+    d.push(&wire[..HEADER_LEN + 10]);
+    let Some(Event::Head(h)) = d.next_event().unwrap() else {
+      panic!("a header first")
+    };
+    assert_eq!((h.id, h.len), (3, 100_000));
+    assert!(d.next_event().is_err(), "a header must be decided first");
   }
 
   #[test]
@@ -100,6 +217,6 @@ mod tests {
     header.extend_from_slice(&1u32.to_be_bytes());
     header.extend_from_slice(&((MAX_MESSAGE_BYTES as u32) + 1).to_be_bytes());
     d.push(&header);
-    assert!(d.next_frame().is_err());
+    assert!(d.next_event().is_err());
   }
 }

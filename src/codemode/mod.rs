@@ -9,14 +9,17 @@
 //! It ends when its stream closes; a dead relay is relaunched by the next `Session::start`.
 //! No napi types here.
 
+pub mod budget;
 pub mod by_agent;
 pub mod frame;
+mod reader;
 pub mod relay;
 pub mod session;
 
+pub use budget::{Budget, Pool};
 pub use by_agent::Served;
 pub use relay::{launch, Relay};
-pub use session::{Launcher, RequestSink, Session};
+pub use session::{Intake, Launcher, RequestSink, Session};
 
 /// Where everything Code Mode puts in a sandbox lives.
 pub const DIR: &str = "/trueforge/codemode";

@@ -6,16 +6,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bollard::container::LogOutput;
-use bollard::errors::Error as BollardError;
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
-use crate::codemode::frame::{encode, Decoder, KIND_READY, KIND_REPLY, KIND_REQUEST};
-use crate::codemode::session::RequestSink;
+use crate::codemode::budget::Budget;
+use crate::codemode::frame::{encode, Decoder, Event, KIND_READY, KIND_REPLY};
+use crate::codemode::reader::{self, Inflight, Output, Reader};
+use crate::codemode::session::Intake;
 use crate::codemode::{LAUNCHER, RELAY_PATH, RELAY_SOURCE};
 use crate::engine::Engine;
 use crate::sandbox::container::Target;
@@ -28,8 +30,10 @@ use crate::util::logging::Logger;
 pub struct Relay {
   pub(crate) generation: u32,
   frames: Mutex<Option<mpsc::UnboundedSender<Bytes>>>,
+  inflight: Arc<Inflight>,
   alive: Arc<AtomicBool>,
   ended: watch::Receiver<bool>,
+  closing: CancellationToken,
   pid: u32,
   exec_id: String,
   container: String,
@@ -47,9 +51,14 @@ impl Relay {
     self.pid
   }
 
-  pub(crate) fn send(&self, id: u32, payload: &[u8]) -> bool {
+  /// Answers request `seq` (the number the sink was given), giving its bytes back. False when
+  /// it is not awaited any more or the relay is gone.
+  pub(crate) fn send(&self, seq: u32, payload: &[u8]) -> bool {
+    let Some(relay_id) = self.inflight.finish(seq) else {
+      return false;
+    };
     match self.frames.lock().expect("frames").as_ref() {
-      Some(tx) => tx.send(encode(KIND_REPLY, id, payload)).is_ok(),
+      Some(tx) => tx.send(encode(KIND_REPLY, relay_id, payload)).is_ok(),
       None => false,
     }
   }
@@ -57,6 +66,7 @@ impl Relay {
   /// Closes the stream (the relay then removes its socket and exits) and waits for the exec
   /// to end; a relay that outlives that is killed.
   pub async fn stop(&self) {
+    self.closing.cancel();
     self.frames.lock().expect("frames").take();
     let mut ended = self.ended.clone();
     let closed = tokio::time::timeout(Duration::from_secs(3), ended.wait_for(|e| *e))
@@ -127,33 +137,40 @@ pub(crate) fn next_generation() -> u32 {
 }
 
 /// Uploads the relay and starts it in `target`, listening on `socket`. Returns once it
-/// listens. Errors before the relay ran are `StartError`s so the caller can start a stopped
-/// container or re-resolve a stale one.
+/// listens. Its requests go to `intake`, held under `budget`. Errors before the relay ran are
+/// `StartError`s so the caller can start a stopped container or re-resolve a stale one.
 pub async fn launch(
   engine: &Engine,
   target: &Target,
   socket: &str,
   read_only: bool,
-  sink: RequestSink,
+  intake: Intake,
+  budget: Budget,
   log: &Logger,
 ) -> std::result::Result<Relay, StartError> {
   upload(engine, target, read_only).await?;
   let (exec_id, mut output, input) = attach(engine, target, socket).await?;
   let mut decoder = Decoder::default();
-  let pid = await_ready(engine, &mut output, &mut decoder).await?;
+  let pid = await_ready(engine, &exec_id, &mut output, &mut decoder).await?;
   let generation = next_generation();
   let alive = Arc::new(AtomicBool::new(true));
   let (ended_tx, ended) = watch::channel(false);
   let frames = spawn_writer(engine, input);
-  spawn_reader(
+  let inflight = Arc::new(Inflight::default());
+  let closing = CancellationToken::new();
+  reader::spawn(
     engine,
     Reader {
       output,
       decoder,
-      sink,
+      intake,
+      budget,
+      inflight: inflight.clone(),
+      replies: frames.downgrade(),
       generation,
       alive: alive.clone(),
       ended: ended_tx,
+      closing: closing.clone(),
       sandbox_id: target.sandbox_id.clone(),
       log: log.clone(),
     },
@@ -165,8 +182,10 @@ pub async fn launch(
   Ok(Relay {
     generation,
     frames: Mutex::new(Some(frames)),
+    inflight,
     alive,
     ended,
+    closing,
     pid,
     exec_id,
     container: target.container_id.clone(),
@@ -194,13 +213,15 @@ async fn upload(
   match uploaded {
     Ok(()) => Ok(()),
     Err(SandboxError::Engine { status: 404, .. }) => Err(StartError::Gone),
+    Err(SandboxError::Engine { detail, .. }) if detail.contains("no space left on device") => {
+      Err(StartError::Other(SandboxError::CodeModeStartFailed {
+        detail: format!("the relay could not be written into the sandbox: {detail}"),
+      }))
+    }
     Err(e) => Err(StartError::Other(e)),
   }
 }
 
-type Output = std::pin::Pin<
-  Box<dyn futures_util::Stream<Item = std::result::Result<LogOutput, BollardError>> + Send>,
->;
 type Input = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
 
 /// Starts the relay's exec with its streams attached.
@@ -249,9 +270,13 @@ async fn attach(
   }
 }
 
+/// The largest READY frame taken (its payload is a little JSON).
+const READY_MAX: usize = 64 * 1024;
+
 /// Waits for READY (its pid), keeping what the relay says on stderr in case it fails instead.
 async fn await_ready(
   engine: &Engine,
+  exec_id: &str,
   output: &mut Output,
   decoder: &mut Decoder,
 ) -> std::result::Result<u32, StartError> {
@@ -261,10 +286,17 @@ async fn await_ready(
       match item {
         Ok(LogOutput::StdOut { message }) => {
           decoder.push(&message);
-          match decoder.next_frame() {
-            Ok(Some(f)) if f.kind == KIND_READY => return Ok(Some(f.payload)),
-            Ok(Some(_)) | Ok(None) => {}
-            Err(e) => return Err(SandboxError::Internal(e)),
+          loop {
+            match decoder.next_event() {
+              // READY is small; anything before it is not for us.
+              Ok(Some(Event::Head(h))) if h.kind == KIND_READY && h.len <= READY_MAX => {
+                decoder.accept()
+              }
+              Ok(Some(Event::Head(_))) => decoder.skip(),
+              Ok(Some(Event::Frame(f))) => return Ok(Some(f.payload)),
+              Ok(None) => break,
+              Err(e) => return Err(SandboxError::Internal(e)),
+            }
           }
         }
         Ok(LogOutput::StdErr { message }) => {
@@ -288,12 +320,9 @@ async fn await_ready(
     }
     Ok(Err(e)) => return Err(StartError::Other(e)),
     Ok(Ok(None)) => {
-      let text = String::from_utf8_lossy(&stderr).trim().to_string();
-      return Err(StartError::NeverStarted(if text.is_empty() {
-        "the Code Mode relay exited before it listened".to_string()
-      } else {
-        text
-      }));
+      let text = String::from_utf8_lossy(&stderr).into_owned();
+      let exit = exit_code(engine, exec_id).await;
+      return Err(StartError::never_started(ended_before_ready(&text, exit)));
     }
     Ok(Ok(Some(p))) => p,
   };
@@ -303,6 +332,67 @@ async fn await_ready(
       .and_then(|v| v["pid"].as_u64())
       .unwrap_or(0) as u32,
   )
+}
+
+/// What the launcher prints, and exits 127 with, when the image has no python3 (`LAUNCHER`):
+/// the one failure that means Code Mode cannot run in this image.
+pub const NO_PYTHON: &str =
+  "python3 is not on PATH in this sandbox image; Code Mode needs Python 3.9 or later";
+const NO_PYTHON_EXIT: i64 = 127;
+
+/// The relay exec's exit code, once the engine reports it ended (it may lag the stream's end).
+async fn exit_code(engine: &Engine, exec_id: &str) -> Option<i64> {
+  for _ in 0..20 {
+    let info = engine
+      .inspect_exec(
+        "inspect the Code Mode relay",
+        exec_id,
+        engine.control_timeout,
+      )
+      .await
+      .ok()?;
+    if info.running != Some(true) {
+      return info.exit_code;
+    }
+    tokio::time::sleep(Duration::from_millis(25)).await;
+  }
+  None
+}
+
+/// What a relay that ended before it listened said: exactly `NO_PYTHON` for the launcher's
+/// own failure; nothing when it said nothing (killed, as by its container's end: the caller
+/// then asks the container); else its last lines of stderr and its exit status (a full disk).
+fn ended_before_ready(stderr: &str, exit: Option<i64>) -> String {
+  if exit == Some(NO_PYTHON_EXIT) && stderr.contains(NO_PYTHON) {
+    return NO_PYTHON.to_string();
+  }
+  let lines: Vec<&str> = stderr
+    .lines()
+    .map(str::trim)
+    .filter(|l| !l.is_empty())
+    .collect();
+  if lines.is_empty() {
+    return String::new();
+  }
+  let said: String = lines[lines.len().saturating_sub(3)..]
+    .join(" | ")
+    .chars()
+    .take(800)
+    .collect();
+  let status = exit.map_or("an unknown status".to_string(), |c| format!("status {c}"));
+  format!("the relay exited with {status} before it listened: {said}")
+}
+
+/// The error for a relay that never listened (after `with_running` tried what it could):
+/// `CodeModeUnavailable` only for an image without python3, else `CodeModeStartFailed`.
+pub fn never_listened(text: String) -> SandboxError {
+  match text.as_str() {
+    NO_PYTHON => SandboxError::CodeModeUnavailable { reason: text },
+    "" => SandboxError::CodeModeStartFailed {
+      detail: "the relay ended before it listened, without a word".into(),
+    },
+    _ => SandboxError::CodeModeStartFailed { detail: text },
+  }
 }
 
 /// Writes replies into the relay's stdin; closing the channel closes the stream. It ends with
@@ -320,75 +410,56 @@ fn spawn_writer(engine: &Engine, mut input: Input) -> mpsc::UnboundedSender<Byte
   tx
 }
 
-/// What the reader task owns.
-struct Reader {
-  output: Output,
-  decoder: Decoder,
-  sink: RequestSink,
-  pub(crate) generation: u32,
-  alive: Arc<AtomicBool>,
-  ended: watch::Sender<bool>,
-  sandbox_id: String,
-  log: Logger,
-}
-
-impl Reader {
-  /// Hands on every complete request; `Err` (why) when the stream cannot be trusted any more.
-  fn drain(&mut self) -> std::result::Result<(), String> {
-    loop {
-      match self.decoder.next_frame()? {
-        Some(f) if f.kind == KIND_REQUEST => (self.sink)(self.generation, f.id, f.payload),
-        Some(_) => {}
-        None => return Ok(()),
-      }
-    }
-  }
-}
-
-/// Reads requests out of the relay's stdout, handing them to the sink in arrival order, until
-/// the stream ends or the engine's background work is stopped (which also ends the relay, so
-/// its session sees it gone).
-fn spawn_reader(engine: &Engine, mut r: Reader) {
-  engine.shared.background.spawn(|stop| async move {
-    // Requests that came in the same chunk as READY are already in the decoder.
-    let mut outcome = r.drain();
-    while outcome.is_ok() {
-      let next = tokio::select! {
-        next = r.output.next() => next,
-        _ = stop.cancelled() => {
-          outcome = Err("the engine's last provider was disposed".to_string());
-          break;
-        }
-      };
-      match next {
-        None => break,
-        Some(Ok(LogOutput::StdOut { message })) => {
-          r.decoder.push(&message);
-          outcome = r.drain();
-        }
-        Some(Ok(LogOutput::StdErr { message })) => r.log.warn(
-          "Code Mode relay stderr",
-          json!({ "sandboxId": r.sandbox_id, "text": String::from_utf8_lossy(&message) }),
-        ),
-        Some(Ok(_)) => {}
-        Some(Err(e)) => outcome = Err(e.to_string()),
-      }
-    }
-    r.alive.store(false, Ordering::SeqCst);
-    let _ = r.ended.send(true);
-    let why = outcome
-      .err()
-      .unwrap_or_else(|| "the stream closed".to_string());
-    r.log.debug(
-      "Code Mode relay ended",
-      json!({ "sandboxId": r.sandbox_id, "reason": why }),
-    );
-  });
-}
-
 impl Drop for Relay {
   fn drop(&mut self) {
     // Closing the stream ends the relay.
+    self.closing.cancel();
     self.frames.lock().expect("frames").take();
+  }
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn only_the_launchers_own_failure_means_no_python() {
+    assert!(crate::codemode::LAUNCHER.contains(NO_PYTHON));
+    assert!(crate::codemode::LAUNCHER.contains(&format!("exit {NO_PYTHON_EXIT}")));
+    let no_python = ended_before_ready(&format!("{NO_PYTHON}\n"), Some(127));
+    assert_eq!(
+      never_listened(no_python),
+      SandboxError::CodeModeUnavailable {
+        reason: NO_PYTHON.into()
+      }
+    );
+    // The same words with another status are not the launcher's.
+    let other = ended_before_ready(NO_PYTHON, Some(1));
+    assert!(matches!(
+      never_listened(other),
+      SandboxError::CodeModeStartFailed { .. }
+    ));
+    // A full disk: Python's traceback, its last lines kept.
+    let traceback = "Traceback (most recent call last):\n  File \"/trueforge/codemode/relay.py\", line 199, in <module>\n    main()\n  File \"/trueforge/codemode/relay.py\", line 162, in main\n    os.makedirs(directory, mode=0o700, exist_ok=True)\nOSError: [Errno 28] No space left on device: '/trueforge/codemode/run'\n";
+    let e = never_listened(ended_before_ready(traceback, Some(1)));
+    let SandboxError::CodeModeStartFailed { detail } = &e else {
+      panic!("{e:?}")
+    };
+    assert!(detail.starts_with("the relay exited with status 1 before it listened: "));
+    assert!(
+      detail.ends_with("OSError: [Errno 28] No space left on device: '/trueforge/codemode/run'")
+    );
+    assert!(!detail.contains("Traceback"));
+    assert_eq!(e.code(), "CODE_MODE_START_FAILED");
+    assert!(e.to_string().contains("free disk space"));
+    assert_eq!(ended_before_ready(" \n", None), "");
+    assert!(matches!(
+      never_listened(String::new()),
+      SandboxError::CodeModeStartFailed { .. }
+    ));
+    assert_eq!(
+      ended_before_ready("boom\n", None),
+      "the relay exited with an unknown status before it listened: boom"
+    );
   }
 }

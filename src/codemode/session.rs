@@ -1,18 +1,44 @@
 //! One Code Mode transport's session: its socket name, and the relay serving it in the sandbox
 //! it was last started for.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use bytes::Bytes;
 use rand::Rng;
 
 use crate::codemode::by_agent::Served;
 use crate::codemode::SOCKET_DIR;
 use crate::util::errors::Result;
 
-/// Receives each request: the relay's generation, the request id and the raw JSON bytes. The
-/// answer goes back through `Session::reply` with the same generation and id.
-pub type RequestSink = Arc<dyn Fn(u32, u32, Bytes) + Send + Sync>;
+/// Receives each request: the relay's generation, the request's number and the raw JSON bytes.
+/// The answer goes back through `Session::reply` with the same generation and number.
+pub type RequestSink = Arc<dyn Fn(u32, u32, Vec<u8>) + Send + Sync>;
+
+/// How long a request waits for its reply when `start` was given no timeout: the client's own
+/// default (`DEFAULT_TIMEOUT_SECONDS` in mcp_client.py), after which nobody waits for it.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What a relay needs from its session: where requests go, and how long each waits for its
+/// reply before the caller is told it timed out and its bytes are given back.
+#[derive(Clone)]
+pub struct Intake {
+  pub sink: RequestSink,
+  timeout_ms: Arc<AtomicU64>,
+}
+
+impl Intake {
+  pub fn new(sink: RequestSink) -> Self {
+    Self {
+      sink,
+      timeout_ms: Arc::new(AtomicU64::new(DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)),
+    }
+  }
+
+  pub fn timeout(&self) -> Duration {
+    Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+  }
+}
 
 /// Launches a relay for one sandbox; the provider supplies it (it knows how to resolve, start
 /// and re-resolve a sandbox).
@@ -21,7 +47,7 @@ pub trait Launcher {
     &self,
     sandbox_id: &str,
     socket: &str,
-    sink: RequestSink,
+    intake: Intake,
   ) -> impl std::future::Future<Output = Result<Served>> + Send;
 }
 
@@ -29,7 +55,7 @@ pub trait Launcher {
 /// it was last started for. A transport is one agent turn; two transports on one sandbox (two
 /// sub-agents with different tools) have their own sockets and relays.
 pub struct Session {
-  sink: RequestSink,
+  intake: Intake,
   socket: String,
   state: tokio::sync::Mutex<Option<(String, Arc<Served>)>>,
   current: Mutex<Option<Arc<Served>>>,
@@ -39,7 +65,7 @@ impl Session {
   pub fn new(sink: RequestSink) -> Self {
     let token = format!("{:032x}", rand::rng().random::<u128>());
     Self {
-      sink,
+      intake: Intake::new(sink),
       socket: format!("{SOCKET_DIR}/{token}.sock"),
       state: tokio::sync::Mutex::new(None),
       current: Mutex::new(None),
@@ -53,8 +79,17 @@ impl Session {
 
   /// Makes sure a live relay serves `sandbox_id`: nothing to do when one does; otherwise the
   /// old one (another sandbox, or dead) is stopped and a new one launched. Callers racing here
-  /// wait for one launch.
-  pub async fn start(&self, launcher: &impl Launcher, sandbox_id: &str) -> Result<()> {
+  /// wait for one launch. `request_timeout` (the turn's) applies to requests from now on.
+  pub async fn start(
+    &self,
+    launcher: &impl Launcher,
+    sandbox_id: &str,
+    request_timeout: Option<Duration>,
+  ) -> Result<()> {
+    if let Some(t) = request_timeout {
+      let ms = t.as_millis().clamp(1, u64::MAX as u128) as u64;
+      self.intake.timeout_ms.store(ms, Ordering::Relaxed);
+    }
     let mut state = self.state.lock().await;
     if let Some((id, relay)) = state.as_ref() {
       if id == sandbox_id && relay.is_alive() {
@@ -67,7 +102,7 @@ impl Session {
     }
     let relay = Arc::new(
       launcher
-        .launch_relay(sandbox_id, &self.socket, self.sink.clone())
+        .launch_relay(sandbox_id, &self.socket, self.intake.clone())
         .await?,
     );
     *self.current.lock().expect("current") = Some(relay.clone());
@@ -75,7 +110,8 @@ impl Session {
     Ok(())
   }
 
-  /// Sends a reply to the relay generation that asked. False when that relay is gone.
+  /// Sends a reply to the relay generation that asked. False when that relay is gone or no
+  /// longer awaits it (it timed out).
   pub fn reply(&self, generation: u32, id: u32, payload: &[u8]) -> bool {
     let relay = self.current.lock().expect("current").clone();
     match relay {

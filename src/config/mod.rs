@@ -1,6 +1,7 @@
 //! Provider options: parsed from the JavaScript object, validated, defaults applied. Pure logic,
 //! no I/O, so every rule here is unit-tested.
 
+pub mod capabilities;
 pub mod gpus;
 pub mod options;
 
@@ -8,6 +9,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Number, Value};
 
+pub use crate::config::capabilities::DEFAULT_CAPABILITIES;
 pub use crate::config::gpus::Gpus;
 use crate::config::gpus::{parse_gpu_wait, parse_gpus};
 use crate::config::options::{BuildOptions, Given, ProviderOptions, WarmPoolOptions};
@@ -28,6 +30,14 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 const MAX_EXEC_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
 /// Caps above 1 GiB would let one call hold that much in the host process.
 const MAX_BYTES_CAP: u64 = 1024 * 1024 * 1024;
+/// Default for `codeModeSandboxInflightBytes`: one request of the largest size Code Mode takes.
+pub const DEFAULT_CODE_MODE_SANDBOX_INFLIGHT: u64 = 64 * 1024 * 1024;
+/// Default for `codeModeProviderInflightBytes`: four sandboxes' worth.
+pub const DEFAULT_CODE_MODE_PROVIDER_INFLIGHT: u64 = 256 * 1024 * 1024;
+/// Smallest in-flight bound accepted: below it ordinary requests would be refused.
+const MIN_INFLIGHT: u64 = 64 * 1024;
+/// Largest `codeModeProviderInflightBytes` accepted.
+const MAX_PROVIDER_INFLIGHT: u64 = 16 * 1024 * 1024 * 1024;
 /// Default for `engineTimeoutMs`.
 pub const DEFAULT_ENGINE_TIMEOUT_MS: u64 = 30_000;
 /// Largest `engineTimeoutMs` accepted: ten minutes.
@@ -40,33 +50,6 @@ pub const DEFAULT_AUTO_DELETE_MINUTES: f64 = 7200.0;
 pub const DEFAULT_MEMORY_BYTES: u64 = 8 << 30;
 /// Default for `resources.pidsLimit`: ample for builds, fatal to fork bombs.
 pub const DEFAULT_PIDS_LIMIT: u64 = 4096;
-
-/// The capabilities kept by default: what package managers (apt, pip, npm) need to install,
-/// chown and switch users, plus signalling and low ports. Everything else Docker grants by
-/// default is dropped: NET_RAW (spoofing), MKNOD, AUDIT_WRITE, SETFCAP, SETPCAP, SYS_CHROOT.
-pub const DEFAULT_CAPABILITIES: [&str; 8] = [
-  "CHOWN",
-  "DAC_OVERRIDE",
-  "FOWNER",
-  "FSETID",
-  "KILL",
-  "SETGID",
-  "SETUID",
-  "NET_BIND_SERVICE",
-];
-
-/// Capabilities that may never be added: each one is a way out of the container.
-const FORBIDDEN_CAPABILITIES: [&str; 9] = [
-  "SYS_ADMIN",
-  "SYS_MODULE",
-  "SYS_PTRACE",
-  "SYS_RAWIO",
-  "SYS_BOOT",
-  "NET_ADMIN",
-  "DAC_READ_SEARCH",
-  "SYS_TIME",
-  "MAC_ADMIN",
-];
 
 /// Container resource limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,6 +120,15 @@ pub struct ProviderConfig {
   /// Where the agent binaries are (`agent-bin/` beside index.js). Not an option: index.js
   /// passes it; `None` leaves the agent without binaries (calls take the engine's endpoints).
   pub agent_bin_dir: Option<std::path::PathBuf>,
+  /// Code Mode request bytes held in the process at once.
+  pub code_mode_inflight: InflightBounds,
+}
+
+/// Bounds on the Code Mode request bytes held at once (`codeMode*InflightBytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InflightBounds {
+  pub per_sandbox: u64,
+  pub per_provider: u64,
 }
 
 pub(crate) fn bad(option: &str, reason: impl Into<String>) -> SandboxError {
@@ -193,6 +185,8 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
       file_max_bytes,
       upload_max_bytes,
       max_output_bytes,
+      engine_timeout_ms,
+      code_mode_inflight,
     } = Sizes::take(&mut o)?;
     let gpus = o.gpus.map(parse_gpus).transpose()?;
     let gpu_devices = gpus::parse_devices(o.gpu_devices, gpus.as_ref())?;
@@ -209,7 +203,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
       o.auto_delete_interval_in_minutes,
       DEFAULT_AUTO_DELETE_MINUTES,
     )?;
-    let capabilities = parse_capabilities(o.capabilities)?;
+    let capabilities = capabilities::parse(o.capabilities)?;
     let no_new_privileges = boolean("noNewPrivileges", o.no_new_privileges, true)?;
     let resources = parse_resources(o.resources)?;
     let network = parse_network(o.network)?;
@@ -229,12 +223,6 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
         "cannot be combined with exclusive GPUs: idle pool members would hold GPUs nobody uses",
       ));
     }
-    let engine_timeout_ms = positive_int(
-      "engineTimeoutMs",
-      o.engine_timeout_ms,
-      DEFAULT_ENGINE_TIMEOUT_MS,
-      MAX_ENGINE_TIMEOUT_MS,
-    )?;
     Ok(Self {
       engine_timeout_ms,
       agent: boolean("agent", o.agent, true)?,
@@ -265,6 +253,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
       build,
       registry_auth,
       warm_pool_size,
+      code_mode_inflight,
     })
   }
 }
@@ -278,12 +267,15 @@ fn build_option(v: Option<Given<BuildOptions>>) -> Result<Option<BuildSpec>> {
   .transpose()
 }
 
-/// The time and size limits of calls, checked in the order the options are reported.
+/// The time and size limits of calls and engine requests, checked in the order the options are
+/// reported.
 struct Sizes {
   exec_timeout_ms: u64,
   file_max_bytes: u64,
   upload_max_bytes: Option<u64>,
   max_output_bytes: u64,
+  engine_timeout_ms: u64,
+  code_mode_inflight: InflightBounds,
 }
 
 impl Sizes {
@@ -317,11 +309,43 @@ impl Sizes {
         "must be at least 1024 so that head and tail both fit",
       ));
     }
+    let engine_timeout_ms = positive_int(
+      "engineTimeoutMs",
+      o.engine_timeout_ms.take(),
+      DEFAULT_ENGINE_TIMEOUT_MS,
+      MAX_ENGINE_TIMEOUT_MS,
+    )?;
+    let inflight = |option: &str, v, default, max| {
+      let n = positive_int(option, v, default, max)?;
+      if n < MIN_INFLIGHT {
+        return Err(bad(
+          option,
+          format!("{n} is below the minimum {MIN_INFLIGHT}"),
+        ));
+      }
+      Ok(n)
+    };
+    let code_mode_inflight = InflightBounds {
+      per_sandbox: inflight(
+        "codeModeSandboxInflightBytes",
+        o.code_mode_sandbox_inflight_bytes.take(),
+        DEFAULT_CODE_MODE_SANDBOX_INFLIGHT,
+        MAX_BYTES_CAP,
+      )?,
+      per_provider: inflight(
+        "codeModeProviderInflightBytes",
+        o.code_mode_provider_inflight_bytes.take(),
+        DEFAULT_CODE_MODE_PROVIDER_INFLIGHT,
+        MAX_PROVIDER_INFLIGHT,
+      )?,
+    };
     Ok(Self {
       exec_timeout_ms,
       file_max_bytes,
       upload_max_bytes,
       max_output_bytes,
+      engine_timeout_ms,
+      code_mode_inflight,
     })
   }
 }
@@ -475,39 +499,6 @@ fn minutes_of(option: &str, v: Option<Given<Number>>, default: f64) -> Result<Op
   Ok(Some(((m * 60.0).round() as u64).max(1)))
 }
 
-fn parse_capabilities(v: Option<Given<Vec<Given<String>>>>) -> Result<Vec<String>> {
-  let items = typed(v, "capabilities", |v| {
-    format!("expected a list such as ['CHOWN', 'SETUID'], got {v}")
-  })?;
-  let Some(items) = items else {
-    return Ok(DEFAULT_CAPABILITIES.iter().map(|c| c.to_string()).collect());
-  };
-  let mut out = Vec::new();
-  for i in items {
-    let c = must(i, "capabilities", |i| {
-      format!("{i} is not a capability name")
-    })?;
-    let c = c.to_ascii_uppercase();
-    let c = c.strip_prefix("CAP_").unwrap_or(&c).to_string();
-    if c.is_empty() || !c.bytes().all(|b| b.is_ascii_uppercase() || b == b'_') {
-      return Err(bad(
-        "capabilities",
-        format!("{c:?} is not a capability name"),
-      ));
-    }
-    if c == "ALL" || FORBIDDEN_CAPABILITIES.contains(&c.as_str()) {
-      return Err(bad(
-        "capabilities",
-        format!("{c} would let code escape the sandbox; it cannot be granted"),
-      ));
-    }
-    if !out.contains(&c) {
-      out.push(c);
-    }
-  }
-  Ok(out)
-}
-
 fn parse_resources(v: Option<Value>) -> Result<Resources> {
   let mut r = Resources {
     memory_bytes: Some(DEFAULT_MEMORY_BYTES),
@@ -573,18 +564,32 @@ pub fn validate_network(n: &str) -> Result<String> {
   Ok(n.to_string())
 }
 
-/// `uid`, `uid:gid`, `name` or `name:group`.
+/// Linux's largest user or group id: 4294967295 is `(uid_t)-1`, "no id", which no user can have.
+pub const MAX_LINUX_ID: u64 = 4_294_967_294;
+
+/// `uid`, `uid:gid`, `name` or `name:group`; numeric ids within Linux's range.
 pub fn validate_user(u: &str) -> Result<String> {
   let part_ok = |p: &str| is_simple_name(p, 32);
-  let ok = match u.split_once(':') {
-    Some((a, b)) => part_ok(a) && part_ok(b),
-    None => part_ok(u),
+  let (user, group) = match u.split_once(':') {
+    Some((a, b)) => (a, Some(b)),
+    None => (u, None),
   };
-  if !ok {
+  if !part_ok(user) || !group.is_none_or(part_ok) {
     return Err(bad(
       "user",
       format!("{u:?} is not 'uid', 'uid:gid' or a user name"),
     ));
+  }
+  for (what, id) in [("uid", Some(user)), ("gid", group)] {
+    let Some(id) = id.filter(|p| p.bytes().all(|b| b.is_ascii_digit())) else {
+      continue;
+    };
+    if id.parse::<u64>().map_or(true, |n| n > MAX_LINUX_ID) {
+      return Err(bad(
+        "user",
+        format!("{what} {id} is out of range: Linux ids go from 0 to {MAX_LINUX_ID}"),
+      ));
+    }
   }
   Ok(u.to_string())
 }
@@ -686,7 +691,87 @@ pub fn validate_image_ref(s: &str) -> Result<String> {
       format!("{s:?} is not a valid image reference"),
     ));
   }
+  image_ref_rule(s).map_err(|rule| bad("image", format!("{s:?}: {rule}")))?;
   Ok(s.to_string())
+}
+
+/// The rules of Docker's reference grammar, `[registry[:port]/]repository[:tag][@digest]`, that
+/// the engine would otherwise refuse only at pull or create. `Err` names the rule broken.
+fn image_ref_rule(s: &str) -> std::result::Result<(), String> {
+  let (name_tag, digest) = match s.split_once('@') {
+    Some((n, d)) => (n, Some(d)),
+    None => (s, None),
+  };
+  if let Some(d) = digest {
+    let ok = d.split_once(':').is_some_and(|(alg, hex)| {
+      !alg.is_empty() && !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_alphanumeric())
+    });
+    if !ok {
+      return Err(format!(
+        "digest {d:?} must be algorithm:hex, as sha256:<64 hex digits>"
+      ));
+    }
+  }
+  let after_slash = name_tag.rfind('/').map_or(0, |i| i + 1);
+  let (name, tag) = match name_tag[after_slash..].rfind(':') {
+    Some(i) => (
+      &name_tag[..after_slash + i],
+      Some(&name_tag[after_slash + i + 1..]),
+    ),
+    None => (name_tag, None),
+  };
+  if let Some(t) = tag {
+    let ok = !t.is_empty()
+      && t.len() <= 128
+      && !t.starts_with(['.', '-'])
+      && t
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if !ok {
+      return Err(format!(
+        "tag {t:?} must be 1 to 128 of [A-Za-z0-9_.-], not starting with '.' or '-'"
+      ));
+    }
+  }
+  // As Docker: the first part is a registry when it has a '.' or ':', is localhost, or has
+  // upper case; its port, if any, is a number.
+  let repository = match name.split_once('/') {
+    Some((reg, rest))
+      if reg.contains(['.', ':'])
+        || reg == "localhost"
+        || reg.bytes().any(|b| b.is_ascii_uppercase()) =>
+    {
+      if let Some((_, port)) = reg.split_once(':') {
+        if port.parse::<u16>().map_or(true, |p| p == 0) || !port.bytes().all(|b| b.is_ascii_digit())
+        {
+          return Err(format!(
+            "registry port {port:?} is not a number from 1 to 65535"
+          ));
+        }
+      }
+      rest
+    }
+    _ => name,
+  };
+  if repository.bytes().any(|b| b.is_ascii_uppercase()) {
+    return Err(format!(
+      "the repository {repository:?} must be lowercase (tags may have upper case, as in repo:Tag)"
+    ));
+  }
+  let component_ok = |c: &str| {
+    !c.is_empty()
+      && c.starts_with(|ch: char| ch.is_ascii_alphanumeric())
+      && c.ends_with(|ch: char| ch.is_ascii_alphanumeric())
+      && c
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+  };
+  if let Some(c) = repository.split('/').find(|c| !component_ok(c)) {
+    return Err(format!(
+      "repository part {c:?} must be letters and digits joined by '.', '_' or '-'"
+    ));
+  }
+  Ok(())
 }
 
 /// Namespaces scope container names, so they obey name rules: `[a-z0-9-]{1,32}`.
@@ -744,6 +829,35 @@ mod tests {
     assert_eq!(c.max_output_bytes, 10 << 20);
     assert_eq!(c.gpus, None);
     assert_eq!(c.docker_host, None);
+    assert_eq!(
+      c.code_mode_inflight,
+      InflightBounds {
+        per_sandbox: 64 << 20,
+        per_provider: 256 << 20
+      }
+    );
+  }
+
+  #[test]
+  fn code_mode_inflight_bounds_are_checked() {
+    let c = ProviderConfig::with_image(json!({
+      "codeModeSandboxInflightBytes": 1 << 20, "codeModeProviderInflightBytes": 3u64 << 30
+    }))
+    .unwrap();
+    assert_eq!(c.code_mode_inflight.per_sandbox, 1 << 20);
+    assert_eq!(c.code_mode_inflight.per_provider, 3 << 30);
+    for (option, v) in [
+      ("codeModeSandboxInflightBytes", json!(1024)),
+      ("codeModeSandboxInflightBytes", json!((1u64 << 30) + 1)),
+      ("codeModeSandboxInflightBytes", json!("64MiB")),
+      ("codeModeSandboxInflightBytes", json!(1.5)),
+      ("codeModeProviderInflightBytes", json!(0)),
+      ("codeModeProviderInflightBytes", json!((16u64 << 30) + 1)),
+    ] {
+      let mut o = json!({ "image": "x" });
+      o[option] = v.clone();
+      assert_eq!(err_option(o), option, "{option}: {v}");
+    }
   }
 
   #[test]
@@ -1147,5 +1261,60 @@ mod tests {
       "ssh://me@h:22"
     );
     assert!(crate::engine::endpoint::normalize_docker_host("ssh://-oProxyCommand=x", "h").is_err());
+  }
+
+  #[test]
+  fn images_and_users_that_cannot_work_are_refused_with_the_rule() {
+    let reason = |v: Value, option: &str| {
+      let (o, r) = refusal(v);
+      assert_eq!(o, option);
+      r
+    };
+    let image = |i: &str| reason(json!({ "image": i }), "image");
+    assert!(image("UPPER:tag").contains("the repository \"UPPER\" must be lowercase"));
+    assert!(image("reg.example:5000/Team/app").contains("\"Team/app\" must be lowercase"));
+    assert!(image("app:").contains("tag \"\" must be 1 to 128"));
+    assert!(image("app:-x").contains("not starting with '.' or '-'"));
+    assert!(image(&format!("app:{}", "t".repeat(129))).contains("1 to 128"));
+    assert!(image("app@sha256").contains("must be algorithm:hex"));
+    assert!(image("reg:99999/app").contains("registry port \"99999\""));
+    assert!(image("a//b").contains("repository part \"\""));
+    assert!(image("a/-b").contains("repository part \"-b\""));
+    for ok in [
+      "busybox",
+      "python:3.12",
+      "python:3.12-SLIM_x",
+      "localhost:5000/team/app:v1",
+      "Registry/app",
+      "reg.example:5000/a/b@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+      "ghcr.io/o/r:v1@sha256:0123456789abcdef",
+      "my_app.v2-x/a__b",
+    ] {
+      assert_eq!(
+        ProviderConfig::from_json(json!({ "image": ok })).unwrap().image,
+        ok
+      );
+    }
+    let user = |u: &str| reason(json!({ "image": "x", "user": u }), "user");
+    assert_eq!(
+      user("4294967295"),
+      "uid 4294967295 is out of range: Linux ids go from 0 to 4294967294"
+    );
+    assert!(user("1000:4294967295").starts_with("gid 4294967295 is out of range"));
+    assert!(
+      user("99999999999999999999999").starts_with("uid 99999999999999999999999 is out of range")
+    );
+    assert!(user("a:b:c").contains("is not 'uid', 'uid:gid' or a user name"));
+    for ok in [
+      "4294967294",
+      "0:4294967294",
+      "1000:1000",
+      "app",
+      "app:staff",
+      "1000:staff",
+    ] {
+      let c = ProviderConfig::from_json(json!({ "image": "x", "user": ok })).unwrap();
+      assert_eq!(c.user.as_deref(), Some(ok));
+    }
   }
 }

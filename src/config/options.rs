@@ -121,8 +121,8 @@ pub struct ProviderOptions {
   /// Minutes a sandbox may stay stopped before the reaper removes it; 0 = never. Default 7200.
   #[napi(ts_type = "number")]
   pub auto_delete_interval_in_minutes: Option<Given<Number>>,
-  /// Linux capabilities kept (all others dropped). Default CHOWN, DAC_OVERRIDE, FOWNER, FSETID,
-  /// KILL, SETGID, SETUID, NET_BIND_SERVICE.
+  /// Linux capabilities kept (all others dropped), from Docker's default set only. Default
+  /// CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE.
   #[napi(ts_type = "string[]")]
   pub capabilities: Option<Given<Vec<Given<String>>>>,
   /// Set `no-new-privileges`. Default true.
@@ -166,6 +166,15 @@ pub struct ProviderOptions {
   /// minutes). Default 30000.
   #[napi(ts_type = "number")]
   pub engine_timeout_ms: Option<Given<Number>>,
+  /// Code Mode request bytes held in this process at once for one sandbox (all its transports),
+  /// 64 KiB to 1 GiB: more requests wait, unread, and one larger than this is refused with an
+  /// error to its caller. Default 64 MiB.
+  #[napi(ts_type = "number")]
+  pub code_mode_sandbox_inflight_bytes: Option<Given<Number>>,
+  /// Code Mode request bytes held in this process at once for all of this provider's sandboxes,
+  /// 64 KiB to 16 GiB; as `codeModeSandboxInflightBytes` otherwise. Default 256 MiB.
+  #[napi(ts_type = "number")]
+  pub code_mode_provider_inflight_bytes: Option<Given<Number>>,
   /// Run commands, files and Code Mode through the in-sandbox agent (a static binary started in
   /// each sandbox through the engine's exec API); `false` uses the engine's exec and archive
   /// endpoints for everything. Default true.
@@ -274,7 +283,7 @@ mod tests {
   #[test]
   fn field_names_come_from_the_struct_in_camel_case() {
     let names = field_names::<ProviderOptions>();
-    assert_eq!(names.len(), 28);
+    assert_eq!(names.len(), 30);
     assert_eq!(names[0], "image");
     for n in [
       "dockerHost",
@@ -294,7 +303,9 @@ mod tests {
     let (option, reason) = refusal(json!({ "image": "x", "imgae": "y" }));
     assert_eq!(option, "imgae");
     assert!(reason.starts_with("unknown option; known ones are image, dockerHost, tls,"));
-    assert!(reason.ends_with("warmPool, engineTimeoutMs, agent, errors, logger"));
+    assert!(reason.ends_with(
+      "engineTimeoutMs, codeModeSandboxInflightBytes, codeModeProviderInflightBytes, agent, errors, logger"
+    ));
     for name in field_names::<ProviderOptions>() {
       assert!(reason.contains(name), "{name} not listed");
     }

@@ -3,18 +3,21 @@
 //! sharing the engine sees; the holder removes it (by id) when done. A claim carries one small
 //! file, `/lease.json`, that its holder may rewrite and anyone may read: locks and leases keep
 //! their record there. Also the body every helper container of ours (claims, probes) starts
-//! from: our managed-by label and no network.
+//! from: our managed-by label and no network; and what makes a throwaway (a probe) verifiably
+//! ours: its namespace, and a name derived from its namespace and the ULID its label carries.
 
 use std::collections::HashMap;
 use std::io::Read;
 
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{
+  ContainerCreateBody, ContainerInspectResponse, ContainerStateStatusEnum, HostConfig,
+};
 use bollard::query_parameters::{CreateImageOptions, UploadToContainerOptions};
 use futures_util::StreamExt;
 
 use crate::engine::Engine;
 use crate::util::errors::{Result, SandboxError};
-use crate::util::labels;
+use crate::util::{ids, labels};
 
 /// The image claims are created from: a few bytes, imported locally, so no registry is needed.
 const IMAGE_REPO: &str = "trueforge-sandbox-lease";
@@ -42,6 +45,54 @@ pub fn helper_body(
     }),
     ..Default::default()
   }
+}
+
+/// A throwaway container of `namespace` (an image probe, GPU discovery): its name, derived
+/// from the namespace and a fresh ULID, and its body, labelled with both, so a reaper of that
+/// namespace can tell one a crash left from anything else that carries our labels.
+pub fn probe_body(image: &str, namespace: &str) -> (String, ContainerCreateBody) {
+  let ulid = ids::new_ulid();
+  let body = helper_body(
+    image,
+    [
+      (labels::LABEL_NAMESPACE.to_string(), namespace.to_string()),
+      (labels::LABEL_PROBE.to_string(), ulid.clone()),
+    ],
+  );
+  (ids::probe_name(namespace, &ulid), body)
+}
+
+/// When the container named `name` (with or without the engine's `/`) carrying `labels` was
+/// made, in ms since the epoch, if it is a throwaway of `namespace`: our labels, that namespace,
+/// a probe label holding a ULID, and the name those derive. Forged labels on another name, or a
+/// copy made from a commit of one (it inherits the labels, not the name), are not.
+pub fn probe_made_ms(
+  name: &str,
+  labels: Option<&HashMap<String, String>>,
+  namespace: &str,
+) -> Option<u64> {
+  let l = labels?;
+  let ulid = l.get(labels::LABEL_PROBE)?;
+  let ours = labels::managed(Some(l))
+    && l.get(labels::LABEL_NAMESPACE).map(String::as_str) == Some(namespace)
+    && name.trim_start_matches('/') == ids::probe_name(namespace, ulid);
+  ours.then(|| ids::ulid_ms(ulid)).flatten()
+}
+
+/// Whether inspect output describes a container that was created and never started: what a
+/// claim is. One that ever ran is somebody's workload, whatever its name and labels. Told by
+/// its start time (the engine's zero time until it first starts), not its status: a claim its
+/// holder is removing reads `removing` for a moment.
+pub fn never_started(info: &ContainerInspectResponse) -> bool {
+  let Some(state) = info.state.as_ref() else {
+    return false;
+  };
+  state.running != Some(true)
+    && state.status != Some(ContainerStateStatusEnum::RUNNING)
+    && state
+      .started_at
+      .as_deref()
+      .is_none_or(|t| t.is_empty() || t.starts_with("0001-01-01"))
 }
 
 /// A tar holding only the claim file.
@@ -191,6 +242,49 @@ mod tests {
     assert_eq!(l["k"], "v");
     assert_eq!(b.network_disabled, Some(true));
     assert_eq!(b.host_config.unwrap().network_mode.as_deref(), Some("none"));
+  }
+
+  #[test]
+  fn probes_are_ours_only_under_the_name_their_labels_derive() {
+    let (name, body) = probe_body("img", "ns");
+    let l = body.labels.clone().unwrap();
+    let made = probe_made_ms(&format!("/{name}"), Some(&l), "ns").unwrap();
+    assert!(made.abs_diff(crate::util::timestamps::now_ms()) < 5_000);
+    assert_eq!(body.network_disabled, Some(true));
+    // Another namespace, another name (a committed copy's), old probes' `1`, no managed-by.
+    assert_eq!(probe_made_ms(&name, Some(&l), "other"), None);
+    assert_eq!(probe_made_ms("eager_turing", Some(&l), "ns"), None);
+    let mut old = l.clone();
+    old.insert(labels::LABEL_PROBE.into(), "1".into());
+    assert_eq!(probe_made_ms(&name, Some(&old), "ns"), None);
+    let mut unmanaged = l.clone();
+    unmanaged.remove(labels::LABEL_MANAGED_BY);
+    assert_eq!(probe_made_ms(&name, Some(&unmanaged), "ns"), None);
+    assert_eq!(probe_made_ms(&name, None, "ns"), None);
+  }
+
+  #[test]
+  fn only_created_never_started_containers_are_claims() {
+    use bollard::models::ContainerState;
+    let info = |status, started: &str| ContainerInspectResponse {
+      state: Some(ContainerState {
+        status: Some(status),
+        started_at: Some(started.to_string()),
+        ..Default::default()
+      }),
+      ..Default::default()
+    };
+    use ContainerStateStatusEnum::*;
+    assert!(never_started(&info(CREATED, "0001-01-01T00:00:00Z")));
+    assert!(never_started(&info(CREATED, "")));
+    // Its holder is removing it.
+    assert!(never_started(&info(REMOVING, "0001-01-01T00:00:00Z")));
+    assert!(!never_started(&info(RUNNING, "2026-12-01T00:00:00Z")));
+    assert!(!never_started(&info(EXITED, "2026-12-01T00:00:00Z")));
+    assert!(!never_started(&info(REMOVING, "2026-12-01T00:00:00Z")));
+    // A start time means it ran, whatever the status says.
+    assert!(!never_started(&info(CREATED, "2026-12-01T00:00:00Z")));
+    assert!(!never_started(&ContainerInspectResponse::default()));
   }
 
   #[test]

@@ -469,6 +469,12 @@ fn context_endpoint(name: &str, via: &str, env: &dyn Env) -> Result<Endpoint> {
 /// Accepts `unix:///path`, `tcp://host:port` and `http://host:port`; returns the normalised form.
 pub fn normalize_docker_host(s: &str, option: &str) -> Result<String> {
   let s = s.trim();
+  if s.contains(|c: char| c.is_control()) {
+    return Err(invalid_option(
+      option,
+      format!("{s:?} contains a NUL byte or another control character; an engine address is plain text such as unix:///var/run/docker.sock"),
+    ));
+  }
   if let Some(path) = s.strip_prefix("unix://") {
     if !path.starts_with('/') {
       return Err(invalid_option(
@@ -491,11 +497,62 @@ pub fn normalize_docker_host(s: &str, option: &str) -> Result<String> {
     .strip_prefix("tcp://")
     .or_else(|| s.strip_prefix("http://"));
   match rest {
-    Some(hp) if !hp.is_empty() && !hp.contains(['/', '?', '#', ' ']) => Ok(format!("tcp://{hp}")),
+    Some(hp) if !hp.is_empty() && !hp.contains(['/', '?', '#', ' ']) => tcp_host_port(hp)
+      .map(|()| format!("tcp://{hp}"))
+      .map_err(|rule| invalid_option(option, format!("{s:?}: {rule}"))),
     _ => Err(invalid_option(
       option,
       format!("{s:?} is not supported; use unix:///path/to/docker.sock, ssh://user@host or tcp://host:port (with TLS from DOCKER_TLS_VERIFY, a context or the `tls` option)"),
     )),
+  }
+}
+
+/// Checks the `host:port` of a TCP address: a host name, an IPv4 address or an IPv6 one in
+/// brackets, and a port from 1 to 65535 (the engine has no default one; 2375, or 2376 with TLS,
+/// is the convention). `Err` says which rule it breaks.
+fn tcp_host_port(hp: &str) -> std::result::Result<(), String> {
+  const EXAMPLE: &str = "as tcp://host:2375 or tcp://[::1]:2375";
+  let port = if let Some(inner) = hp.strip_prefix('[') {
+    let (addr, after) = inner.split_once(']').ok_or(format!(
+      "the IPv6 address has no closing bracket; write it {EXAMPLE}"
+    ))?;
+    // A zone (`%eth0`) may follow a link-local address.
+    let (ip, zone) = addr.split_once('%').unwrap_or((addr, "x"));
+    let ip_ok = ip.contains(':')
+      && ip
+        .bytes()
+        .all(|b| b.is_ascii_hexdigit() || b".:".contains(&b));
+    let zone_ok = !zone.is_empty()
+      && zone
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if !ip_ok || !zone_ok {
+      return Err(format!("{addr:?} in brackets is not an IPv6 address"));
+    }
+    after
+      .strip_prefix(':')
+      .ok_or(format!("no port after the address; give one, {EXAMPLE}"))?
+  } else {
+    if hp.contains(['[', ']']) {
+      return Err(format!(
+        "unbalanced bracket; an IPv6 address is written {EXAMPLE}"
+      ));
+    }
+    let (host, port) = hp
+      .rsplit_once(':')
+      .ok_or(format!("no port; give one, {EXAMPLE} (2376 with TLS)"))?;
+    if host.contains(':') {
+      return Err(format!("an IPv6 address must be in brackets, {EXAMPLE}"));
+    }
+    let name_ok = |b: u8| b.is_ascii_alphanumeric() || b"._-".contains(&b);
+    if host.is_empty() || !host.bytes().all(name_ok) {
+      return Err(format!("{host:?} is not a host name or IP address"));
+    }
+    port
+  };
+  match port.parse::<u32>() {
+    Ok(p) if (1..=65535).contains(&p) && port.bytes().all(|b| b.is_ascii_digit()) => Ok(()),
+    _ => Err(format!("port {port:?} is not a number from 1 to 65535")),
   }
 }
 
@@ -662,5 +719,40 @@ pub(crate) mod tests {
     })
     .unwrap_err();
     assert!(err.to_string().contains("tls.ca"), "{err}");
+  }
+
+  #[test]
+  fn engine_addresses_that_cannot_work_are_refused_with_the_rule() {
+    let reason = |h: &str| match normalize_docker_host(h, "dockerHost") {
+      Err(SandboxError::InvalidOption { option, reason }) => {
+        assert_eq!(option, "dockerHost");
+        reason
+      }
+      other => panic!("{h:?} was not refused: {other:?}"),
+    };
+    assert!(reason("tcp://h:99999").contains("port \"99999\" is not a number from 1 to 65535"));
+    assert!(reason("tcp://h:0").contains("from 1 to 65535"));
+    assert!(reason("tcp://h:+80").contains("from 1 to 65535"));
+    assert!(reason("tcp://host").contains("no port; give one"));
+    assert!(reason("tcp://[::1").contains("no closing bracket"));
+    assert!(reason("tcp://::1]:2375").contains("unbalanced bracket"));
+    assert!(reason("tcp://[::1]").contains("no port after the address"));
+    assert!(reason("tcp://[nope]:1").contains("is not an IPv6 address"));
+    assert!(reason("tcp://::1:2375").contains("must be in brackets"));
+    assert!(reason("tcp://a@b:1").contains("is not a host name"));
+    assert!(reason("tcp://:2375").contains("is not a host name"));
+    assert!(reason("tcp://h\0:2375").contains("NUL byte"));
+    assert!(reason("unix:///var/run/docker.sock\0x").contains("NUL byte"));
+    assert!(reason("ssh://h\0").contains("NUL byte"));
+    for ok in [
+      "tcp://h:1",
+      "tcp://h:65535",
+      "tcp://10.0.0.9:2376",
+      "tcp://[::1]:2375",
+      "tcp://[fe80::1%eth0]:2375",
+      "tcp://my-host.example_1:2375",
+    ] {
+      assert_eq!(normalize_docker_host(ok, "dockerHost").unwrap(), ok);
+    }
   }
 }

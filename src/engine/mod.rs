@@ -5,6 +5,7 @@
 //! bounds control-plane calls by a deadline so a hung engine cannot hang a caller.
 
 pub mod claim;
+pub mod connector;
 pub mod credentials;
 pub mod endpoint;
 pub mod runtime;
@@ -57,6 +58,8 @@ pub struct Engine {
   pub podman: bool,
   /// Podman's version (major, minor), when the engine is Podman.
   pub podman_version: Option<(u32, u32)>,
+  /// Docker's own version (major, minor, patch), when the engine is Docker and said it.
+  pub docker_version: Option<(u32, u32, u32)>,
   /// A TLS client certificate in use (TLS errors then say whether one was missing).
   pub client_cert: bool,
   /// Deadline for one control-plane request; a provider sets its own (`engineTimeoutMs`).
@@ -108,11 +111,29 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
   } else if host.starts_with("ssh://") {
     crate::engine::ssh::connect(host, timeout, API_DEFAULT_VERSION)?
   } else if let Some(path) = host.strip_prefix("unix://") {
-    Docker::connect_with_unix(path, timeout, API_DEFAULT_VERSION)
-      .map_err(|e| unreachable(e.to_string()))?
+    if !std::path::Path::new(path).exists() {
+      return Err(unreachable(format!("Socket not found: {path}")));
+    }
+    // A connection per request, as bollard's own unix client: nothing pooled goes stale.
+    let socket = connector::UnixConnector(Arc::new(path.into()));
+    connector::docker(
+      socket,
+      "http://localhost",
+      false,
+      timeout,
+      API_DEFAULT_VERSION,
+    )
+    .map_err(|e| unreachable(e.to_string()))?
   } else if let Some(hp) = host.strip_prefix("tcp://") {
-    Docker::connect_with_http(&format!("http://{hp}"), timeout, API_DEFAULT_VERSION)
-      .map_err(|e| unreachable(e.to_string()))?
+    let http = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector::docker(
+      http,
+      &format!("http://{hp}"),
+      false,
+      timeout,
+      API_DEFAULT_VERSION,
+    )
+    .map_err(|e| unreachable(e.to_string()))?
   } else {
     return Err(unreachable("unsupported address".into()));
   };
@@ -123,6 +144,7 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
     host: host.into(),
     podman: false,
     podman_version: None,
+    docker_version: None,
     client_cert,
     control_timeout: limit,
     shared: shared.clone(),
@@ -135,20 +157,35 @@ async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Engine> {
     )
     .await?;
   // An engine that does not say what it is is taken as Docker.
-  let podman_version = engine
+  let version = engine
     .within(limit, "read the engine version", negotiated.version())
     .await
-    .ok()
-    .and_then(|v| podman_of(&v));
+    .ok();
+  let podman_version = version.as_ref().and_then(podman_of);
+  let docker_version = match podman_version {
+    Some(_) => None,
+    None => version
+      .as_ref()
+      .and_then(|v| v.version.as_deref())
+      .and_then(version_triple),
+  };
   Ok(Engine {
     docker: negotiated,
     host: host.into(),
     podman: podman_version.is_some(),
     podman_version,
+    docker_version,
     client_cert,
     control_timeout: CONTROL_TIMEOUT,
     shared,
   })
+}
+
+/// `20.10.24+dfsg1` as (20, 10, 24).
+pub fn version_triple(v: &str) -> Option<(u32, u32, u32)> {
+  let mut parts = v.split(['.', '-', '+', '~']);
+  let mut next = || parts.next().and_then(|p| p.parse::<u32>().ok());
+  Some((next()?, next()?, next().unwrap_or(0)))
 }
 
 /// Podman's version (major, minor) when `v` lists a Podman component.
@@ -243,6 +280,13 @@ impl Engine {
   /// Server answers become `Engine` errors with their status; anything else means we never got
   /// an answer, so the engine is unreachable.
   pub fn map_error(&self, operation: &str, e: BollardError) -> SandboxError {
+    if let Some(r) = connector::reply_too_large(&e) {
+      return SandboxError::EngineReplyTooLarge {
+        host: self.host.to_string(),
+        operation: operation.to_string(),
+        limit: r.limit,
+      };
+    }
     if let Some(tls) = crate::engine::tls::classify(&self.host, self.client_cert, &e) {
       return tls;
     }
@@ -329,7 +373,15 @@ impl Engine {
     let r = self
       .control(operation, || self.docker.inspect_container(container, None))
       .await;
-    absent_on(r, &[404])
+    match absent_on(r, &[404]) {
+      // Podman answers for a container it is removing with a 500 "no such container".
+      Err(SandboxError::Engine {
+        status: 500,
+        ref detail,
+        ..
+      }) if detail.contains("no such container") => Ok(None),
+      other => other,
+    }
   }
 
   /// Creates a container (named when `name` is given); returns its id.
@@ -532,9 +584,22 @@ impl Engine {
   /// Removes a stopped container (and its anonymous volumes). `false` when it is gone, or
   /// running again: the engine refuses to remove a running container unforced.
   pub async fn remove_stopped(&self, operation: &str, container: &str) -> Result<bool> {
+    self.remove_unforced(operation, container, true).await
+  }
+
+  /// As `remove_stopped`, but keeping its volumes: another container mounts them now.
+  pub async fn remove_stopped_keeping_volumes(
+    &self,
+    operation: &str,
+    container: &str,
+  ) -> Result<bool> {
+    self.remove_unforced(operation, container, false).await
+  }
+
+  async fn remove_unforced(&self, operation: &str, container: &str, volumes: bool) -> Result<bool> {
     let opts = RemoveContainerOptions {
       force: false,
-      v: true,
+      v: volumes,
       ..Default::default()
     };
     let r = self

@@ -187,11 +187,7 @@ pub fn connect(host: &str, timeout: u64, version: &ClientVersion) -> Result<Dock
     target,
     said: said.clone(),
   };
-  let client = Arc::new(
-    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-      .pool_idle_timeout(Duration::from_secs(30))
-      .build(connector),
-  );
+  let client = crate::engine::connector::http_client(connector, true);
   Docker::connect_with_custom_transport(
     move |req: BollardRequest| {
       let client = client.clone();

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use bollard::errors::Error as BollardError;
-use bollard::{BollardRequest, ClientVersion, Docker};
+use bollard::{ClientVersion, Docker};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
@@ -165,20 +165,10 @@ pub fn connect(host: &str, tls: &Tls, timeout: u64, version: &ClientVersion) -> 
     .https_only()
     .enable_http1()
     .wrap_connector(http);
-  let client = Arc::new(
-    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(https),
-  );
   let addr = format!("https://{}", host.strip_prefix("tcp://").unwrap_or(host));
-  Docker::connect_with_custom_transport(
-    move |req: BollardRequest| {
-      let client = client.clone();
-      async move { client.request(req).await.map_err(BollardError::from) }
-    },
-    Some(addr),
-    timeout,
-    version,
-  )
-  .map_err(|e| SandboxError::Internal(format!("TLS client: {e}")))
+  // Pooled, as before: the handshake is worth keeping the connection for.
+  crate::engine::connector::docker(https, &addr, true, timeout, version)
+    .map_err(|e| SandboxError::Internal(format!("TLS client: {e}")))
 }
 
 /// Accepts any engine certificate (`DOCKER_TLS` without `DOCKER_TLS_VERIFY`), still checking

@@ -1,7 +1,8 @@
 //! What the `ls` and `rm` commands do: list this package's sandboxes on one engine (one
-//! namespace or all), and remove some of them by id. Only containers with our labels whose
-//! name derives from their id are ever listed or touched; probe and image-work containers are
-//! not sandboxes and are left out.
+//! namespace or all), and remove some of them by id; list and remove the image-work leases a
+//! failed or interrupted pull or build left (engine-wide: they belong to no namespace). Only
+//! containers with our labels whose name derives from them are ever listed or touched; probes
+//! are not sandboxes and are left out.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use serde::Serialize;
 use crate::engine::Engine;
 use crate::fleet::reaper;
 use crate::gpu::GpuPlacement;
+use crate::images::work::{self, Found, Liveness};
 use crate::sandbox::container::{self, Owned, Placement, Role, Target};
 use crate::sandbox::swap;
 use crate::util::errors::{Result, SandboxError};
@@ -213,4 +215,115 @@ async fn last_activity(engine: &Engine, container: &str) -> Result<Option<u64>> 
     }
   }
   Ok(None)
+}
+
+/// What a lease row says it is, in `ls` and `rm` output.
+pub const LEASE_KIND: &str = "image-work lease";
+
+/// An image-work lease as `ls` and `doctor` show it: the engine-wide record of a pull or build
+/// (see `images::work`), which a failed or interrupted one leaves behind.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseInfo {
+  /// Always `image-work lease`.
+  pub kind: String,
+  /// The container's name (`trueforge-imagework-<hash>`): what `rm` takes.
+  pub container: String,
+  pub image: String,
+  /// `pull` or `build`.
+  pub work: String,
+  /// `running` (its holder was heard from lately), `failed` (`reason` says why) or `silent`
+  /// (its holder died: crashed, restarted, killed).
+  pub state: String,
+  /// `host:pid` of the server process that did the work.
+  pub holder: String,
+  pub reason: Option<String>,
+  /// When the lease was made, epoch seconds.
+  pub created: u64,
+  /// Seconds since its holder last wrote it.
+  pub age_seconds: u64,
+}
+
+fn lease_info(f: &Found) -> LeaseInfo {
+  let state = match f.seen.liveness() {
+    Liveness::Alive => "running",
+    Liveness::Failed => "failed",
+    Liveness::Silent(_) => "silent",
+  };
+  LeaseInfo {
+    kind: LEASE_KIND.into(),
+    container: f.name.clone(),
+    image: f.image.clone(),
+    work: f.seen.record.kind.clone(),
+    state: state.into(),
+    holder: f.seen.record.holder.clone(),
+    reason: f.seen.record.reason.clone(),
+    created: f.seen.created_ms / 1000,
+    age_seconds: f.seen.age_ms() / 1000,
+  }
+}
+
+/// The image-work leases on `engine`, by name.
+pub async fn leases(engine: &Engine) -> Result<Vec<LeaseInfo>> {
+  Ok(work::leases(engine).await?.iter().map(lease_info).collect())
+}
+
+/// What `rm` did with one lease.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseRemoval {
+  /// Always `image-work lease`.
+  pub kind: String,
+  pub container: String,
+  /// The image it was for; absent when no lease has that name.
+  #[serde(skip_serializing_if = "Option::is_none")]
+  pub image: Option<String>,
+  /// `removed`, `not-found` (no lease of ours by that name) or `in-use` (its holder is at
+  /// work: a pull or build in progress, left alone).
+  pub outcome: String,
+}
+
+fn removal(container: &str, image: Option<&str>, outcome: &str) -> LeaseRemoval {
+  LeaseRemoval {
+    kind: LEASE_KIND.into(),
+    container: container.to_string(),
+    image: image.map(String::from),
+    outcome: outcome.into(),
+  }
+}
+
+/// Removes the leases with these container names, unless their holder is at work.
+pub async fn remove_leases(engine: &Engine, names: &[String]) -> Result<Vec<LeaseRemoval>> {
+  let found = work::leases(engine).await?;
+  let mut out = Vec::new();
+  for name in names {
+    let Some(f) = found.iter().find(|f| &f.name == name) else {
+      out.push(removal(name, None, "not-found"));
+      continue;
+    };
+    let outcome = if f.seen.liveness() == Liveness::Alive {
+      "in-use"
+    } else if work::remove_found(engine, f).await? {
+      "removed"
+    } else {
+      "not-found"
+    };
+    out.push(removal(name, Some(&f.image), outcome));
+  }
+  Ok(out)
+}
+
+/// Removes every lease whose work failed or whose holder died, last written at least
+/// `older_than` ago.
+pub async fn remove_stale_leases(
+  engine: &Engine,
+  older_than: Duration,
+) -> Result<Vec<LeaseRemoval>> {
+  Ok(
+    work::remove_stale(engine, older_than)
+      .await?
+      .iter()
+      .map(|f| removal(&f.name, Some(&f.image), "removed"))
+      .collect(),
+  )
 }

@@ -179,11 +179,14 @@ pub fn refill(engine: &Engine, cfg: &ProviderConfig, image: &str, fp: &str, log:
           }
           match c.state {
             Some(ContainerSummaryStateEnum::RUNNING) => running += 1,
-            // Stopped members are nobody's session: remove them. A member still being made (by
-            // this or another process) is left alone.
+            // Stopped members are nobody's session: remove them (not forced: one started
+            // meanwhile stays). A member still being made (by this or another process) is left
+            // alone.
             Some(ContainerSummaryStateEnum::EXITED | ContainerSummaryStateEnum::DEAD) => {
               if let Some(id) = c.id {
-                let _ = engine.force_remove(&id).await;
+                let _ = engine
+                  .remove_stopped("remove a stopped pool member", &id)
+                  .await;
               }
             }
             _ => {}

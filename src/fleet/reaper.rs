@@ -1,8 +1,9 @@
 //! Removing sandboxes that have been stopped for longer than the delete interval. Runs in the
 //! background for every live provider (at most one task per process, engine and namespace, at
 //! most once a minute, never blocking a call), on demand (`reapStale()`), and from the `reap`
-//! command for cron. It only ever touches containers with our labels and namespace, and only
-//! stopped ones: a container running a command is never removed.
+//! command for cron. It only ever touches stopped containers of its namespace that are ours by
+//! name and labels (sandboxes, and the probes a crash left), and, engine-wide, leases and saved
+//! images long unused: a container running a command is never removed.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -10,9 +11,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
-use bollard::models::ContainerSummary;
+use bollard::models::{ContainerSummary, ContainerSummaryStateEnum};
 
-use crate::engine::Engine;
+use crate::engine::{claim, Engine};
 use crate::gpu::GpuPlacement;
 use crate::sandbox::container::{self, Owned, Placement, Role, Target};
 use crate::sandbox::swap;
@@ -23,8 +24,9 @@ use crate::util::timestamps::parse_time;
 
 /// How often the background reaper runs.
 pub const REAP_PERIOD: Duration = Duration::from_secs(60);
-/// Probe containers left by a crash are removed after this long.
-const PROBE_GRACE_SECS: u64 = 600;
+/// Probe containers left by a crash are removed this long after they were made (a probe runs
+/// for seconds and is removed by its maker; its deadline is 90 s).
+const PROBE_GRACE: Duration = Duration::from_secs(600);
 
 fn now_secs() -> u64 {
   SystemTime::now()
@@ -45,22 +47,11 @@ pub async fn reap(
   placement: &dyn Placement,
   log: &Logger,
 ) -> Result<Vec<String>> {
-  let filters = HashMap::from([
-    (
-      "label".to_string(),
-      vec![
-        labels::ours(),
-        labels::filter(labels::LABEL_NAMESPACE, namespace),
-      ],
-    ),
-    (
-      "status".to_string(),
-      vec!["exited".into(), "created".into(), "dead".into()],
-    ),
-  ]);
-  let list = engine
-    .list_containers("list sandbox containers", true, false, filters)
-    .await?;
+  let labels = vec![
+    labels::ours(),
+    labels::filter(labels::LABEL_NAMESPACE, namespace),
+  ];
+  let list = stopped(engine, "list sandbox containers", labels).await?;
   let now = now_secs();
   let mut removed = Vec::new();
   for c in list {
@@ -73,12 +64,41 @@ pub async fn reap(
     removed.push(found.owned.sandbox_id);
   }
   if !dry_run {
-    reap_probes(engine, now).await;
+    reap_probes(engine, namespace).await;
     swap::sweep_saved_images(engine, now).await;
     // Best effort, like the probes: a lease left by a failed or crashed fetch long ago.
     let _ = crate::images::work::reap_forgotten(engine).await;
   }
   Ok(removed)
+}
+
+/// The containers carrying `labels` that are not running (created, exited, dead …). Filtered
+/// here, not by the engine's `status` filter: Podman 4 refuses the whole list for a state it
+/// does not know (`dead`).
+async fn stopped(
+  engine: &Engine,
+  operation: &str,
+  labels: Vec<String>,
+) -> Result<Vec<ContainerSummary>> {
+  let filters = HashMap::from([("label".to_string(), labels)]);
+  let list = engine
+    .list_containers(operation, true, false, filters)
+    .await?;
+  Ok(
+    list
+      .into_iter()
+      .filter(|c| {
+        !matches!(
+          c.state,
+          Some(
+            ContainerSummaryStateEnum::RUNNING
+              | ContainerSummaryStateEnum::PAUSED
+              | ContainerSummaryStateEnum::RESTARTING
+          )
+        )
+      })
+      .collect(),
+  )
 }
 
 /// A sandbox container found stale.
@@ -197,18 +217,34 @@ pub async fn reap_standalone(
   .await
 }
 
-async fn reap_probes(engine: &Engine, now: u64) {
-  let labels = vec![labels::ours(), labels::filter(LABEL_PROBE, "1")];
-  let Ok(list) = engine.list_labelled("list probe containers", labels).await else {
+/// Removes the throwaway containers (image probes, GPU discovery) of `namespace` that a crash
+/// left: ours by name and labels (`claim::probe_made_ms`), made longer than the grace ago, and
+/// stopped. A probe runs for seconds and its maker removes it; a running one is left alone
+/// (removal is not forced), as is any other namespace's. Best effort.
+async fn reap_probes(engine: &Engine, namespace: &str) {
+  let labels = vec![
+    labels::ours(),
+    labels::filter(labels::LABEL_NAMESPACE, namespace),
+    LABEL_PROBE.to_string(),
+  ];
+  let Ok(list) = stopped(engine, "list probe containers", labels).await else {
     return;
   };
+  let now = crate::util::timestamps::now_ms();
   for c in list {
-    let old = c
-      .created
-      .map(|t| now.saturating_sub(t.max(0) as u64) > PROBE_GRACE_SECS)
-      .unwrap_or(false);
-    if let (true, Some(id)) = (old, c.id) {
-      let _ = engine.force_remove(&id).await;
+    let Some(name) = c.names.as_ref().and_then(|n| n.first()) else {
+      continue;
+    };
+    let Some(made) = claim::probe_made_ms(name, c.labels.as_ref(), namespace) else {
+      continue;
+    };
+    if now.saturating_sub(made) <= PROBE_GRACE.as_millis() as u64 {
+      continue;
+    }
+    if let Some(id) = c.id.as_deref() {
+      let _ = engine
+        .remove_stopped("remove a probe container a crash left", id)
+        .await;
     }
   }
 }

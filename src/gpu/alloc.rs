@@ -100,7 +100,10 @@ pub async fn create_exclusive(
   n: u32,
   log: &Logger,
 ) -> Result<Target> {
-  let inventory = inventory(engine, &cfg.gpu_devices, || async { Ok(image.to_string()) }).await?;
+  let inventory = inventory(engine, &cfg.gpu_devices, &cfg.namespace, || async {
+    Ok(image.to_string())
+  })
+  .await?;
   let deadline = Instant::now() + Duration::from_millis(cfg.gpu_wait_ms);
   lock::until_free(engine, deadline, log, || async {
     let held = held(engine).await?;

@@ -11,7 +11,6 @@ use crate::config::Gpus;
 use crate::engine::{claim, Engine};
 use crate::sandbox::devices::{explain, nvidia_requests, DRIVER_CAPABILITIES};
 use crate::util::errors::{Result, SandboxError};
-use crate::util::labels::LABEL_PROBE;
 
 /// Per-engine state (kept per engine: `EngineShared::state`), each learnt once per engine.
 #[derive(Default)]
@@ -21,11 +20,13 @@ pub struct State {
 }
 
 /// The GPUs exclusive allocation hands out: `gpuDevices`, else what the engine host has (CDI
-/// specs beside a local engine, else `nvidia-smi -L` in a throwaway container). Discovery runs
-/// once per engine per process; `image` is asked for only when it has to run a container.
+/// specs beside a local engine, else `nvidia-smi -L` in a throwaway container of `namespace`).
+/// Discovery runs once per engine per process; `image` is asked for only when it has to run a
+/// container.
 pub async fn inventory<F, Fut>(
   engine: &Engine,
   configured: &[String],
+  namespace: &str,
   image: F,
 ) -> Result<Vec<String>>
 where
@@ -45,7 +46,7 @@ where
   }
   let mut tried = "no CDI spec in /etc/cdi or /var/run/cdi".to_string();
   if devices.is_empty() {
-    let (list, how) = nvidia_smi_in_container(engine, &image().await?).await?;
+    let (list, how) = nvidia_smi_in_container(engine, &image().await?, namespace).await?;
     devices = list;
     tried = format!("{tried}; `nvidia-smi -L` in a sandbox with every GPU: {how}");
   }
@@ -134,9 +135,13 @@ pub fn cdi_spec_devices(text: &str) -> Vec<String> {
 
 /// The GPU UUIDs `nvidia-smi -L` lists in a throwaway container given every GPU, with a word
 /// on what happened.
-async fn nvidia_smi_in_container(engine: &Engine, image: &str) -> Result<(Vec<String>, String)> {
-  // A probe, so the reaper finds it if this process dies before removing it.
-  let mut body = claim::helper_body(image, [(LABEL_PROBE.to_string(), "1".to_string())]);
+async fn nvidia_smi_in_container(
+  engine: &Engine,
+  image: &str,
+  namespace: &str,
+) -> Result<(Vec<String>, String)> {
+  // A probe of the provider's namespace, so its reaper finds it if this process dies first.
+  let (name, mut body) = claim::probe_body(image, namespace);
   body.entrypoint = Some(vec!["nvidia-smi".into(), "-L".into()]);
   body.cmd = Some(vec![]);
   body.env = Some(vec![format!(
@@ -146,7 +151,7 @@ async fn nvidia_smi_in_container(engine: &Engine, image: &str) -> Result<(Vec<St
     host.device_requests = nvidia_requests(&Gpus::All);
   }
   let id = engine
-    .create_container("create the GPU discovery container", None, body)
+    .create_container("create the GPU discovery container", Some(&name), body)
     .await
     .map_err(|e| match e {
       // The caller pulls or builds the image and tries again, as for a sandbox.

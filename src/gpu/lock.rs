@@ -1,7 +1,7 @@
 //! The engine's GPU allocation lock: a claim (`engine::claim`) named the same in every process,
 //! so choosing GPUs and starting a container on them is serialised across processes. It is
 //! removed by its id when done and broken by anyone once it is older than `LOCK_STALE` (its
-//! holder died).
+//! holder died), only while it is our claim: created and never started.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::engine::{claim, Engine};
 use crate::util::errors::{Result, SandboxError};
-use crate::util::labels::{LABEL_GPU_LOCK, LABEL_GPU_LOCK_AT};
+use crate::util::labels::{self, LABEL_GPU_LOCK, LABEL_GPU_LOCK_AT};
 use crate::util::logging::Logger;
 
 /// The lock's container name: one per engine.
@@ -64,10 +64,15 @@ impl Lock {
             .as_ref()
             .and_then(|c| c.labels.clone())
             .unwrap_or_default();
-          if !labels.contains_key(LABEL_GPU_LOCK) {
+          // Only our claim, created and never started, is the lock: anything else under the
+          // name is somebody's container, never removed here.
+          if !labels::managed(Some(&labels))
+            || !labels.contains_key(LABEL_GPU_LOCK)
+            || !claim::never_started(&info)
+          {
             return Err(SandboxError::Internal(format!(
-              "a container named {LOCK_NAME} that is not our GPU allocation lock exists on the \
-               engine; remove or rename it"
+              "a container named {LOCK_NAME} that is not our GPU allocation lock (a container \
+               of ours created and never started) exists on the engine; remove or rename it"
             )));
           }
           let at: u64 = labels
@@ -75,8 +80,12 @@ impl Lock {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
           if crate::util::timestamps::now_ms().saturating_sub(at) > LOCK_STALE.as_millis() as u64 {
+            // Not forced: should it have been started meanwhile, it stays (and the next
+            // look refuses it).
             if let Some(id) = info.id {
-              let _ = engine.force_remove(&id).await;
+              let _ = engine
+                .remove_stopped("break a stale GPU allocation lock", &id)
+                .await;
             }
             continue;
           }

@@ -34,6 +34,8 @@ pub struct StartSettings {
   /// `gpuWaitMs`: how long a start waits for GPUs to free up.
   pub wait: Duration,
   pub image: ImageFn,
+  /// The provider's namespace, which GPU discovery's throwaway container is made in.
+  pub namespace: String,
 }
 
 impl StartSettings {
@@ -42,6 +44,7 @@ impl StartSettings {
       devices: cfg.gpu_devices.clone(),
       wait: Duration::from_millis(cfg.gpu_wait_ms),
       image,
+      namespace: cfg.namespace.clone(),
     }
   }
 }

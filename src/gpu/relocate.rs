@@ -23,12 +23,12 @@ use crate::gpu::alloc::{held, unavailable};
 use crate::gpu::inventory::inventory;
 use crate::gpu::lock::{self, Lock};
 use crate::gpu::StartSettings;
-use crate::sandbox::container::{self, remove_container, Target};
+use crate::sandbox::container::{self, remove_container, Role, Target};
 use crate::sandbox::devices;
-use crate::sandbox::swap::{is_ours, MOVED_SUFFIX, MOVING_SUFFIX};
+use crate::sandbox::swap::{MOVED_SUFFIX, MOVING_SUFFIX};
 use crate::util::errors::{Result, SandboxError};
 use crate::util::labels::{
-  self, LABEL_CARRIED_VOLUMES, LABEL_GPUS, LABEL_SAVED_FROM, LABEL_SAVED_IMAGE,
+  LABEL_CARRIED_VOLUMES, LABEL_GPUS, LABEL_ID, LABEL_SAVED_FROM, LABEL_SAVED_IMAGE,
 };
 use crate::util::logging::Logger;
 
@@ -52,21 +52,10 @@ pub async fn remove_exclusive(
       return Ok(false);
     }
     for suffix in [MOVING_SUFFIX, MOVED_SUFFIX] {
-      let name = format!("{}{suffix}", target.name);
-      if let Some(left) = engine
-        .inspect_container("inspect a stale move", &name)
-        .await?
-      {
-        let sandbox = left
-          .config
-          .as_ref()
-          .and_then(|c| c.labels.as_ref())
-          .and_then(|l| l.get(labels::LABEL_ID));
-        if is_ours(&left) && sandbox == Some(&target.sandbox_id) {
-          engine
-            .force_remove(left.id.as_deref().unwrap_or(&name))
-            .await?;
-        }
+      if let Some(id) = left_by_move(engine, &target.name, &target.sandbox_id, suffix).await? {
+        engine
+          .remove_stopped("remove what a GPU move left", &id)
+          .await?;
       }
     }
     Ok(removed)
@@ -74,6 +63,33 @@ pub async fn remove_exclusive(
   .await;
   lock.release(log).await;
   outcome
+}
+
+/// The id of the container a move of the sandbox `sandbox_id` (container `name`) left under
+/// `<name><suffix>`, when it is one: ours by name and labels as a set-aside container of this
+/// very sandbox (its namespace and id), and not running (neither container of a move runs under
+/// those names). Anything else there is somebody's, never touched.
+async fn left_by_move(
+  engine: &Engine,
+  name: &str,
+  sandbox_id: &str,
+  suffix: &str,
+) -> Result<Option<String>> {
+  let name = format!("{name}{suffix}");
+  let Some(left) = engine
+    .inspect_container("inspect a stale move", &name)
+    .await?
+  else {
+    return Ok(None);
+  };
+  let labels = left.config.as_ref().and_then(|c| c.labels.as_ref());
+  let ours = container::owned(&name, labels, None)
+    .is_some_and(|o| o.role == Role::SetAside && o.sandbox_id == sandbox_id && o.name == name)
+    && left.name.as_deref() == Some(format!("/{name}").as_str());
+  let state = left.state.clone().unwrap_or_default();
+  let idle =
+    state.running != Some(true) && state.paused != Some(true) && state.restarting != Some(true);
+  Ok(left.id.filter(|_| ours && idle))
 }
 
 /// What one pass under the lock decided.
@@ -94,7 +110,10 @@ pub async fn start_exclusive(
 ) -> Result<()> {
   // Which GPUs exist is known before the lock is taken (discovery runs a container, of the
   // provider's image: a saved one carries the old GPUs' environment).
-  let inventory = inventory(engine, &settings.devices, || (settings.image)()).await?;
+  let inventory = inventory(engine, &settings.devices, &settings.namespace, || {
+    (settings.image)()
+  })
+  .await?;
   let deadline = Instant::now() + settings.wait;
   let mut saved: Option<(String, String)> = None;
   let outcome = loop {
@@ -352,17 +371,20 @@ async fn move_to(
   let moving = format!("{name}{MOVING_SUFFIX}");
   let moved = format!("{name}{MOVED_SUFFIX}");
   let (body, _) = moved_body(info, image, picked);
-  // Left by a move that died: never started, ours by its labels, safe to drop.
-  for stale in [&moving, &moved] {
-    if let Some(s) = engine
-      .inspect_container("inspect a stale move", stale)
-      .await?
-    {
-      if is_ours(&s) {
-        let _ = engine
-          .remove_keeping_volumes("remove a stale move", s.id.as_deref().unwrap_or(stale))
-          .await;
-      }
+  // Left by a move of this sandbox that died (ours by name and labels, stopped): the volumes
+  // stay, the container it moves from mounts them.
+  let sandbox_id = info
+    .config
+    .as_ref()
+    .and_then(|c| c.labels.as_ref())
+    .and_then(|l| l.get(LABEL_ID))
+    .cloned()
+    .unwrap_or_default();
+  for suffix in [MOVING_SUFFIX, MOVED_SUFFIX] {
+    if let Some(id) = left_by_move(engine, &name, &sandbox_id, suffix).await? {
+      let _ = engine
+        .remove_stopped_keeping_volumes("remove a stale move", &id)
+        .await;
     }
   }
   let new_id = engine
@@ -424,6 +446,7 @@ async fn move_to(
 mod tests {
   use super::*;
   use crate::sandbox::swap::{saved_of, Saved};
+  use crate::util::labels;
   use bollard::models::{ContainerConfig, MountPoint};
 
   fn s(v: &[&str]) -> Vec<String> {

@@ -28,6 +28,19 @@ fn invalid(spec: &BuildSpec, reason: String) -> SandboxError {
   }
 }
 
+/// Refuses, when the provider is built, a context that is not a directory it can read: a build
+/// from it could never start.
+pub fn check_readable(spec: &BuildSpec) -> Result<()> {
+  let root = Path::new(&spec.context);
+  match std::fs::metadata(root) {
+    Ok(m) if !m.is_dir() => Err(invalid(spec, "not a directory".into())),
+    Ok(_) => std::fs::read_dir(root)
+      .map(|_| ())
+      .map_err(|e| invalid(spec, format!("not a readable directory ({e})"))),
+    Err(e) => Err(invalid(spec, format!("not a readable directory ({e})"))),
+  }
+}
+
 /// Relative paths of every entry under `root`, sorted, skipping `.git` and what
 /// `.dockerignore` names exactly (full glob support is left to the engine's own builder).
 fn walk(root: &Path) -> std::io::Result<Vec<PathBuf>> {
@@ -201,6 +214,28 @@ mod tests {
     assert!(names.contains(&"Dockerfile".to_string()) && names.contains(&"sub/a".to_string()));
     assert!(t1.starts_with("trueforge-sandbox-build:"));
     std::fs::remove_dir_all(&dir).unwrap();
+  }
+
+  #[test]
+  fn a_context_must_be_a_readable_directory() {
+    let spec = |context: &str| BuildSpec {
+      context: context.into(),
+      dockerfile: "Dockerfile".into(),
+      args: BTreeMap::new(),
+    };
+    let reason = |context: &str| match check_readable(&spec(context)) {
+      Err(SandboxError::InvalidOption { option, reason }) => {
+        assert_eq!(option, "build.context");
+        reason
+      }
+      other => panic!("{context} was not refused: {other:?}"),
+    };
+    assert!(
+      reason("/nonexistent").starts_with("/nonexistent: not a readable directory (No such file")
+    );
+    assert_eq!(reason("/etc/hostname"), "/etc/hostname: not a directory");
+    let dir = std::env::temp_dir();
+    assert!(check_readable(&spec(&dir.to_string_lossy())).is_ok());
   }
 
   #[test]

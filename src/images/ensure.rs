@@ -95,7 +95,7 @@ async fn ready(
   if let Some(b) = &src.build {
     m.insert("buildContext".to_string(), b.context.clone());
   }
-  let p = probe(engine, &src.reference, &id).await?;
+  let p = probe(engine, &src.reference, &id, &src.namespace).await?;
   let yes = |b: bool| if b { "yes" } else { "no" }.to_string();
   // A tool's version; `yes` when it is there but said no version; `no` when it is missing.
   let ver = |v: &Option<String>| match v.as_deref() {

@@ -9,7 +9,6 @@ use crate::engine::{claim, Engine};
 use crate::images::State;
 use crate::sandbox::transfer;
 use crate::util::errors::{Result, SandboxError};
-use crate::util::labels::LABEL_PROBE;
 
 /// What the probe found in an image: for each tool its version (`""` when it is there but its
 /// version could not be read), `None` when it is missing.
@@ -164,20 +163,21 @@ pub(crate) fn warning(image: &str, p: &Probe) -> Option<String> {
   (!parts.is_empty()).then(|| parts.join("; "))
 }
 
-/// Probes an image once per image id per process: a throwaway container (no network) runs a
-/// short script; `/bin/sh` is checked first through the archive stat, since without it nothing
-/// can run at all.
-pub async fn probe(engine: &Engine, image: &str, image_id: &str) -> Result<Probe> {
+/// Probes an image once per image id per process: a throwaway container of `namespace` (no
+/// network) runs a short script; `/bin/sh` is checked first through the archive stat, since
+/// without it nothing can run at all.
+pub async fn probe(engine: &Engine, image: &str, image_id: &str, namespace: &str) -> Result<Probe> {
   // One probe per image at a time: racing first reads wait for it instead of probing again.
   let state = &engine.shared.state::<State>();
   let _guard = state.probe_locks.lock(image_id.to_string()).await;
   if let Some(p) = state.probes.lock().expect("probes").get(image_id) {
     return Ok(p.clone());
   }
-  let mut body = claim::helper_body(image, [(LABEL_PROBE.to_string(), "1".to_string())]);
+  // Named and labelled for its namespace, so the reaper finds it if this process dies first.
+  let (name, mut body) = claim::probe_body(image, namespace);
   body.entrypoint = Some(vec!["/bin/sh".into(), "-c".into(), PROBE_SCRIPT.into()]);
   let id = engine
-    .create_container("create a probe container", None, body)
+    .create_container("create a probe container", Some(&name), body)
     .await?;
   let run = async {
     let sh = transfer::stat(engine, &id, "/bin/sh").await?.is_some();

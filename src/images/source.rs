@@ -14,6 +14,8 @@ pub struct ImageSource {
   pub reference: String,
   pub build: Option<BuildSpec>,
   pub credentials: Option<DockerCredentials>,
+  /// The provider's namespace: the image's probe container is made in it.
+  pub namespace: String,
 }
 
 /// Splits a reference into what the pull endpoint wants; a missing tag means `latest` (an
@@ -76,6 +78,7 @@ pub async fn source(cfg: &ProviderConfig) -> Result<ImageSource> {
       reference: cfg.image.clone(),
       build: None,
       credentials: credentials_for(cfg, &cfg.image),
+      namespace: cfg.namespace.clone(),
     }),
     Some(spec) => {
       let spec2 = spec.clone();
@@ -88,6 +91,7 @@ pub async fn source(cfg: &ProviderConfig) -> Result<ImageSource> {
         reference: prepared.tag,
         build: Some(spec.clone()),
         credentials: None,
+        namespace: cfg.namespace.clone(),
       })
     }
   }

@@ -23,7 +23,7 @@ pub const HEARTBEAT: Duration = Duration::from_secs(2);
 /// A running record older than this belongs to a holder that died (crash, restart, SIGKILL).
 pub const STALE_AFTER: Duration = Duration::from_secs(12);
 /// Dead or failed leases nobody asked about for this long are removed by the reaper.
-const FORGOTTEN_AFTER: Duration = Duration::from_secs(3600);
+pub const FORGOTTEN_AFTER: Duration = Duration::from_secs(3600);
 
 /// What a lease says about the work.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +70,8 @@ impl Record {
 pub struct Observed {
   pub container_id: String,
   pub record: Record,
+  /// When the lease was made (the engine's creation time), in ms since the epoch.
+  pub created_ms: u64,
 }
 
 /// What a lease means now.
@@ -84,6 +86,11 @@ pub enum Liveness {
 }
 
 impl Observed {
+  /// Milliseconds since the record was last written.
+  pub fn age_ms(&self) -> u64 {
+    crate::util::timestamps::now_ms().saturating_sub(self.record.beat_ms)
+  }
+
   pub fn liveness(&self) -> Liveness {
     if self.record.state == "failed" {
       return Liveness::Failed;
@@ -119,8 +126,9 @@ pub fn lease_name(image: &str) -> String {
 }
 
 /// Takes the lease for `image`, or reports who holds it. A dead or failed lease is removed
-/// (by its container id, so a fresh one made meanwhile by another process is never touched)
-/// and taken over.
+/// (by its container id, so a fresh one made meanwhile by another process is never touched;
+/// unforced, so only while it is still never started) and taken over. A container under the
+/// lease's name that is not a lease (`observe`) is never touched: it is an error naming it.
 pub async fn acquire(
   engine: &Engine,
   image: &str,
@@ -146,21 +154,31 @@ pub async fn acquire(
       }
       None => match observe(engine, image).await? {
         Some(seen) if seen.liveness() == Liveness::Alive => return Ok(Acquired::Elsewhere(seen)),
-        Some(seen) => remove(engine, &seen.container_id).await?,
+        Some(seen) => {
+          remove(engine, &seen.container_id).await?;
+        }
         None => {}
       },
     }
   }
   Err(SandboxError::Internal(format!(
-    "could not take the image-work lease {name} for {image}: other processes keep replacing it"
+    "could not take the image-work lease {name} for {image}: a container of that name that is \
+     not our lease (one created and never started, labelled {LABEL_IMAGEWORK}={image}) holds \
+     the name, or other server processes keep replacing it; if `docker inspect {name}` shows \
+     a container that is not an image-work lease, remove or rename it"
   )))
 }
 
-async fn remove(engine: &Engine, container_id: &str) -> Result<()> {
-  engine.force_remove(container_id).await.map(|_| ())
+/// Removes a lease by id, unforced: a container that was started is no lease and stays.
+async fn remove(engine: &Engine, container_id: &str) -> Result<bool> {
+  engine
+    .remove_stopped("remove an image-work lease", container_id)
+    .await
 }
 
-/// Reads the lease for `image`, if any. A lease whose record is not written yet (it was created
+/// Reads the lease for `image`, if any: the container named `lease_name(image)`, with our labels
+/// naming that image, created and never started. Anything else under the name (a container that
+/// ran, forged labels) is nobody's lease. A lease whose record is not written yet (it was created
 /// a moment ago) counts as running since its creation.
 pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
   let name = lease_name(image);
@@ -175,9 +193,9 @@ pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
     .as_ref()
     .and_then(|c| c.labels.clone())
     .unwrap_or_default();
-  // A container of that name that is not our lease for this image is nobody's lease.
   if !labels::managed(Some(&labels))
     || labels.get(LABEL_IMAGEWORK).map(String::as_str) != Some(image)
+    || !claim::never_started(&info)
   {
     return Ok(None);
   }
@@ -208,6 +226,7 @@ pub async fn observe(engine: &Engine, image: &str) -> Result<Option<Observed>> {
   Ok(Some(Observed {
     container_id,
     record,
+    created_ms,
   }))
 }
 
@@ -227,32 +246,77 @@ impl Lease {
 
   /// Ends the lease: the work is done and its result is in the engine (the image).
   pub async fn release(self, engine: &Engine) -> Result<()> {
-    remove(engine, &self.container_id).await
+    remove(engine, &self.container_id).await.map(|_| ())
   }
 }
 
-/// Removes leases that are dead or failed and were last written over an hour ago: nobody is
-/// waiting on them any more, and a failed one has long been reported.
-pub async fn reap_forgotten(engine: &Engine) -> Result<usize> {
+/// A lease on the engine, as `ls`, `rm` and `doctor` see it.
+#[derive(Debug, Clone)]
+pub struct Found {
+  /// Its container name, `lease_name(image)`.
+  pub name: String,
+  pub image: String,
+  pub seen: Observed,
+}
+
+/// Every image-work lease on the engine (leases have no namespace: one pull serves them all).
+/// Only containers under the name their image label derives, created and never started.
+pub async fn leases(engine: &Engine) -> Result<Vec<Found>> {
   let labels = vec![labels::ours(), LABEL_IMAGEWORK.to_string()];
   let list = engine
     .list_labelled("list image-work leases", labels)
     .await?;
-  let mut removed = 0;
+  let mut out = Vec::new();
   for c in list {
-    let Some(image) = c.labels.and_then(|l| l.get(LABEL_IMAGEWORK).cloned()) else {
+    let Some(image) = c.labels.as_ref().and_then(|l| l.get(LABEL_IMAGEWORK)) else {
       continue;
     };
-    let Some(seen) = observe(engine, &image).await? else {
+    let name = lease_name(image);
+    let named = c
+      .names
+      .as_ref()
+      .and_then(|n| n.first())
+      .is_some_and(|n| n.trim_start_matches('/') == name);
+    if !named {
       continue;
-    };
-    let age = crate::util::timestamps::now_ms().saturating_sub(seen.record.beat_ms);
-    if seen.liveness() != Liveness::Alive && age > FORGOTTEN_AFTER.as_millis() as u64 {
-      remove(engine, &seen.container_id).await?;
-      removed += 1;
+    }
+    match observe(engine, image).await? {
+      Some(seen) if c.id.as_deref() == Some(seen.container_id.as_str()) => out.push(Found {
+        name,
+        image: image.clone(),
+        seen,
+      }),
+      _ => {}
+    }
+  }
+  out.sort_by(|a, b| a.name.cmp(&b.name));
+  Ok(out)
+}
+
+/// Removes one lease found by `leases` unless its holder is alive; whether it went.
+pub async fn remove_found(engine: &Engine, found: &Found) -> Result<bool> {
+  if found.seen.liveness() == Liveness::Alive {
+    return Ok(false);
+  }
+  remove(engine, &found.seen.container_id).await
+}
+
+/// Removes the leases that are dead or failed and were last written at least `older_than` ago;
+/// those removed.
+pub async fn remove_stale(engine: &Engine, older_than: Duration) -> Result<Vec<Found>> {
+  let mut removed = Vec::new();
+  for found in leases(engine).await? {
+    if found.seen.age_ms() >= older_than.as_millis() as u64 && remove_found(engine, &found).await? {
+      removed.push(found);
     }
   }
   Ok(removed)
+}
+
+/// Removes leases that are dead or failed and were last written over an hour ago (the
+/// reaper's sweep): nobody is waiting on them any more, and a failed one has long been reported.
+pub async fn reap_forgotten(engine: &Engine) -> Result<usize> {
+  Ok(remove_stale(engine, FORGOTTEN_AFTER).await?.len())
 }
 
 #[cfg(test)]
@@ -276,6 +340,7 @@ mod tests {
     let seen = |record: Record| Observed {
       container_id: "x".into(),
       record,
+      created_ms: 0,
     };
     assert_eq!(
       seen(Record::running("pull", "p".into())).liveness(),

@@ -86,6 +86,41 @@ pub fn remove_stopped_sandboxes(
   })
 }
 
+/// The image-work leases on the engine (`admin::LeaseInfo` objects); engine-wide, whatever the
+/// namespace options say.
+#[napi]
+pub fn list_image_work_leases(
+  env: &Env,
+  options: NativeAdminOptions,
+) -> napi::Result<PromiseRaw<'_, Value>> {
+  promise(env, async move {
+    let e = engine(&options).await?;
+    Ok(json!(crate::fleet::admin::leases(&e).await?))
+  })
+}
+
+/// Removes image-work leases: those named (`trueforge-imagework-<hash>`), or, with `names`
+/// absent, every one whose work failed or whose holder died, last written at least
+/// `olderThanMinutes` ago (default 0). A lease whose holder is at work is never removed.
+/// `[{ kind, container, image, outcome: 'removed' | 'not-found' | 'in-use' }]`.
+#[napi]
+pub fn remove_image_work_leases(
+  env: &Env,
+  options: NativeAdminOptions,
+  names: Option<Vec<String>>,
+  older_than_minutes: Option<f64>,
+) -> napi::Result<PromiseRaw<'_, Value>> {
+  promise(env, async move {
+    let secs =
+      config::minutes("olderThanMinutes", older_than_minutes.map(Value::from), 0.0)?.unwrap_or(0);
+    let e = engine(&options).await?;
+    Ok(match names {
+      Some(names) => json!(crate::fleet::admin::remove_leases(&e, &names).await?),
+      None => json!(crate::fleet::admin::remove_stale_leases(&e, Duration::from_secs(secs)).await?),
+    })
+  })
+}
+
 /// How the engine would be reached, without reaching it (DOCKER_HOST, contexts, TLS material).
 #[napi]
 pub fn describe_endpoint(env: &Env, docker_host: Option<String>) -> napi::Result<Value> {
@@ -104,8 +139,10 @@ fn endpoint_json(docker_host: Option<&str>) -> Result<Value, SandboxError> {
   }))
 }
 
-/// How the engine is reached and what it says about itself (`/version` and `/info`), for
-/// `doctor`: `{ endpoint: { host, source, tls, verify, clientCert, describe }, version, info }`.
+/// How the engine is reached and what it says about itself (`/version` and `/info`), and the
+/// image-work leases on it, for `doctor`: `{ endpoint: { host, source, tls, verify, clientCert,
+/// describe }, apiVersion, version, info, imageWork, imageWorkError }` (`imageWork` is `null`
+/// and `imageWorkError` says why when they could not be listed).
 #[napi]
 pub fn engine_report(
   env: &Env,
@@ -116,11 +153,14 @@ pub fn engine_report(
     let e = engine(&options).await?;
     let version = e.version().await?;
     let info = e.info().await?;
+    let leases = crate::fleet::admin::leases(&e).await;
     Ok(json!({
       "endpoint": ep,
       "apiVersion": e.api_version(),
       "version": version,
       "info": info,
+      "imageWork": leases.as_ref().ok(),
+      "imageWorkError": leases.as_ref().err().map(|e| e.to_string()),
     }))
   })
 }

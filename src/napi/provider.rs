@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use napi::bindgen_prelude::{Buffer, FnArgs, Function, PromiseRaw};
+use napi::bindgen_prelude::{Buffer, External, FnArgs, Function, PromiseRaw};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::Env;
 use napi_derive::napi;
@@ -15,7 +15,7 @@ use crate::config::ProviderConfig;
 use crate::images::Build;
 use crate::napi::js::{promise, to_js};
 use crate::provider::{ExecOutcome, ExecParams, Provider};
-use crate::sandbox::layout;
+use crate::sandbox::{container, layout};
 use crate::util::logging::{Logger, Sink};
 
 /// Parameters of one exec.
@@ -66,14 +66,10 @@ pub struct NativeLayout {
 }
 
 type LogFn = ThreadsafeFunction<String, (), String, napi::Status, false, true>;
-type RequestFn = ThreadsafeFunction<
-  FnArgs<(u32, u32, Buffer)>,
-  (),
-  FnArgs<(u32, u32, Buffer)>,
-  napi::Status,
-  false,
-  true,
->;
+/// One Code Mode request for JavaScript: its cost token (see transport.js), the relay's
+/// generation, the request's number and its text.
+type RequestArgs = FnArgs<(External<()>, u32, u32, String)>;
+type RequestFn = ThreadsafeFunction<RequestArgs, (), RequestArgs, napi::Status, false, true>;
 
 /// The native half of `DockerSandboxProvider`; `index.js` wraps it.
 #[napi]
@@ -207,6 +203,15 @@ impl NativeProvider {
     })
   }
 
+  /// Throws `SANDBOX_NOT_AVAILABLE` for an id outside the grammar, as every call does before it
+  /// looks at its other arguments; for checks the JavaScript layer makes itself.
+  #[napi]
+  pub fn check_sandbox_id(&self, env: &Env, sandbox_id: String) -> napi::Result<()> {
+    container::name_for(&self.inner.config().namespace, &sandbox_id)
+      .map(|_| ())
+      .map_err(|e| to_js(env, e))
+  }
+
   #[napi(ts_return_type = "Promise<void>")]
   pub fn upload_file<'env>(
     &self,
@@ -269,10 +274,12 @@ impl NativeProvider {
 
   /// A Code Mode session for one transport. `on_request(generation, id, payload)` receives each
   /// request from the sandbox; the answer goes back through `reply` with the same numbers.
-  #[napi(ts_args_type = "onRequest: (generation: number, id: number, payload: Buffer) => void")]
+  #[napi(
+    ts_args_type = "onRequest: (cost: ExternalObject<undefined>, generation: number, id: number, payload: string) => void"
+  )]
   pub fn code_mode_session(
     &self,
-    on_request: Function<'_, FnArgs<(u32, u32, Buffer)>, ()>,
+    on_request: Function<'_, RequestArgs, ()>,
   ) -> napi::Result<NativeCodeModeSession> {
     let tsfn: RequestFn = on_request
       .build_threadsafe_function()
@@ -280,10 +287,15 @@ impl NativeProvider {
       .callee_handled::<false>()
       .build()?;
     let tsfn = Arc::new(tsfn);
-    let sink: RequestSink = Arc::new(move |generation, id, payload: bytes::Bytes| {
-      let buf = Buffer::from(payload.to_vec());
+    let sink: RequestSink = Arc::new(move |generation, id, payload: Vec<u8>| {
+      // Text, not a Buffer: the bytes are copied into a JavaScript string once and freed here at
+      // once, while a Buffer's would wait for a collection; JSON.parse needs a string anyway.
+      // Invalid UTF-8 becomes U+FFFD, as Buffer#toString does.
+      let cost = External::new_with_size_hint((), 2 * payload.len());
+      let text = String::from_utf8(payload)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
       tsfn.call(
-        FnArgs::from((generation, id, buf)),
+        FnArgs::from((cost, generation, id, text)),
         ThreadsafeFunctionCallMode::NonBlocking,
       );
     });
@@ -357,20 +369,27 @@ impl NativeCodeModeSession {
     self.session.relay_pid()
   }
 
-  /// Makes sure a live relay serves this sandbox (launching or relaunching one).
+  /// Makes sure a live relay serves this sandbox (launching or relaunching one). A request
+  /// not answered within `request_timeout_seconds` (default 300) is answered with an error.
   #[napi(ts_return_type = "Promise<void>")]
   pub fn start<'env>(
     &self,
     env: &'env Env,
     sandbox_id: String,
+    request_timeout_seconds: Option<f64>,
   ) -> napi::Result<PromiseRaw<'env, ()>> {
     let (provider, session) = (self.provider.clone(), self.session.clone());
+    // Anything but a positive number of seconds (at most a week) leaves the timeout as it is.
+    let timeout = request_timeout_seconds
+      .filter(|s| s.is_finite() && *s > 0.0 && *s <= 7.0 * 86_400.0)
+      .map(std::time::Duration::from_secs_f64);
     promise(env, async move {
-      session.start(provider.as_ref(), &sandbox_id).await
+      session.start(provider.as_ref(), &sandbox_id, timeout).await
     })
   }
 
-  /// Answers request `id` of relay `generation`; false when that relay is gone.
+  /// Answers request `id` of relay `generation`; false when that relay is gone or no longer
+  /// awaits it (it timed out).
   #[napi]
   pub fn reply(&self, generation: u32, id: u32, payload: Buffer) -> bool {
     self.session.reply(generation, id, &payload)

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use std::sync::{Arc, Mutex};
 
-use crate::codemode::{self, Launcher, RequestSink, Served};
+use crate::codemode::{self, Budget, Intake, Launcher, Pool, Served};
 use crate::config::{Gpus, ProviderConfig};
 use crate::engine::runtime::Hold;
 use crate::engine::{self, Engine};
@@ -26,7 +26,7 @@ use crate::sandbox::exec::{self, ExecRequest};
 use crate::sandbox::layout;
 use crate::sandbox::transfer;
 use crate::util::errors::{Result, SandboxError};
-use crate::util::logging::Logger;
+use crate::util::logging::{Level, Logger};
 
 /// How long `createSandbox()` waits for an absent image to be pulled or built.
 const IMAGE_WAIT: Duration = Duration::from_secs(30 * 60);
@@ -61,6 +61,8 @@ pub struct Provider {
   lease: Mutex<Option<Arc<reaper::Lease>>>,
   /// This provider's claim on its engine, taken on the first call; `dispose()` gives it back.
   hold: Mutex<Option<Hold>>,
+  /// The Code Mode request bytes all of this provider's relays may hold at once.
+  code_mode_pool: Arc<Pool>,
   disposed: std::sync::atomic::AtomicBool,
   /// Whether and with which binaries calls go through the in-sandbox agent.
   agent: crate::sandbox::agent::Setup,
@@ -68,6 +70,9 @@ pub struct Provider {
 
 impl Provider {
   pub fn new(cfg: ProviderConfig, log: Logger) -> Result<Self> {
+    if let Some(build) = &cfg.build {
+      images::context::check_readable(build)?;
+    }
     let endpoint = engine::effective_endpoint(cfg.docker_host.as_deref(), cfg.tls.as_ref())?;
     let scope = Scope::of(&cfg);
     // GPU discovery, when a restart needs it, runs in the provider's image.
@@ -77,7 +82,13 @@ impl Provider {
       Box::pin(async move { Ok(images::source(&cfg).await?.reference) })
     });
     let placement = Arc::new(GpuPlacement::new(StartSettings::of(&cfg, image)));
+    let code_mode_pool = Pool::new(
+      cfg.code_mode_inflight.per_provider as usize,
+      codemode::budget::PROVIDER_OPTION,
+    );
     Ok(Self {
+      code_mode_pool,
+      agent: crate::sandbox::agent::Setup::of(&cfg),
       scope,
       endpoint,
       log,
@@ -85,7 +96,6 @@ impl Provider {
       lease: Mutex::new(None),
       hold: Mutex::new(None),
       disposed: Default::default(),
-      agent: crate::sandbox::agent::Setup::of(&cfg),
       cfg,
     })
   }
@@ -243,13 +253,17 @@ impl Provider {
       Ok(o) => Ok(o),
       Err(e @ SandboxError::SandboxNotAvailable { .. }) => Err(e),
       Err(e) => {
-        self.log.warn(
+        let error = e.to_string();
+        // The error may carry the command's early output, which the sandbox controls.
+        self.log.sandbox_text(
+          Level::Warn,
           "exec failed",
-          json!({ "sandboxId": p.sandbox_id, "error": e.to_string() }),
+          &p.sandbox_id,
+          "error",
+          error.as_bytes(),
+          json!({ "sandboxId": p.sandbox_id }),
         );
-        Ok(ExecOutcome::Failed {
-          error: e.to_string(),
-        })
+        Ok(ExecOutcome::Failed { error })
       }
     }
   }
@@ -289,7 +303,10 @@ impl Provider {
           let (engine, req) = (&engine, &req);
           async move { exec::run(engine, &t.container_id, req).await }
         });
-        crate::sandbox::agent::activity::around(&engine, &target, None, run).await??
+        match crate::sandbox::agent::activity::around(&engine, &target, None, run).await? {
+          Ok(out) => out,
+          Err(e) => return Err(self.unless_gone(&engine, &target, e).await),
+        }
       }
     };
     if out.timed_out {
@@ -310,25 +327,30 @@ impl Provider {
     &self,
     sandbox_id: &str,
     socket: &str,
-    sink: RequestSink,
+    intake: Intake,
   ) -> Result<Served> {
     let (engine, target) = self.target(sandbox_id).await?;
+    let budget = Budget::new(
+      &engine,
+      sandbox_id,
+      self.cfg.code_mode_inflight.per_sandbox as usize,
+      self.code_mode_pool.clone(),
+    );
     let by_agent = self.by_agent(&engine, target.clone(), |c, t| {
-      let (engine, sink, log) = (&engine, sink.clone(), &self.log);
-      async move { codemode::by_agent::listen(engine, c, &t, socket, sink, log).await }
+      let (engine, intake, budget, log) = (&engine, intake.clone(), budget.clone(), &self.log);
+      async move { codemode::by_agent::listen(engine, c, &t, socket, intake, budget, log).await }
     });
     if let Some(relay) = by_agent.await? {
       return Ok(Served::Agent(relay));
     }
     let ro = self.cfg.read_only_rootfs;
-    let unavailable = |reason: String| SandboxError::CodeModeUnavailable { reason };
     self
-      .with_running(&engine, target, unavailable, |t| {
-        let (engine, sink, log) = (&engine, sink.clone(), &self.log);
-        async move { codemode::launch(engine, &t, socket, ro, sink, log).await }
+      .with_running(&engine, target, codemode::relay::never_listened, |t| {
+        let (engine, intake, budget, log) = (&engine, intake.clone(), budget.clone(), &self.log);
+        async move { codemode::launch(engine, &t, socket, ro, intake, budget, log).await }
       })
       .await
-      .map(Served::Python)
+      .map(|r| Served::Python(Box::new(r)))
   }
 
   /// Writes a file; relative paths are taken from the sandbox root.
@@ -466,14 +488,11 @@ impl Provider {
 }
 
 impl Launcher for Provider {
-  async fn launch_relay(
-    &self,
-    sandbox_id: &str,
-    socket: &str,
-    sink: RequestSink,
-  ) -> Result<Served> {
+  async fn launch_relay(&self, sandbox_id: &str, socket: &str, intake: Intake) -> Result<Served> {
     container::name_for(&self.cfg.namespace, sandbox_id)?;
-    self.launch_code_mode_relay(sandbox_id, socket, sink).await
+    self
+      .launch_code_mode_relay(sandbox_id, socket, intake)
+      .await
   }
 }
 

@@ -101,10 +101,10 @@ pub fn podman_adjust(
 /// The network a sandbox of `cfg` joins: the `network` option, else ours for its namespace and
 /// tenant.
 pub fn network_of(cfg: &ProviderConfig) -> String {
-  cfg
-    .network
-    .clone()
-    .unwrap_or_else(|| network::name_for(&cfg.namespace, cfg.tenant.as_deref()))
+  match cfg.network.as_deref() {
+    None | Some(network::ISOLATED) => network::name_for(&cfg.namespace, cfg.tenant.as_deref()),
+    Some(n) => n.to_string(),
+  }
 }
 
 /// The container definition for a new sandbox: least privilege by default (see README).

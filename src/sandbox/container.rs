@@ -145,7 +145,7 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
   let Some(info) = found else {
     return Err(not_available(sandbox_id));
   };
-  if !is_ours(&info, &name, scope, sandbox_id) {
+  if !is_ours(&info, &name, scope, sandbox_id) || standing_of(&info) == Standing::Removing {
     return Err(not_available(sandbox_id));
   }
   let container_id = info
@@ -153,7 +153,22 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
     .clone()
     .ok_or_else(|| SandboxError::Internal("inspect returned no id".into()))?;
   let user = crate::sandbox::agent::sandbox_user(&info);
-  let owner = resolve_owner(engine, &container_id, user.as_deref()).await?;
+  let owner = match resolve_owner(engine, &container_id, user.as_deref()).await {
+    Ok(owner) => owner,
+    // A container removed meanwhile fails the read of its passwd in odd ways (a missing file,
+    // so "no such user"; the engine's 500s): the sandbox is gone, whatever the read said.
+    Err(e) => {
+      return Err(
+        match engine
+          .inspect_container("inspect the sandbox container", &container_id)
+          .await?
+        {
+          Some(i) if standing_of(&i) != Standing::Removing => e,
+          _ => not_available(sandbox_id),
+        },
+      )
+    }
+  };
   let t = Target {
     sandbox_id: sandbox_id.to_string(),
     name: name.clone(),
@@ -167,6 +182,46 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
   };
   remember(engine, &t);
   Ok(t)
+}
+
+/// Where a sandbox's container stands, asked after a call on it failed: the engine's errors
+/// while a container stops or is removed are many and vague, its state is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+  /// No container of ours has that id any more (removed, or set aside by a GPU move).
+  Gone,
+  /// Being removed (or dead after a failed removal): it will not run again.
+  Removing,
+  /// Stopped, paused or restarting: starting it (again) may help.
+  Stopped,
+  Running,
+}
+
+fn standing_of(info: &ContainerInspectResponse) -> Standing {
+  use bollard::models::ContainerStateStatusEnum as S;
+  let state = info.state.clone().unwrap_or_default();
+  match state.status {
+    Some(S::REMOVING | S::DEAD) => Standing::Removing,
+    _ if state.dead == Some(true) => Standing::Removing,
+    _ if state.running == Some(true)
+      && state.paused != Some(true)
+      && state.restarting != Some(true) =>
+    {
+      Standing::Running
+    }
+    _ => Standing::Stopped,
+  }
+}
+
+/// The standing of `target`'s container, by one inspect of its id.
+pub async fn standing(engine: &Engine, scope: &Scope, target: &Target) -> Result<Standing> {
+  let info = engine
+    .inspect_container("inspect the sandbox container", &target.container_id)
+    .await?;
+  Ok(match info {
+    Some(i) if is_ours(&i, &target.name, scope, &target.sandbox_id) => standing_of(&i),
+    _ => Standing::Gone,
+  })
 }
 
 /// What a 404 from an operation on a sandbox's container meant.
@@ -185,7 +240,9 @@ pub async fn after_404(engine: &Engine, scope: &Scope, target: &Target) -> Resul
     .inspect_container("inspect the sandbox container", &target.container_id)
     .await?
   {
-    if is_ours(&info, &target.name, scope, &target.sandbox_id) {
+    if is_ours(&info, &target.name, scope, &target.sandbox_id)
+      && standing_of(&info) != Standing::Removing
+    {
       return Ok(After404::Same);
     }
   }

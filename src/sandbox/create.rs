@@ -58,11 +58,15 @@ pub async fn create_with(
     };
     devices::check_cdi_support(engine, &names)?;
   }
-  // Twice at most: a network removed since this process last saw it is made again.
-  for attempt in 0..2 {
-    let net = match cfg.network {
-      None => Some(network::ensure(engine, &cfg.namespace, cfg.tenant.as_deref()).await?),
-      Some(_) => None,
+  let ours = network::wanted(engine, cfg.network.as_deref(), log);
+  // A network removed since this process last saw it is made again; one with a twin for a
+  // moment (another process made it at the same time) is settled on again, a little later.
+  for attempt in 0..NETWORK_TRIES {
+    let net = match ours {
+      true => Some(network::ensure(engine, &cfg.namespace, cfg.tenant.as_deref()).await?),
+      // Not ours and no option: the engine's default bridge.
+      false if cfg.network.is_none() => Some("bridge".to_string()),
+      false => None,
     };
     let spec = Spec {
       image,
@@ -71,8 +75,9 @@ pub async fn create_with(
       network: net.as_deref(),
     };
     match create_inner(engine, cfg, &spec, log).await {
-      Err(e) if attempt == 0 && cfg.network.is_none() && network::is_missing(&e) => {
+      Err(e) if attempt + 1 < NETWORK_TRIES && ours && network::is_missing(&e) => {
         network::forget(engine, &network_of(cfg));
+        tokio::time::sleep(std::time::Duration::from_millis(50 << attempt)).await;
       }
       other => return other.map_err(|e| devices::explain(e, cfg.gpus.as_ref(), gpus_picked)),
     }
@@ -80,13 +85,16 @@ pub async fn create_with(
   unreachable!("the loop returns on its last attempt")
 }
 
+/// Creates tried when our network turns out missing or briefly doubled.
+const NETWORK_TRIES: u32 = 5;
+
 /// What one create makes, beside the provider's configuration.
 struct Spec<'a> {
   image: &'a str,
   /// The pool's fingerprint, for a pool member.
   pool: Option<&'a str>,
   gpus_picked: Option<&'a [String]>,
-  /// The id of our network to join (`None`: the `network` option's).
+  /// The network to join, ours by id (`None`: the `network` option's).
   network: Option<&'a str>,
 }
 

@@ -212,7 +212,7 @@ async fn start(
     // Not from this wrapper, which prints its pid first; an exit status still ends the call.
     ReadEnd::Ended if reader.exit().is_some() => false,
     ReadEnd::Ended => {
-      return Err(StartError::NeverStarted(
+      return Err(StartError::never_started(
         reader.finish().output.into_text().trim().to_string(),
       ));
     }
@@ -381,19 +381,42 @@ fn format_secs(d: Duration) -> String {
   }
 }
 
+/// Whether the engine's or the runtime's words say the container is not running (any more):
+/// an exec racing the container's end (its init killed, a stop, a removal) gets these.
+pub fn says_stopped(text: &str) -> bool {
+  let t = text.to_ascii_lowercase();
+  t.contains("cannot exec in a stopped")
+    || t.contains("is not running")
+    || t.contains("container state improper")
+    || (t.contains("task ") && t.contains("not found"))
+    // The runtime could not join the namespaces of an init that is gone.
+    || t.contains("error executing setns process")
+}
+
 impl StartError {
   /// What an engine error on creating or starting an exec means for the caller.
   pub fn from_engine(e: SandboxError) -> Self {
     match &e {
       SandboxError::Engine { status: 409, .. } => Self::NotRunning,
-      // Podman says the same with a 500.
+      // Podman says "container state improper" with a 500; Docker says a container that just
+      // exited "is not running" with a 500 too.
       SandboxError::Engine {
         status: 500,
         detail,
         ..
-      } if detail.contains("container state improper") => Self::NotRunning,
+      } if says_stopped(detail) => Self::NotRunning,
       SandboxError::Engine { status: 404, .. } => Self::Gone,
       _ => Self::Other(e),
+    }
+  }
+
+  /// An exec the engine started whose command never ran, told by what it printed: the
+  /// runtime's words when the container stopped under it, else whatever else went wrong.
+  pub fn never_started(text: String) -> Self {
+    if says_stopped(&text) {
+      Self::NotRunning
+    } else {
+      Self::NeverStarted(text)
     }
   }
 }
@@ -556,6 +579,49 @@ mod tests {
     assert!(matches!(
       validate_env(&env),
       Err(SandboxError::InvalidArgument { .. })
+    ));
+  }
+
+  #[test]
+  fn an_exec_racing_the_containers_end_is_not_running() {
+    let engine = |status: u16, detail: &str| SandboxError::Engine {
+      operation: "start an exec".into(),
+      status,
+      detail: detail.into(),
+    };
+    // What Docker 20.10 and Podman 4.3 answered an exec just after the init was killed.
+    for (status, detail) in [
+      (409, "Container abc is not running"),
+      (
+        500,
+        "Container abc is not running: Exited (137) Less than a second ago",
+      ),
+      (500, "Container abc is not running: Removal In Progress"),
+      (500, "container state improper"),
+    ] {
+      assert!(matches!(
+        StartError::from_engine(engine(status, detail)),
+        StartError::NotRunning
+      ));
+    }
+    assert!(matches!(
+      StartError::from_engine(engine(500, "no space left on device")),
+      StartError::Other(_)
+    ));
+    for text in [
+      "cannot exec in a stopped state: unknown",
+      "OCI runtime exec failed: exec failed: cannot exec in a stopped container: unknown",
+      "OCI runtime exec failed: task 3f2a not found: not found",
+      "OCI runtime exec failed: exec failed: unable to start container process: error executing setns process: exit status 1: unknown",
+    ] {
+      assert!(matches!(
+        StartError::never_started(text.into()),
+        StartError::NotRunning
+      ));
+    }
+    assert!(matches!(
+      StartError::never_started("fork: Resource temporarily unavailable".into()),
+      StartError::NeverStarted(_)
     ));
   }
 

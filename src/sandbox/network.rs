@@ -5,6 +5,12 @@
 //! network is isolated from every other one (`isolate`), so tenants and namespaces still cannot
 //! reach each other, while sandboxes of one tenant can (docs/podman.md).
 //!
+//! Docker before 20.10.27 (and 23) can deadlock with containers coming and going on one
+//! user-defined network (libnetwork locks a network and its controller in opposite orders: moby
+//! issue 46661; the whole daemon then stops answering). On such an engine sandboxes join the
+//! default bridge unless the `network` option asks for ours (`'isolated'`), and the provider
+//! says so once; `doctor` says so too.
+//!
 //! Made on first use by whichever process needs it first and kept: removing it would break the
 //! stopped sandboxes that still name it. Docker lets two networks share a name, so two
 //! processes making it at once can make two: every process then takes the oldest (by creation
@@ -20,7 +26,45 @@ use crate::engine::runtime::KeyedLocks;
 use crate::engine::Engine;
 use crate::util::errors::{Result, SandboxError};
 use crate::util::labels::{self, LABEL_NAMESPACE, LABEL_TENANT};
+use crate::util::logging::Logger;
 use crate::util::timestamps::parse_time;
+
+/// The `network` value that asks for ours even where the engine is not safe with it.
+pub const ISOLATED: &str = "isolated";
+
+/// Whether the engine's networks are safe to share among many sandboxes coming and going (see
+/// above): Podman, and Docker 20.10.27 and later (23 and later in every line).
+pub fn safe_on(engine: &Engine) -> bool {
+  engine.podman || engine.docker_version.is_some_and(safe_version)
+}
+
+/// Docker versions with the libnetwork deadlock fixed.
+pub fn safe_version(v: (u32, u32, u32)) -> bool {
+  v >= (23, 0, 0) || (v.0 == 20 && v.1 == 10 && v.2 >= 27)
+}
+
+/// Which network a new sandbox of `cfg` joins, and whether it is ours: `None` means the
+/// `network` option's value (or the default bridge) as the body has it.
+pub fn wanted(engine: &Engine, option: Option<&str>, log: &Logger) -> bool {
+  match option {
+    Some(ISOLATED) => true,
+    Some(_) => false,
+    None if safe_on(engine) => true,
+    None => {
+      let state = engine.shared.state::<State>();
+      if !state.warned.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        log.warn(
+          "sandboxes join the default bridge, where they can reach each other: this Docker \
+           engine has a known deadlock with many containers on one user-defined network \
+           (moby issue 46661, fixed in 20.10.27 and 23); upgrade it, or set network: \
+           'isolated' to take the risk",
+          serde_json::json!({ "engineVersion": engine.docker_version.map(|(a, b, c)| format!("{a}.{b}.{c}")) }),
+        );
+      }
+      false
+    }
+  }
+}
 
 /// Docker's bridge option that turns inter-container communication on or off.
 pub const ICC_OPTION: &str = "com.docker.network.bridge.enable_icc";
@@ -33,6 +77,8 @@ pub const ISOLATE_OPTION: &str = "isolate";
 pub struct State {
   known: Mutex<HashMap<String, String>>,
   locks: KeyedLocks<String>,
+  /// The engine-is-not-safe warning was logged.
+  warned: std::sync::atomic::AtomicBool,
 }
 
 /// The name of the network for `namespace` and `tenant`: the same in every process.
@@ -130,12 +176,11 @@ pub async fn ensure(engine: &Engine, namespace: &str, tenant: Option<&str>) -> R
   if let Some(id) = state.known.lock().expect("networks").get(&name) {
     return Ok(id.clone());
   }
-  let mut made: Option<String> = None;
   // Twice at most: list, make it when missing, list again.
   for _ in 0..2 {
     let found = engine.networks_named(&name).await?;
     let Some(first) = canonical(&found) else {
-      made = engine
+      engine
         .create_network(definition(&name, namespace, tenant, engine.podman))
         .await?;
       continue;
@@ -150,9 +195,15 @@ pub async fn ensure(engine: &Engine, namespace: &str, tenant: Option<&str>) -> R
       });
     }
     let id = first.id.clone().unwrap_or_else(|| name.clone());
-    // A twin this process made in a race goes (the engine keeps one still in use).
-    if let Some(mine) = made.filter(|m| *m != id) {
-      let _ = engine.remove_network(&mine).await;
+    // Twins made in a race go, whoever made them (the engine keeps one still in use): while
+    // two share the name, a container naming it cannot start ("ambiguous").
+    for twin in found
+      .iter()
+      .filter(|n| is_ours(n, namespace, tenant, engine.podman))
+      .filter_map(|n| n.id.as_deref())
+      .filter(|t| *t != id)
+    {
+      let _ = engine.remove_network(twin).await;
     }
     state
       .known
@@ -178,17 +229,13 @@ pub fn forget(engine: &Engine, name: &str) {
     .remove(name);
 }
 
-/// Whether an engine error says a network is missing.
+/// Whether an engine error says our network is missing, or has a twin for a moment (another
+/// process made one too): both mean "settle on the network again and retry".
 pub fn is_missing(e: &SandboxError) -> bool {
   match e {
-    SandboxError::Engine {
-      status: 404,
-      detail,
-      ..
-    }
-    | SandboxError::CreateFailed { detail, .. } => {
+    SandboxError::Engine { detail, .. } | SandboxError::CreateFailed { detail, .. } => {
       let d = detail.to_ascii_lowercase();
-      d.contains("network") && d.contains("not found")
+      d.contains("network") && (d.contains("not found") || d.contains("is ambiguous"))
     }
     _ => false,
   }
@@ -255,6 +302,23 @@ mod tests {
   }
 
   #[test]
+  fn only_fixed_docker_versions_share_a_network() {
+    assert!(!safe_version((20, 10, 24)));
+    assert!(!safe_version((20, 10, 26)));
+    assert!(safe_version((20, 10, 27)));
+    assert!(safe_version((23, 0, 0)));
+    assert!(safe_version((27, 3, 1)));
+    assert!(!safe_version((19, 3, 15)));
+    assert_eq!(
+      crate::engine::version_triple("20.10.24+dfsg1"),
+      Some((20, 10, 24))
+    );
+    assert_eq!(crate::engine::version_triple("27.3.1"), Some((27, 3, 1)));
+    assert_eq!(crate::engine::version_triple("28.0"), Some((28, 0, 0)));
+    assert_eq!(crate::engine::version_triple("dev"), None);
+  }
+
+  #[test]
   fn missing_networks_are_recognised() {
     let e = SandboxError::Engine {
       operation: "x".into(),
@@ -262,6 +326,10 @@ mod tests {
       detail: "network trueforge-ns not found".into(),
     };
     assert!(is_missing(&e));
+    assert!(is_missing(&SandboxError::CreateFailed {
+      step: "start the container".into(),
+      detail: "network trueforge-ns is ambiguous (2 matches found on name)".into(),
+    }));
     assert!(!is_missing(&SandboxError::Engine {
       operation: "x".into(),
       status: 404,

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::engine::Engine;
 use crate::util::errors::Result;
-use crate::util::labels::{self, LABEL_CARRIED_VOLUMES, LABEL_SAVED_FROM, LABEL_SAVED_IMAGE};
+use crate::util::labels::{LABEL_CARRIED_VOLUMES, LABEL_SAVED_FROM, LABEL_SAVED_IMAGE};
 use crate::util::logging::Logger;
 
 /// Suffix of the new container's name until it takes the sandbox's name.
@@ -111,7 +111,7 @@ pub async fn await_move(engine: &Engine, name: &str) -> Result<bool> {
       return Ok(true);
     }
   }
-  if let (true, Some(id)) = (is_ours(&aside), aside.id.as_deref()) {
+  if let (true, Some(id)) = (set_aside_of(&aside, name), aside.id.as_deref()) {
     let _ = engine
       .rename_container("give a sandbox container its name back", id, name)
       .await;
@@ -119,7 +119,13 @@ pub async fn await_move(engine: &Engine, name: &str) -> Result<bool> {
   Ok(true)
 }
 
-/// Whether inspect output carries our managed-by label.
-pub fn is_ours(info: &ContainerInspectResponse) -> bool {
-  labels::managed(info.config.as_ref().and_then(|c| c.labels.as_ref()))
+/// Whether inspect output is the container a move of the sandbox named `name` set aside: ours
+/// by name and labels (namespace and id deriving `name`), so anything else that happens to
+/// carry the name is never renamed.
+fn set_aside_of(info: &ContainerInspectResponse, name: &str) -> bool {
+  let moved = format!("{name}{MOVED_SUFFIX}");
+  let labels = info.config.as_ref().and_then(|c| c.labels.as_ref());
+  info.name.as_deref() == Some(format!("/{moved}").as_str())
+    && crate::sandbox::container::owned(&moved, labels, None)
+      .is_some_and(|o| o.role == crate::sandbox::container::Role::SetAside)
 }

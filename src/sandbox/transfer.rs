@@ -78,8 +78,13 @@ pub async fn stat(engine: &Engine, container: &str, path: &str) -> Result<Option
   }
 }
 
+/// How many times a download is read when the engine's archive stream ends before the file's
+/// bytes do: the file shrank between the tar header and its data, as one rewritten in place does.
+const READ_TRIES: u32 = 4;
+
 /// Reads one regular file, following symlinks inside the container. `shown` is the path as the
 /// caller gave it, for messages. Missing → `FileNotFound` (the caller re-checks the container).
+/// A file rewritten while it is read is read again, then `FileChanged`.
 pub async fn download(
   engine: &Engine,
   container: &str,
@@ -88,6 +93,43 @@ pub async fn download(
   max: u64,
 ) -> Result<Vec<u8>> {
   refuse_kernel_trees(shown, path)?;
+  reread(|| async {
+    let target = locate(engine, container, shown, path, max).await?;
+    read_located(engine, container, shown, &target, max).await
+  })
+  .await
+}
+
+/// Runs `read` until it ends other than `FileChanged`, `READ_TRIES` times at most, a little
+/// apart; the last `FileChanged` says how many tries were made.
+async fn reread<F, Fut>(mut read: F) -> Result<Vec<u8>>
+where
+  F: FnMut() -> Fut,
+  Fut: std::future::Future<Output = Result<Vec<u8>>>,
+{
+  let mut tries = 0;
+  loop {
+    tries += 1;
+    match read().await {
+      Err(SandboxError::FileChanged { path, .. }) if tries >= READ_TRIES => {
+        return Err(SandboxError::FileChanged { path, tries })
+      }
+      Err(SandboxError::FileChanged { .. }) => {
+        tokio::time::sleep(std::time::Duration::from_millis(10 << tries)).await
+      }
+      other => return other,
+    }
+  }
+}
+
+/// The regular file `path` names, symlinks followed: refused unless it is one, within `max`.
+async fn locate(
+  engine: &Engine,
+  container: &str,
+  shown: &str,
+  path: &str,
+  max: u64,
+) -> Result<String> {
   let mut target = path.to_string();
   let mut hops = 0;
   let st = loop {
@@ -127,7 +169,18 @@ pub async fn download(
       max,
     });
   }
-  let body = engine.download_tar("read a file from the sandbox", container, &target);
+  Ok(target)
+}
+
+/// Reads the located file's tar within the transfer deadline.
+async fn read_located(
+  engine: &Engine,
+  container: &str,
+  shown: &str,
+  target: &str,
+  max: u64,
+) -> Result<Vec<u8>> {
+  let body = engine.download_tar("read a file from the sandbox", container, target);
   match tokio::time::timeout(
     transfer_deadline(engine, max),
     read_single_file(body, shown, max),
@@ -228,7 +281,14 @@ where
               let n = chunk.len().min(size - out.len());
               out.extend_from_slice(&chunk[..n]);
             }
-            None => return Err(truncated()),
+            // The engine wrote the header with the size it saw, then found fewer bytes: the
+            // file shrank while it was read.
+            None => {
+              return Err(SandboxError::FileChanged {
+                path: shown.to_string(),
+                tries: 1,
+              })
+            }
           }
         }
         return Ok(out);
@@ -562,6 +622,14 @@ fn classify_upload_error(e: SandboxError, shown: &str) -> SandboxError {
         reason: "a parent of this path is a file, not a directory".into(),
       };
     }
+    // The engine bind-mounts files of its own (/etc/hosts, /etc/hostname, /etc/resolv.conf)
+    // and volumes into every container; a mount point cannot be replaced.
+    if detail.contains("device or resource busy") {
+      return SandboxError::InvalidPath {
+        path: shown.to_string(),
+        reason: "the engine mounts a file or volume of its own there (as it does /etc/hosts, /etc/hostname and /etc/resolv.conf), which an upload cannot replace; change its content with a command instead".into(),
+      };
+    }
     if detail.contains("read-only file system") {
       return SandboxError::InvalidPath {
         path: shown.to_string(),
@@ -638,6 +706,67 @@ mod tests {
         max: 1000
       }
     );
+  }
+
+  #[tokio::test]
+  async fn a_file_that_shrank_while_read_is_a_change_and_is_read_again() {
+    // The header promises 2000 bytes; the stream ends after 700 of them.
+    let mut tar = tar_of("f", &[7u8; 2000]);
+    tar.truncate(BLOCK + 700);
+    assert_eq!(
+      read(tar, 512, 1 << 20).await.unwrap_err(),
+      SandboxError::FileChanged {
+        path: "/f".into(),
+        tries: 1
+      }
+    );
+    // A stream cut inside the header is the engine's fault, not the file's.
+    let mut tar = tar_of("f", b"x");
+    tar.truncate(100);
+    assert!(matches!(
+      read(tar, 512, 10).await,
+      Err(SandboxError::Internal(_))
+    ));
+    let changed = || SandboxError::FileChanged {
+      path: "/f".into(),
+      tries: 1,
+    };
+    let mut calls = 0;
+    let got = reread(|| {
+      calls += 1;
+      let r = if calls < 3 {
+        Err(changed())
+      } else {
+        Ok(b"ok".to_vec())
+      };
+      async move { r }
+    })
+    .await;
+    assert_eq!((got.unwrap(), calls), (b"ok".to_vec(), 3));
+    let mut calls = 0;
+    let got = reread(|| {
+      calls += 1;
+      async { Err(changed()) }
+    })
+    .await;
+    assert_eq!(
+      (got.unwrap_err(), calls),
+      (
+        SandboxError::FileChanged {
+          path: "/f".into(),
+          tries: READ_TRIES
+        },
+        READ_TRIES
+      )
+    );
+    // Any other outcome is final at once.
+    let mut calls = 0;
+    let got = reread(|| {
+      calls += 1;
+      async { Err(SandboxError::FileNotFound { path: "/f".into() }) }
+    })
+    .await;
+    assert!(matches!(got, Err(SandboxError::FileNotFound { .. })) && calls == 1);
   }
 
   #[test]

@@ -60,6 +60,13 @@ pub enum SandboxError {
     seconds: u64,
   },
 
+  #[error("Docker engine at {host} sent more than {limit} bytes in reply to {operation}, so the reply was cut off; a Docker engine does not: check that `dockerHost` points at one, not at another service or a misbehaving proxy")]
+  EngineReplyTooLarge {
+    host: String,
+    operation: String,
+    limit: u64,
+  },
+
   #[error("Docker engine refused {operation} (HTTP {status}): {detail}")]
   Engine {
     operation: String,
@@ -78,6 +85,8 @@ pub enum SandboxError {
 
   #[error("The sandbox's agent ended while the call was in flight ({detail}); the command may or may not have run, so check its effects before running it again")]
   AgentLost { detail: String },
+  #[error("Code Mode's relay did not start in this sandbox, though python3 is there: {detail}. Check that the sandbox has free disk space (its root filesystem, /tmp, /trueforge) and memory")]
+  CodeModeStartFailed { detail: String },
 
   #[error("No GPU is free for this sandbox: it needs {wanted} of {total} ({devices}), and {held}; retry once one of those sandboxes stops, or raise `gpuWaitMs`")]
   GpusUnavailable {
@@ -116,10 +125,12 @@ impl SandboxError {
       Self::EngineTls { .. } => "ENGINE_TLS",
       Self::EngineSsh { .. } => "ENGINE_SSH",
       Self::Engine { .. } => "ENGINE_ERROR",
+      Self::EngineReplyTooLarge { .. } => "ENGINE_REPLY_TOO_LARGE",
       Self::ImageNotAvailable { .. } => "IMAGE_NOT_AVAILABLE",
       Self::CreateFailed { .. } => "CREATE_FAILED",
       Self::CodeModeUnavailable { .. } => "CODE_MODE_UNAVAILABLE",
       Self::AgentLost { .. } => "AGENT_LOST",
+      Self::CodeModeStartFailed { .. } => "CODE_MODE_START_FAILED",
       Self::GpusUnavailable { .. } => "GPUS_UNAVAILABLE",
       Self::GpuUnsupported { .. } => "GPU_UNSUPPORTED",
       Self::Internal(_) => "INTERNAL",

@@ -43,15 +43,35 @@ pub fn new_sandbox_id() -> String {
 /// The ULID inside a well-formed sandbox id, or `None` for anything else.
 pub fn parse_sandbox_id(id: &str) -> Option<&str> {
   let ulid = id.strip_prefix(WORKSPACE_ROOT)?.strip_prefix('/')?;
-  let ok = ulid.len() == ULID_LEN
-    && ulid.as_bytes()[0] <= b'7'
-    && ulid.bytes().all(|b| CROCKFORD.contains(&b));
-  ok.then_some(ulid)
+  is_ulid(ulid).then_some(ulid)
+}
+
+/// Whether `s` is a ULID as `new_ulid` writes them (upper-case Crockford base32).
+pub fn is_ulid(s: &str) -> bool {
+  s.len() == ULID_LEN && s.as_bytes()[0] <= b'7' && s.bytes().all(|b| CROCKFORD.contains(&b))
+}
+
+/// When a ULID was made, in milliseconds since the epoch (its first 48 bits); `None` for
+/// anything that is not a ULID.
+pub fn ulid_ms(ulid: &str) -> Option<u64> {
+  if !is_ulid(ulid) {
+    return None;
+  }
+  ulid[..10].bytes().try_fold(0u64, |acc, b| {
+    let digit = CROCKFORD.iter().position(|c| *c == b)? as u64;
+    Some((acc << 5) | digit)
+  })
 }
 
 /// The container name for a sandbox: derived, so any process can find it without a registry.
 pub fn container_name(namespace: &str, ulid: &str) -> String {
   format!("trueforge-{namespace}-{}", ulid.to_ascii_lowercase())
+}
+
+/// The name of a throwaway container (an image probe, GPU discovery) of `namespace`. The dot
+/// cannot occur in a namespace, so no sandbox of any namespace ever has this name.
+pub fn probe_name(namespace: &str, ulid: &str) -> String {
+  format!("trueforge-{namespace}.probe-{}", ulid.to_ascii_lowercase())
 }
 
 #[cfg(test)]
@@ -88,5 +108,22 @@ mod tests {
       assert!(parse_sandbox_id(bad).is_none(), "{bad:?} accepted");
     }
     assert!(parse_sandbox_id("/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV").is_some());
+  }
+
+  #[test]
+  fn ulids_carry_their_time_and_probes_a_name_no_sandbox_has() {
+    // 01ARZ3NDEK: 1469922850259 ms, July 2016.
+    assert_eq!(
+      ulid_ms("01ARZ3NDEKTSV4RRFFQ69G5FAV"),
+      Some(1_469_922_850_259)
+    );
+    let before = crate::util::timestamps::now_ms();
+    let made = ulid_ms(&new_ulid()).unwrap();
+    assert!(made >= before && made <= crate::util::timestamps::now_ms());
+    assert_eq!(ulid_ms("01arz3ndektsv4rrffq69g5fav"), None);
+    assert_eq!(ulid_ms("x"), None);
+    let probe = probe_name("a-b", "01ARZ3NDEKTSV4RRFFQ69G5FAV");
+    assert_eq!(probe, "trueforge-a-b.probe-01arz3ndektsv4rrffq69g5fav");
+    assert!(!container_name("a-b", "01ARZ3NDEKTSV4RRFFQ69G5FAV").contains('.'));
   }
 }

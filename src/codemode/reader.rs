@@ -1,0 +1,257 @@
+//! The relay stream's reader: requests out of the sandbox to the session's sink, each held under
+//! the budget from before its payload is read until its reply is sent, it times out, or the relay
+//! ends. What the relay writes on stderr goes to the logger, throttled per sandbox.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bollard::container::LogOutput;
+use bollard::errors::Error as BollardError;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::codemode::budget::{Budget, Claim};
+use crate::codemode::frame::{encode, Decoder, Event, Frame, KIND_REPLY, KIND_REQUEST};
+use crate::codemode::session::Intake;
+use crate::engine::Engine;
+use crate::util::logging::{Level, Logger};
+
+pub(crate) type Output = std::pin::Pin<
+  Box<dyn futures_util::Stream<Item = std::result::Result<LogOutput, BollardError>> + Send>,
+>;
+
+/// The requests of one relay handed on and not yet answered, by the number the session was
+/// given for each (the relay's own ids come from the sandbox and are not trusted to be unique).
+#[derive(Default)]
+pub(crate) struct Inflight(Mutex<Pending>);
+
+#[derive(Default)]
+struct Pending {
+  held: HashMap<u32, Held>,
+  deadlines: BTreeSet<(Instant, u32)>,
+  next: u32,
+}
+
+/// One request handed on: the relay's id for it, when it times out, the bytes it holds.
+struct Held {
+  relay_id: u32,
+  deadline: Instant,
+  _claim: Claim,
+}
+
+impl Inflight {
+  /// Request `seq` is answered: the relay's id for it, its bytes given back. `None` when it is
+  /// no longer awaited (it timed out, or the relay ended).
+  pub(crate) fn finish(&self, seq: u32) -> Option<u32> {
+    let mut p = self.0.lock().expect("inflight");
+    let held = p.held.remove(&seq)?;
+    p.deadlines.remove(&(held.deadline, seq));
+    Some(held.relay_id)
+  }
+
+  fn hold(&self, relay_id: u32, deadline: Instant, claim: Claim) -> u32 {
+    let mut p = self.0.lock().expect("inflight");
+    let mut seq = p.next;
+    while p.held.contains_key(&seq) {
+      seq = seq.wrapping_add(1);
+    }
+    p.next = seq.wrapping_add(1);
+    p.held.insert(
+      seq,
+      Held {
+        relay_id,
+        deadline,
+        _claim: claim,
+      },
+    );
+    p.deadlines.insert((deadline, seq));
+    seq
+  }
+
+  fn next_deadline(&self) -> Option<Instant> {
+    let p = self.0.lock().expect("inflight");
+    p.deadlines.first().map(|(d, _)| *d)
+  }
+
+  /// The relay's ids of the requests whose time is up, their bytes given back.
+  fn expire(&self, now: Instant) -> Vec<u32> {
+    let mut p = self.0.lock().expect("inflight");
+    let mut out = Vec::new();
+    while let Some(&(d, seq)) = p.deadlines.first() {
+      if d > now {
+        break;
+      }
+      p.deadlines.pop_first();
+      if let Some(h) = p.held.remove(&seq) {
+        out.push(h.relay_id);
+      }
+    }
+    out
+  }
+
+  /// The relay ended: nothing is awaited any more.
+  fn clear(&self) {
+    let mut p = self.0.lock().expect("inflight");
+    p.held.clear();
+    p.deadlines.clear();
+  }
+}
+
+/// A reply in the relay's own error shape (`_error_reply` in relay.py), for the caller.
+pub(crate) fn error_reply(relay_id: u32, message: &str, source: &str) -> Bytes {
+  let body = json!({ "ok": false, "error": message, "source": source }).to_string();
+  encode(KIND_REPLY, relay_id, body.as_bytes())
+}
+
+/// What the reader task owns.
+pub(crate) struct Reader {
+  pub output: Output,
+  pub decoder: Decoder,
+  pub intake: Intake,
+  pub budget: Budget,
+  pub inflight: Arc<Inflight>,
+  /// Where replies the reader makes itself go; weak, so the relay's stream still closes when
+  /// the relay drops its own sender.
+  pub replies: mpsc::WeakUnboundedSender<Bytes>,
+  pub generation: u32,
+  pub alive: Arc<AtomicBool>,
+  pub ended: watch::Sender<bool>,
+  /// Cancelled when the relay is stopped or dropped: a wait for room then ends at once.
+  pub closing: CancellationToken,
+  pub sandbox_id: String,
+  pub log: Logger,
+}
+
+/// Reads requests out of the relay's stdout, handing them to the sink in arrival order, until
+/// the stream ends or the engine's background work is stopped (which also ends the relay, so
+/// its session sees it gone).
+pub(crate) fn spawn(engine: &Engine, mut r: Reader) {
+  engine.shared.background.spawn(|stop| async move {
+    let outcome = r.run(&stop).await;
+    r.inflight.clear();
+    r.alive.store(false, Ordering::SeqCst);
+    let _ = r.ended.send(true);
+    Logger::sandbox_text_ended(&r.sandbox_id);
+    let why = outcome
+      .err()
+      .unwrap_or_else(|| "the stream closed".to_string());
+    r.log.debug(
+      "Code Mode relay ended",
+      json!({ "sandboxId": r.sandbox_id, "reason": why }),
+    );
+  });
+}
+
+/// What a wait needs besides the reader (which the awaited future borrows).
+struct Waits {
+  inflight: Arc<Inflight>,
+  replies: mpsc::WeakUnboundedSender<Bytes>,
+  closing: CancellationToken,
+  timeout: Duration,
+}
+
+impl Waits {
+  /// Awaits `fut`, answering requests whose time is up meanwhile. `None` when the relay is
+  /// closing and `until_closing` says to stop waiting then; `Err` when the engine is stopped.
+  async fn wait<T>(
+    &self,
+    stop: &CancellationToken,
+    until_closing: bool,
+    fut: impl Future<Output = T>,
+  ) -> Result<Option<T>, String> {
+    tokio::pin!(fut);
+    loop {
+      let next = self.inflight.next_deadline();
+      let due = async move {
+        match next {
+          Some(d) => tokio::time::sleep_until(d).await,
+          None => std::future::pending().await,
+        }
+      };
+      tokio::select! {
+        v = &mut fut => return Ok(Some(v)),
+        _ = due => self.expire(),
+        _ = self.closing.cancelled(), if until_closing => return Ok(None),
+        _ = stop.cancelled() => return Err("the engine's last provider was disposed".into()),
+      }
+    }
+  }
+
+  /// Answers the requests whose time is up, so the caller hears why, and gives their bytes back.
+  fn expire(&self) {
+    let late = self.inflight.expire(Instant::now());
+    let Some(tx) = self.replies.upgrade() else {
+      return;
+    };
+    let message = format!(
+      "Code Mode request got no reply from the host within {} s",
+      self.timeout.as_secs_f64()
+    );
+    for relay_id in late {
+      let _ = tx.send(error_reply(relay_id, &message, "transport"));
+    }
+  }
+}
+
+impl Reader {
+  async fn run(&mut self, stop: &CancellationToken) -> Result<(), String> {
+    let mut claim: Option<Claim> = None;
+    loop {
+      let waits = Waits {
+        inflight: self.inflight.clone(),
+        replies: self.replies.clone(),
+        closing: self.closing.clone(),
+        timeout: self.intake.timeout(),
+      };
+      match self.decoder.next_event()? {
+        Some(Event::Head(h)) if h.kind == KIND_REQUEST => {
+          if let Some(why) = self.budget.refusal(h.len) {
+            self.decoder.skip();
+            if let Some(tx) = self.replies.upgrade() {
+              let _ = tx.send(error_reply(h.id, &why, "caller"));
+            }
+            continue;
+          }
+          // Nothing more is read from the stream until the bytes are there.
+          match waits.wait(stop, true, self.budget.claim(h.len)).await? {
+            Some(c) => claim = Some(c),
+            None => return Ok(()),
+          }
+          self.decoder.accept();
+        }
+        Some(Event::Head(_)) => self.decoder.skip(),
+        Some(Event::Frame(f)) => {
+          if let Some(c) = claim.take() {
+            self.hand_on(f, c, waits.timeout);
+          }
+        }
+        None => match waits.wait(stop, false, self.output.next()).await? {
+          None | Some(None) => return Ok(()),
+          Some(Some(Ok(LogOutput::StdOut { message }))) => self.decoder.push(&message),
+          Some(Some(Ok(LogOutput::StdErr { message }))) => self.log.sandbox_text(
+            Level::Warn,
+            "Code Mode relay stderr",
+            &self.sandbox_id,
+            "text",
+            &message,
+            json!({ "sandboxId": self.sandbox_id }),
+          ),
+          Some(Some(Ok(_))) => {}
+          Some(Some(Err(e))) => return Err(e.to_string()),
+        },
+      }
+    }
+  }
+
+  fn hand_on(&self, f: Frame, claim: Claim, timeout: Duration) {
+    let seq = self.inflight.hold(f.id, Instant::now() + timeout, claim);
+    (self.intake.sink)(self.generation, seq, f.payload);
+  }
+}
