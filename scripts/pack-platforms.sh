@@ -33,8 +33,9 @@ if tar tzf "$out/stage/$tarball" | grep -q '\.node$'; then
   echo "the main package must not carry a binary" >&2; exit 1
 fi
 # It does carry the in-sandbox agent: Linux binaries for the sandbox, the same on every platform.
+listing=$(tar tzf "$out/stage/$tarball")
 for arch in x86_64 aarch64; do
-  if ! tar tzf "$out/stage/$tarball" | grep -qx "package/agent-bin/trueforge-agent-$arch"; then
+  if ! grep -qx "package/agent-bin/trueforge-agent-$arch" <<<"$listing"; then
     echo "the main package must carry agent-bin/trueforge-agent-$arch (npm run build:agent)" >&2; exit 1
   fi
 done
