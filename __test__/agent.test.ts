@@ -44,7 +44,10 @@ function provider(options: Record<string, unknown> = {}): Provider {
 afterAll(async () => {
   for (const p of providers) await p.dispose()
   cleanupNamespace(namespace)
-})
+  // A warm-pool refill that was creating when its provider was disposed finishes that create.
+  await sleep(3000)
+  cleanupNamespace(namespace)
+}, 30_000)
 
 /** Runs a command as root in the container from outside (setup and inspection only). */
 function asRoot(sandboxId: string, command: string): { status: number; stdout: string; stderr: string } {

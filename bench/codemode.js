@@ -41,6 +41,8 @@ import asyncio, json, subprocess, sys, time
 from mcp_client import call_tool
 api_n, cli_n = int(sys.argv[1]), int(sys.argv[2])
 def pct(xs, p):
+    if not xs:
+        return None
     xs = sorted(xs)
     return round(xs[min(len(xs) - 1, int(len(xs) * p))], 3)
 async def api():
@@ -62,7 +64,7 @@ def cli(name):
     return out
 import shutil
 c = cli("mcp-client")
-py = cli("mcp-client-python") if shutil.which("mcp-client-python") else [float("nan")]
+py = cli("mcp-client-python") if shutil.which("mcp-client-python") else []
 s = []
 for i in range(cli_n):
     t = time.perf_counter()
@@ -228,7 +230,10 @@ async function main() {
     const best = (which) => {
       const keys = Object.keys(rounds[0][which])
       return Object.fromEntries(
-        keys.map((k) => [k, Math.min(...rounds.map((r) => (Number.isFinite(r[which][k]) ? r[which][k] : Infinity)))]),
+        keys.map((k) => {
+          const best = Math.min(...rounds.map((r) => (Number.isFinite(r[which][k]) ? r[which][k] : Infinity)))
+          return [k, Number.isFinite(best) ? best : null]
+        }),
       )
     }
     const [a, relay, floor, echo] = ['agent', 'relay', 'floor', 'echo'].map(best)

@@ -53,13 +53,14 @@ done
 tarball=$(npm pack --silent --pack-destination "$stage" | tail -n 1)
 mkdir -p "$stage/main"
 tar xzf "$stage/$tarball" -C "$stage/main"
-if tar tzf "$stage/$tarball" | grep -q '\.node$'; then
+if tar tzf "$stage/$tarball" | grep '\.node$' >/dev/null; then
   echo "the main package must not carry a binary" >&2
   exit 1
 fi
 # It does carry the in-sandbox agent: Linux binaries for the sandbox, the same on every platform.
+listing=$(tar tzf "$stage/$tarball")
 for arch in x86_64 aarch64; do
-  if ! tar tzf "$stage/$tarball" | grep -qx "package/agent-bin/trueforge-agent-$arch"; then
+  if ! grep -qx "package/agent-bin/trueforge-agent-$arch" <<<"$listing"; then
     echo "the main package must carry agent-bin/trueforge-agent-$arch (npm run build:agent)" >&2
     exit 1
   fi
