@@ -850,9 +850,11 @@ impl Engine {
       .map(|n| n.id);
     // Podman says so with a 500 rather than Docker's 409.
     let r = match r {
-      Err(SandboxError::Engine { status: 500, detail, .. })
-        if detail.to_ascii_lowercase().contains("already exists") =>
-      {
+      Err(SandboxError::Engine {
+        status: 500,
+        detail,
+        ..
+      }) if detail.to_ascii_lowercase().contains("already exists") => {
         return Ok(None);
       }
       other => other,
