@@ -274,12 +274,6 @@ export interface NativeProviderOptions {
    */
   engineTimeoutMs?: number
   /**
-   * Run commands, files and Code Mode through the in-sandbox agent (a static binary started in
-   * each sandbox through the engine's exec API); `false` uses the engine's exec and archive
-   * endpoints for everything. Default true.
-   */
-  agent?: boolean
-  /**
    * Code Mode request bytes held in this process at once for one sandbox (all its transports),
    * 64 KiB to 1 GiB: more requests wait, unread, and one larger than this is refused with an
    * error to its caller. Default 64 MiB.
@@ -290,6 +284,12 @@ export interface NativeProviderOptions {
    * 64 KiB to 16 GiB; as `codeModeSandboxInflightBytes` otherwise. Default 256 MiB.
    */
   codeModeProviderInflightBytes?: number
+  /**
+   * Run commands, files and Code Mode through the in-sandbox agent (a static binary started in
+   * each sandbox through the engine's exec API); `false` uses the engine's exec and archive
+   * endpoints for everything. Default true.
+   */
+  agent?: boolean
 }
 
 /** Options of the standalone reaper (the `reap` command). */

@@ -74,7 +74,13 @@ interface ClientRequest {
   after?: number
 }
 
-async function requests(provider: Provider, sandboxId: string, env: Record<string, string>, spec: ClientRequest[], timeoutSeconds = 200): Promise<Answer[]> {
+async function requests(
+  provider: Provider,
+  sandboxId: string,
+  env: Record<string, string>,
+  spec: ClientRequest[],
+  timeoutSeconds = 200,
+): Promise<Answer[]> {
   const out = await ok(provider, sandboxId, `python3 -c "$CLIENT" "$SPEC"`, {
     env: { ...env, CLIENT, SPEC: JSON.stringify(spec) },
     timeoutSeconds,
@@ -134,7 +140,13 @@ test('12 concurrent ~60 MiB requests with an 8 s dispatcher: one at a time, all 
     [
       '--expose-gc',
       join(__dirname, 'fixtures', 'codemode-host.js'),
-      JSON.stringify({ options: { image: DEBIAN, namespace }, sandboxId: sb, delayMs: 8000, sampleMs: 5, requestTimeoutSeconds: 600 }),
+      JSON.stringify({
+        options: { image: DEBIAN, namespace },
+        sandboxId: sb,
+        delayMs: 8000,
+        sampleMs: 5,
+        requestTimeoutSeconds: 600,
+      }),
     ],
     { stdio: ['pipe', 'pipe', 'inherit'] },
   )
@@ -143,7 +155,12 @@ test('12 concurrent ~60 MiB requests with an 8 s dispatcher: one at a time, all 
     const started = JSON.parse((await lines.next()).value as string)
     expect(started.failed).toBeUndefined()
     const size = 60 * MiB
-    const answers = await requests(main, sb, started.env, Array.from({ length: 12 }, () => ({ tool: 'big', size })))
+    const answers = await requests(
+      main,
+      sb,
+      started.env,
+      Array.from({ length: 12 }, () => ({ tool: 'big', size })),
+    )
     child.stdin.write('done\n')
     const stats = JSON.parse((await lines.next()).value as string)
     const growthMiB = (stats.peak - stats.baseline) / MiB
@@ -156,7 +173,9 @@ test('12 concurrent ~60 MiB requests with an 8 s dispatcher: one at a time, all 
           .join(', ')} s`,
     )
     // Every request got through, whole, and was answered.
-    expect(answers.map((a) => a.reply)).toEqual(answers.map((_, n) => ({ ok: true, result: { structuredContent: { n } } })))
+    expect(answers.map((a) => a.reply)).toEqual(
+      answers.map((_, n) => ({ ok: true, result: { structuredContent: { n } } })),
+    )
     expect(stats.dispatched).toBe(12)
     expect(stats.argumentBytes).toEqual(Array(12).fill(size))
     // The default bound (64 MiB per sandbox) holds one such request: the rest waited for room.
@@ -174,7 +193,11 @@ describe('small bounds', () => {
     for (const t of transports.splice(0)) await t.stop()
   })
 
-  async function started(p: Provider, dispatcher: Dispatcher, requestTimeoutSeconds = 300): Promise<Record<string, string>> {
+  async function started(
+    p: Provider,
+    dispatcher: Dispatcher,
+    requestTimeoutSeconds = 300,
+  ): Promise<Record<string, string>> {
     const t = p.createCodeModeTransport()
     transports.push(t)
     const { env } = await t.start({ codeModeDispatcher: dispatcher as any, sandboxId: sb, requestTimeoutSeconds })
@@ -190,7 +213,9 @@ describe('small bounds', () => {
     ])
     expect(big.reply).toEqual({
       ok: false,
-      error: expect.stringMatching(/^Code Mode request of \d+ bytes exceeds the host's in-flight limit of 1048576 bytes \(option `codeModeSandboxInflightBytes`\)/),
+      error: expect.stringMatching(
+        /^Code Mode request of \d+ bytes exceeds the host's in-flight limit of 1048576 bytes \(option `codeModeSandboxInflightBytes`\)/,
+      ),
       source: 'caller',
     })
     expect(small.reply).toEqual({ ok: true, result: { structuredContent: { n: 1 } } })
@@ -211,7 +236,11 @@ describe('small bounds', () => {
       { tool: 'hangs', size: 600 * 1024 },
       { tool: 'echo', size: 600 * 1024, after: 1 },
     ])
-    expect(hung.reply).toEqual({ ok: false, error: 'Code Mode request got no reply from the host within 3 s', source: 'transport' })
+    expect(hung.reply).toEqual({
+      ok: false,
+      error: 'Code Mode request got no reply from the host within 3 s',
+      source: 'transport',
+    })
     expect(hung.answered).toBeGreaterThanOrEqual(2.9)
     expect(next.reply).toEqual({ ok: true, result: { structuredContent: { n: 1 } } })
     // It waited (unread) for the first one's bytes: dispatched only once that one timed out.
@@ -222,7 +251,8 @@ describe('small bounds', () => {
 
   test('the sandbox bound is shared by its transports; a relay that dies gives its bytes back', async () => {
     const d = new Dispatcher()
-    const p = provider({ codeModeSandboxInflightBytes: MiB })
+    // The Python relay (agent: false), one process per transport, so that one can die alone.
+    const p = provider({ codeModeSandboxInflightBytes: MiB, agent: false })
     const envA = await started(p, d)
     const envB = await started(p, d)
     // A request that holds 600 KiB of the sandbox's 1 MiB until its relay ends.

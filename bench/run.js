@@ -177,7 +177,11 @@ const OPS = [
     run: async (im, _ctx, scratch) => {
       const id = await im.createSandbox()
       scratch.push(id)
-      return im.exec(id, 'true')
+      // The first exec on its own, in the same sample: what the create left undone shows here.
+      const t = performance.now()
+      const r = await im.exec(id, 'true')
+      scratch.partMs = performance.now() - t
+      return r
     },
     check: expectExit0,
   },
@@ -301,6 +305,7 @@ async function iterate(op, im, ctx, row) {
     return err
   }
   row.samples.push(ms)
+  if (scratch.partMs !== undefined) row.parts.push(scratch.partMs)
   if (op.concurrent && res && res.errors) {
     row.errors += res.errors
     row.messages.push(...res.messages)
@@ -336,7 +341,7 @@ async function runOp(op, impls, reps, works) {
   const rows = new Map()
   const ctxs = new Map()
   for (const im of impls) {
-    const row = { samples: [], errors: 0, messages: [] }
+    const row = { samples: [], parts: [], errors: 0, messages: [] }
     rows.set(im.name, row)
     try {
       ctxs.set(im.name, await prepare(op, im, works))
@@ -589,6 +594,7 @@ function buildRows(opsRun, results) {
         messages: r.messages,
         p50: s.p50,
         p95: s.p95,
+        partP50: r.parts.length ? summarize(r.parts).p50 : NaN,
         mbps: op.bytes ? mbps(op.bytes, s.p50) : NaN,
         r50: oursS && name !== OURS ? s.p50 / oursS.p50 : name === OURS ? 1 : NaN,
         r95: oursS && name !== OURS ? s.p95 / oursS.p95 : name === OURS ? 1 : NaN,
@@ -753,12 +759,15 @@ function agentTargets(rows, probe) {
   vsFloor('download_1KiB', 0.15, '1 KiB download p50')
   const create = get('create', OURS)
   const first = get('create_exec', OURS)
-  if (!ok(create) || !ok(first)) add('agent: create → first exec ≤ create + 15 ms', null, 'not measured')
+  // Judged within each sample (the first exec timed right after its own create): the two rows'
+  // p50s come from different samples, and create's spread alone is wider than 15 ms.
+  if (!ok(create) || !ok(first) || !Number.isFinite(first.partP50))
+    add('agent: create → first exec ≤ create + 15 ms', null, 'not measured')
   else
     add(
       'agent: create → first exec ≤ create + 15 ms',
-      first.p50 - create.p50 <= 15,
-      `create ${fmtMs(create.p50)} ms, create → first exec ${fmtMs(first.p50)} ms (+${fmtMs(first.p50 - create.p50)} ms)`,
+      first.partP50 <= 15,
+      `the first exec right after its create: p50 ${fmtMs(first.partP50)} ms; across rows: create ${fmtMs(create.p50)} ms, create → first exec ${fmtMs(first.p50)} ms (+${fmtMs(first.p50 - create.p50)} ms)`,
     )
   if (!probe || probe.error) {
     const why = probe ? probe.error : 'not measured'

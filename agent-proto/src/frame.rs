@@ -12,9 +12,9 @@ pub const MAX_PAYLOAD: usize = 1 << 20;
 /// Largest `Data` payload a sender produces.
 pub const MAX_DATA: usize = 64 * 1024;
 /// Bytes of data each side may send on a stream before the receiver grants more.
-pub const WINDOW: u32 = 256 * 1024;
+pub const WINDOW: u32 = 2 * 1024 * 1024;
 /// A receiver grants credit back once it has consumed at least this much.
-pub const CREDIT_BATCH: u32 = 64 * 1024;
+pub const CREDIT_BATCH: u32 = 256 * 1024;
 /// Streams the agent opens (Code Mode calls) have this bit set; the host's never do.
 pub const AGENT_STREAM: u32 = 1 << 31;
 

@@ -8,13 +8,15 @@ use crate::activity::Activity;
 use crate::codemode::Relays;
 use crate::conn::Conn;
 use crate::pool::Pool;
-use crate::sys::Identity;
-use crate::users::Users;
+use crate::sys::{Creds, Identity};
+use crate::users::{User, Users};
 
 pub struct Ctx {
   pub conn: Rc<Conn>,
   /// The agent's own identity (root, normally).
   pub me: Identity,
+  /// Whether the agent may change its supplementary groups (CAP_SETGID kept).
+  pub can_set_groups: bool,
   pub users: Users,
   /// The container's environment as inherited (image ENV + container Env), less the agent's
   /// own variables and an engine-supplied HOME; commands start from it.
@@ -25,4 +27,17 @@ pub struct Ctx {
   pub running: Cell<u32>,
   pub started: Instant,
   pub relays: Relays,
+}
+
+impl Ctx {
+  /// The ids a request for `user` runs with. A container started without CAP_SETGID cannot
+  /// change supplementary groups: acting as its own uid and gid, the agent then keeps the groups
+  /// it has rather than fail every request.
+  pub fn creds_of(&self, user: &User) -> Creds {
+    let mut c = user.creds();
+    if !self.can_set_groups && c.uid == self.me.uid && c.gid == self.me.gid {
+      c.groups = self.me.groups.clone();
+    }
+    c
+  }
 }

@@ -123,8 +123,9 @@ fn plan(ctx: &Ctx, spec: &ExecSpec, user: &User) -> Result<Plan, String> {
     })
     .collect();
   let me = &ctx.me;
-  let ids = (user.uid != me.uid || user.gid != me.gid || user.groups != me.groups)
-    .then(|| (user.uid, user.gid, user.groups.clone()));
+  let c = ctx.creds_of(&user);
+  let ids =
+    (c.uid != me.uid || c.gid != me.gid || c.groups != me.groups).then(|| (c.uid, c.gid, c.groups));
   Plan::new(
     &spec.command,
     &spec.cwd,

@@ -128,7 +128,7 @@ fn who(ctx: &Ctx, spec: Option<&str>) -> Result<(Identity, Creds), AgentError> {
     .users
     .resolve(spec)
     .map_err(|e| AgentError::new(ErrorKind::UnknownUser, e))?;
-  Ok((ctx.me.clone(), user.creds()))
+  Ok((ctx.me.clone(), ctx.creds_of(&user)))
 }
 
 /// Runs `f` on a pool thread as `creds`. A failed switch is a permission error.

@@ -104,6 +104,8 @@ async fn serve(
   let conn = Conn::new(out_tx);
   let ctx = Rc::new(Ctx {
     conn: conn.clone(),
+    // CAP_SETGID is capability 6.
+    can_set_groups: sys::cap_eff() & (1 << 6) != 0,
     me,
     users: Users::default(),
     base_env,

@@ -191,8 +191,12 @@ pub fn as_user<T>(me: &Identity, creds: &Creds, f: impl FnOnce() -> T) -> io::Re
   if creds.uid == me.uid && creds.gid == me.gid && creds.groups == me.groups {
     return Ok(f());
   }
+  let mut groups_changed = false;
   let switched = (|| {
-    raw_setgroups(&creds.groups)?;
+    if creds.groups != me.groups {
+      raw_setgroups(&creds.groups)?;
+      groups_changed = true;
+    }
     raw_setfsgid(creds.gid);
     raw_setfsuid(creds.uid);
     // setfsuid reports no error: read the ids back (-1 changes nothing and returns them).
@@ -202,16 +206,16 @@ pub fn as_user<T>(me: &Identity, creds: &Creds, f: impl FnOnce() -> T) -> io::Re
     Ok(())
   })();
   let out = switched.map(|_| f());
-  restore(me);
+  restore(me, groups_changed);
   out
 }
 
 /// Back to the agent's own file-system identity. A thread that cannot return to it must not
 /// serve anything else.
-fn restore(me: &Identity) {
+fn restore(me: &Identity, groups_changed: bool) {
   raw_setfsuid(me.uid);
   raw_setfsgid(me.gid);
-  let groups_ok = raw_setgroups(&me.groups).is_ok() || me.uid != 0;
+  let groups_ok = !groups_changed || raw_setgroups(&me.groups).is_ok() || me.uid != 0;
   if raw_setfsuid(u32::MAX) != me.uid || raw_setfsgid(u32::MAX) != me.gid || !groups_ok {
     eprintln!("trueforge-agent: cannot restore its own credentials; exiting");
     std::process::abort();

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use serde_json::json;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use trueforge_agent_proto::client::CodeModeCall;
 use trueforge_agent_proto::msg::CodeModeListenSpec;
 
@@ -80,8 +80,12 @@ pub struct AgentRelay {
   socket: String,
   /// Where the agent's calls for `socket` go (kept to unroute exactly this relay).
   route: mpsc::UnboundedSender<CodeModeCall>,
-  replies: mpsc::UnboundedSender<(u32, Bytes)>,
+  pending: Pending,
+  /// Where a reply that must wait for the agent's credit is sent from.
+  runtime: tokio::runtime::Handle,
   stopped: Arc<AtomicBool>,
+  /// Ends the serving task (and its hold on the budget) at `stop`.
+  stop_serving: Arc<Notify>,
 }
 
 impl AgentRelay {
@@ -89,12 +93,22 @@ impl AgentRelay {
     !self.stopped.load(Ordering::SeqCst) && !self.conn.client.is_closed()
   }
 
+  /// Answers call `id`: a small reply goes out from the caller's thread at once (no task in
+  /// between, which is most of a round trip's cost); a large one is streamed by a task.
   pub(crate) fn send(&self, id: u32, payload: &[u8]) -> bool {
-    self.is_alive()
-      && self
-        .replies
-        .send((id, Bytes::copy_from_slice(payload)))
-        .is_ok()
+    if !self.is_alive() {
+      return false;
+    }
+    let Some((call, room)) = self.pending.lock().expect("pending").remove(&id) else {
+      return true; // answered already, or timed out
+    };
+    if let Err((call, bytes)) = call.reply_now(Bytes::copy_from_slice(payload)) {
+      self.runtime.spawn(async move {
+        let _ = call.reply(bytes).await;
+        drop(room);
+      });
+    }
+    true
   }
 
   /// Closes the socket (the agent removes it); calls not answered yet fail.
@@ -102,6 +116,7 @@ impl AgentRelay {
     if self.stopped.swap(true, Ordering::SeqCst) {
       return;
     }
+    self.stop_serving.notify_one();
     self.conn.unroute(&self.socket, &self.route);
     let _ = self.conn.client.code_mode_close(&self.socket).await;
   }
@@ -134,24 +149,24 @@ pub async fn listen(
   };
   if let Err(e) = conn.client.code_mode_listen(spec).await {
     conn.unroute(socket, &route);
-    return Err(SandboxError::CodeModeUnavailable {
-      reason: format!("the sandbox agent could not open the Code Mode socket: {e}"),
+    // The agent needs no python3: anything that stops it is a start failure.
+    return Err(SandboxError::CodeModeStartFailed {
+      detail: format!("the sandbox agent could not open the Code Mode socket {socket}: {e}"),
     });
   }
   let generation = next_generation();
-  let (replies, replies_rx) = mpsc::unbounded_channel();
   let stopped = Arc::new(AtomicBool::new(false));
-  let channels = Channels {
-    calls,
-    replies: replies_rx,
-  };
+  let stop_serving = Arc::new(Notify::new());
+  let pending = Pending::default();
   let served = Serve {
+    stop: stop_serving.clone(),
     generation,
     intake,
     budget,
+    pending: pending.clone(),
     stopped: stopped.clone(),
   };
-  serve(engine, &conn, socket, channels, served);
+  serve(engine, &conn, socket, calls, served);
   log.debug(
     "Code Mode served by the sandbox agent",
     json!({ "sandboxId": target.sandbox_id, "socket": socket }),
@@ -161,15 +176,11 @@ pub async fn listen(
     conn,
     socket: socket.to_string(),
     route,
-    replies,
+    pending,
+    runtime: tokio::runtime::Handle::current(),
     stopped,
+    stop_serving,
   })
-}
-
-/// What a relay's serving task receives: the agent's calls, the JavaScript side's replies.
-struct Channels {
-  calls: mpsc::UnboundedReceiver<CodeModeCall>,
-  replies: mpsc::UnboundedReceiver<(u32, Bytes)>,
 }
 
 /// What a relay's serving task hands each call.
@@ -177,37 +188,43 @@ struct Serve {
   generation: u32,
   intake: Intake,
   budget: Budget,
+  /// Shared with the relay, which answers from it.
+  pending: Pending,
   stopped: Arc<AtomicBool>,
+  stop: Arc<Notify>,
 }
 
-/// Carries calls to the sink and replies back until the relay is gone (or the engine's
-/// background work stops); a relay dropped without `stop` has its socket closed here.
-fn serve(engine: &Engine, conn: &Arc<Conn>, socket: &str, mut ch: Channels, s: Serve) {
+/// Carries calls to the sink until the relay is gone (or the engine's background work stops);
+/// a relay dropped without `stop` has its socket closed here.
+fn serve(
+  engine: &Engine,
+  conn: &Arc<Conn>,
+  socket: &str,
+  mut calls: mpsc::UnboundedReceiver<CodeModeCall>,
+  s: Serve,
+) {
   let (conn, socket) = (conn.clone(), socket.to_string());
   engine.shared.background.spawn_cancellable(async move {
-    let pending = Pending::default();
     let mut next_id: u32 = 0;
     loop {
-      tokio::select! {
-        call = ch.calls.recv() => {
-          let Some(call) = call else { break };
-          next_id = next_id.wrapping_add(1);
-          let (intake, budget, pending) = (s.intake.clone(), s.budget.clone(), pending.clone());
-          tokio::spawn(hand_over(call, s.generation, next_id, intake, budget, pending));
-        }
-        reply = ch.replies.recv() => {
-          let Some((id, bytes)) = reply else { break };
-          let call = pending.lock().expect("pending").remove(&id);
-          if let Some((call, _room)) = call {
-            tokio::spawn(async move {
-              let _ = call.reply(bytes).await;
-            });
-          }
-        }
-      }
+      let call = tokio::select! {
+        call = calls.recv() => call,
+        _ = s.stop.notified() => None,
+      };
+      let Some(call) = call else { break };
+      next_id = next_id.wrapping_add(1);
+      let (intake, budget, pending) = (s.intake.clone(), s.budget.clone(), s.pending.clone());
+      tokio::spawn(hand_over(
+        call,
+        s.generation,
+        next_id,
+        intake,
+        budget,
+        pending,
+      ));
     }
     // Calls nobody will answer now fail (dropping one fails it) and give their room back.
-    pending.lock().expect("pending").clear();
+    s.pending.lock().expect("pending").clear();
     if !s.stopped.load(Ordering::SeqCst) && !conn.client.is_closed() {
       let _ = conn.client.code_mode_close(&socket).await;
     }
@@ -240,6 +257,9 @@ async fn hand_over(
   }
   // Until there is room, the call's bytes wait in the agent under flow control.
   let room = budget.claim(size).await;
+  // The claim holds the bytes; the sandbox's pool itself must not outlive its relays (the
+  // next relay there sizes a new one).
+  drop(budget);
   let Ok(request) = call.read_request().await else {
     return;
   };

@@ -9,6 +9,9 @@ use futures_util::{Stream, StreamExt};
 use crate::engine::Engine;
 use crate::util::errors::{Result, SandboxError};
 
+/// Why a path the engine mounts cannot take an upload (both transports say it so).
+pub const MOUNTED_BY_ENGINE: &str = "the engine mounts a file or volume of its own there (as it does /etc/hosts, /etc/hostname and /etc/resolv.conf), which an upload cannot replace; change its content with a command instead";
+
 const BLOCK: usize = 512;
 /// Symlink hops followed before giving up (as the kernel's MAXSYMLINKS).
 const MAX_LINK_HOPS: usize = 40;
@@ -627,7 +630,7 @@ fn classify_upload_error(e: SandboxError, shown: &str) -> SandboxError {
     if detail.contains("device or resource busy") {
       return SandboxError::InvalidPath {
         path: shown.to_string(),
-        reason: "the engine mounts a file or volume of its own there (as it does /etc/hosts, /etc/hostname and /etc/resolv.conf), which an upload cannot replace; change its content with a command instead".into(),
+        reason: MOUNTED_BY_ENGINE.into(),
       };
     }
     if detail.contains("read-only file system") {

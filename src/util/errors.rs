@@ -85,7 +85,7 @@ pub enum SandboxError {
 
   #[error("The sandbox's agent ended while the call was in flight ({detail}); the command may or may not have run, so check its effects before running it again")]
   AgentLost { detail: String },
-  #[error("Code Mode's relay did not start in this sandbox, though python3 is there: {detail}. Check that the sandbox has free disk space (its root filesystem, /tmp, /trueforge) and memory")]
+  #[error("Code Mode's relay did not start in this sandbox: {detail}. Check that the sandbox has free disk space (its root filesystem, /tmp, /trueforge) and memory")]
   CodeModeStartFailed { detail: String },
 
   #[error("No GPU is free for this sandbox: it needs {wanted} of {total} ({devices}), and {held}; retry once one of those sandboxes stops, or raise `gpuWaitMs`")]

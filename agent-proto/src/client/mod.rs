@@ -201,6 +201,16 @@ impl CodeModeCall {
     Ok(body.freeze())
   }
 
+  /// Sends a small `reply` at once, without waiting, when the agent's credit allows; otherwise
+  /// hands the call and the reply back for `reply`.
+  pub fn reply_now(mut self, reply: Bytes) -> Result<(), (CodeModeCall, Bytes)> {
+    if self.stream.try_finish_with_data(&reply, &Outcome::Ok(())) {
+      Ok(())
+    } else {
+      Err((self, reply))
+    }
+  }
+
   /// Sends `reply` to the client, streamed under the agent's credit.
   pub async fn reply(mut self, reply: Bytes) -> Result<(), ClientError> {
     if reply.len() > MAX_CODE_MODE_MESSAGE + 4096 {
@@ -251,8 +261,13 @@ struct State {
 
 impl Shared {
   fn send(&self, f: &Frame) {
+    self.send_bytes(f.to_bytes());
+  }
+
+  /// Encoded frames, written together.
+  fn send_bytes(&self, b: Bytes) {
     // A closed writer means the stream is over; `end` reports that to everyone.
-    let _ = self.out.send(f.to_bytes());
+    let _ = self.out.send(b);
   }
 
   fn ended_error(&self) -> ClientError {

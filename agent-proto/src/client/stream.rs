@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, Semaphore};
 
 use super::{ClientError, Shared};
@@ -161,6 +161,30 @@ impl Stream {
     self
       .shared
       .send(&Frame::json(Kind::Result, self.id, outcome));
+  }
+
+  /// Sends `data` and then the answer in one write, when the data fits in one frame and the
+  /// agent's credit covers it now; `false` (nothing sent) otherwise. A small answer then costs
+  /// one pass through the engine's stream rather than two.
+  pub fn try_finish_with_data<T: serde::Serialize>(
+    &mut self,
+    data: &Bytes,
+    outcome: &Outcome<T>,
+  ) -> bool {
+    if self.early.is_some() || data.len() > MAX_DATA {
+      return false;
+    }
+    match self.credit.try_acquire_many(data.len() as u32) {
+      Ok(p) => p.forget(),
+      Err(_) => return false,
+    }
+    self.finished = true;
+    self.release();
+    let mut both = BytesMut::new();
+    Frame::new(Kind::Data, self.id, data.clone()).encode(&mut both);
+    Frame::json(Kind::Result, self.id, outcome).encode(&mut both);
+    self.shared.send_bytes(both.freeze());
+    true
   }
 
   /// A protocol violation on this stream: the connection cannot be trusted, so it ends.

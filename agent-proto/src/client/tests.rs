@@ -62,7 +62,7 @@ fn hello(version: &str) -> Frame {
 }
 
 async fn pair() -> (AgentClient, Fake) {
-  let (host, agent) = duplex(4 << 20);
+  let (host, agent) = duplex(16 << 20);
   let (hr, hw) = split(host);
   let (ar, aw) = split(agent);
   let mut fake = Fake {
@@ -401,7 +401,9 @@ async fn code_mode_calls_are_routed_and_answered() {
     &call.read_request().await.unwrap()[..],
     b"{\"op\":\"list_tools\"}"
   );
-  let reply = Bytes::from(vec![b'x'; 300 * 1024]);
+  // Over one window: the reply waits for credit, and is not sent in one go.
+  let reply = Bytes::from(vec![b'x'; WINDOW as usize + 44 * 1024]);
+  let (call, reply) = call.reply_now(reply).map(|_| ()).unwrap_err();
   let answer = tokio::spawn(call.reply(reply.clone()));
   let mut got = Vec::new();
   loop {
@@ -419,6 +421,30 @@ async fn code_mode_calls_are_routed_and_answered() {
   }
   assert_eq!(got, reply);
   answer.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_small_code_mode_reply_goes_at_once_with_its_answer() {
+  let (c, mut fake) = pair().await;
+  let mut calls = c.code_mode_calls();
+  let id = AGENT_STREAM | 1;
+  let req = AgentRequest::CodeModeCall {
+    socket: "/s.sock".into(),
+    size: Some(2),
+  };
+  fake.send(Frame::json(Kind::Open, id, &req)).await;
+  fake.send(Frame::new(Kind::Data, id, &b"{}"[..])).await;
+  fake.send(Frame::empty(Kind::End, id)).await;
+  let mut call = calls.recv().await.unwrap();
+  assert_eq!(&call.read_request().await.unwrap()[..], b"{}");
+  assert!(call.reply_now(Bytes::from_static(b"{\"ok\":true}")).is_ok());
+  let data = fake.recv_skip_credit().await.unwrap();
+  assert_eq!((data.kind, data.id), (Kind::Data, id));
+  assert_eq!(&data.payload[..], b"{\"ok\":true}");
+  let done = fake.recv_skip_credit().await.unwrap();
+  assert_eq!((done.kind, done.id), (Kind::Result, id));
+  let o: Outcome<()> = serde_json::from_slice(&done.payload).unwrap();
+  assert!(matches!(o, Outcome::Ok(())));
 }
 
 #[tokio::test]

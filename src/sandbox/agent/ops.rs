@@ -199,9 +199,7 @@ fn file_error(e: ClientError, shown: &str) -> SandboxError {
       e.message
     )),
     ErrorKind::ReadOnly => invalid("it is on a read-only file system"),
-    ErrorKind::Busy => invalid(
-      "it is a mount point the engine manages (such as /etc/hosts), which cannot be replaced",
-    ),
+    ErrorKind::Busy => invalid(crate::sandbox::transfer::MOUNTED_BY_ENGINE),
     ErrorKind::NotADirectory => invalid("a parent of this path is a file, not a directory"),
     ErrorKind::InvalidPath => invalid(&e.message),
     ErrorKind::NoSpace => SandboxError::Internal(format!(

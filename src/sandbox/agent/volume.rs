@@ -187,7 +187,14 @@ async fn claim_and_create(engine: &Engine, bundle: &Bundle, name: &str) -> Resul
     ),
     (LABEL_AGENT.to_string(), bundle.tag.clone()),
   ]);
-  let volume = engine.create_volume(name, l.clone()).await?;
+  let mut volume = engine.create_volume(name, l.clone()).await?;
+  if !ours(Some(&volume.labels), &bundle.tag) {
+    // A create that met a volume another process made a moment earlier may be answered
+    // without its labels; the volume's inspect has them.
+    if let Some(v) = engine.inspect_volume(name).await? {
+      volume = v;
+    }
+  }
   if !ours(Some(&volume.labels), &bundle.tag) {
     return Err(refused(name, "a volume of that name is not ours"));
   }
