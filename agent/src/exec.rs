@@ -123,9 +123,9 @@ fn plan(ctx: &Ctx, spec: &ExecSpec, user: &User) -> Result<Plan, String> {
     })
     .collect();
   let me = &ctx.me;
-  let c = ctx.creds_of(&user);
-  let ids =
-    (c.uid != me.uid || c.gid != me.gid || c.groups != me.groups).then(|| (c.uid, c.gid, c.groups));
+  let c = ctx.creds_of(user);
+  let ids = (c.uid != me.uid || c.gid != me.gid || c.groups != me.groups)
+    .then_some((c.uid, c.gid, c.groups));
   Plan::new(
     &spec.command,
     &spec.cwd,

@@ -99,10 +99,11 @@ impl AgentRelay {
     if !self.is_alive() {
       return false;
     }
-    let Some((call, room)) = self.pending.lock().expect("pending").remove(&id) else {
+    let Some((mut call, room)) = self.pending.lock().expect("pending").remove(&id) else {
       return true; // answered already, or timed out
     };
-    if let Err((call, bytes)) = call.reply_now(Bytes::copy_from_slice(payload)) {
+    let bytes = Bytes::copy_from_slice(payload);
+    if !call.reply_now(&bytes) {
       self.runtime.spawn(async move {
         let _ = call.reply(bytes).await;
         drop(room);

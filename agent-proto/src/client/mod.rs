@@ -201,14 +201,10 @@ impl CodeModeCall {
     Ok(body.freeze())
   }
 
-  /// Sends a small `reply` at once, without waiting, when the agent's credit allows; otherwise
-  /// hands the call and the reply back for `reply`.
-  pub fn reply_now(mut self, reply: Bytes) -> Result<(), (CodeModeCall, Bytes)> {
-    if self.stream.try_finish_with_data(&reply, &Outcome::Ok(())) {
-      Ok(())
-    } else {
-      Err((self, reply))
-    }
+  /// Sends a small `reply` at once, without waiting, when the agent's credit allows: `true`,
+  /// and the call is answered. `false`: nothing was sent; answer it with `reply`.
+  pub fn reply_now(&mut self, reply: &Bytes) -> bool {
+    self.stream.try_finish_with_data(reply, &Outcome::Ok(()))
   }
 
   /// Sends `reply` to the client, streamed under the agent's credit.
