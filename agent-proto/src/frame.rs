@@ -10,7 +10,7 @@ pub const HEADER_LEN: usize = 9;
 /// Largest payload a frame may carry. Control messages (JSON) must fit in it; data is chunked.
 pub const MAX_PAYLOAD: usize = 1 << 20;
 /// Largest `Data` payload a sender produces.
-pub const MAX_DATA: usize = 64 * 1024;
+pub const MAX_DATA: usize = 256 * 1024;
 /// Bytes of data each side may send on a stream before the receiver grants more.
 pub const WINDOW: u32 = 2 * 1024 * 1024;
 /// A receiver grants credit back once it has consumed at least this much.

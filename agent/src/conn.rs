@@ -8,7 +8,9 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, Notify};
-use trueforge_agent_proto::frame::{Frame, Kind, AGENT_STREAM, CREDIT_BATCH, MAX_DATA, WINDOW};
+use trueforge_agent_proto::frame::{
+  self, Frame, Kind, AGENT_STREAM, CREDIT_BATCH, MAX_DATA, WINDOW,
+};
 use trueforge_agent_proto::msg::Outcome;
 
 /// Bytes a sender may still send on one stream, or how a waiter learns the stream is over.
@@ -93,6 +95,17 @@ impl Conn {
 
   pub fn send(&self, f: &Frame) {
     let _ = self.out.send(f.to_bytes());
+  }
+
+  /// A data frame: its header, then its payload as it is (not copied here; the writer copies
+  /// it into its reused batch, so no large buffer is allocated per frame).
+  fn send_data_frame(&self, id: u32, data: Bytes) {
+    let mut head = bytes::BytesMut::with_capacity(frame::HEADER_LEN);
+    Frame::new(Kind::Data, id, Bytes::new()).encode(&mut head);
+    // The header's length field is the payload's.
+    head[..4].copy_from_slice(&(data.len() as u32).to_be_bytes());
+    let _ = self.out.send(head.freeze());
+    let _ = self.out.send(data);
   }
 
   /// Registers a stream and returns its handle.
@@ -237,7 +250,7 @@ impl StreamIo {
   /// Sends data the caller already has credit for (`credit` returned at least its length).
   pub fn send_now(&self, data: Bytes) {
     self.credit.take(data.len() as u64);
-    self.conn.send(&Frame::new(Kind::Data, self.id, data));
+    self.conn.send_data_frame(self.id, data);
   }
 
   /// Sends `data` in chunks as credit allows. False when the stream was cancelled first.

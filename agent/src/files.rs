@@ -27,6 +27,8 @@ use crate::sys::{self, Creds, Identity};
 const MAX_PATH: usize = 4095;
 /// Bytes read from a file per pool job.
 const READ_CHUNK: usize = 256 * 1024;
+/// A download's read buffer, taken this much at a time.
+const READ_BLOCK: usize = 4 << 20;
 /// Upload bytes gathered into one pool job.
 const WRITE_BATCH: usize = 1 << 20;
 
@@ -199,6 +201,9 @@ async fn download_inner(
   });
   let file = Arc::new(file);
   let mut sent = 0u64;
+  // Read into one block, reused once the pieces sent from it are written (a fresh buffer per
+  // read costs a mapping and its page faults each time).
+  let mut block = BytesMut::new();
   loop {
     let avail = io.credit().await;
     if avail == 0 {
@@ -206,17 +211,25 @@ async fn download_inner(
     }
     let want = (avail as usize).min(READ_CHUNK);
     let f = file.clone();
-    let chunk = ctx
+    let mut b = std::mem::take(&mut block);
+    let read = ctx
       .pool
       .run(move || {
-        let mut buf = BytesMut::zeroed(want);
-        let n = (&*f).read(&mut buf)?;
-        buf.truncate(n);
-        Ok::<_, io::Error>(buf.freeze())
+        if b.capacity() < want {
+          b.reserve(READ_BLOCK);
+        }
+        b.resize(want, 0);
+        let n = (&*f).read(&mut b)?;
+        b.truncate(n);
+        let chunk = b.split().freeze();
+        Ok::<_, io::Error>((chunk, b))
       })
       .await;
-    let mut chunk = match chunk {
-      Ok(c) => c,
+    let mut chunk = match read {
+      Ok((c, b)) => {
+        block = b;
+        c
+      }
       Err(e) => return Some(Outcome::Err(io_error(shown, &e))),
     };
     if chunk.is_empty() {

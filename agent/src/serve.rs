@@ -23,6 +23,9 @@ use crate::sys::{self, Identity};
 use crate::users::Users;
 use crate::{exec, files, resolve};
 
+/// Bytes of stdin buffer taken at a time.
+const READ_BLOCK: usize = 4 << 20;
+
 /// Threads for file work.
 const FILE_THREADS: usize = 2;
 
@@ -138,7 +141,7 @@ async fn serve(
       subreaper: caps.subreaper,
     },
   ));
-  let mut buf = BytesMut::with_capacity(256 * 1024);
+  let mut buf = BytesMut::with_capacity(READ_BLOCK);
   let why = 'outer: loop {
     loop {
       match frame::decode(&mut buf) {
@@ -151,7 +154,11 @@ async fn serve(
         Err(e) => break 'outer Some(e.to_string()),
       }
     }
-    buf.reserve(256 * 1024);
+    // Room in large blocks: decoded payloads keep pieces of the buffer alive until they are
+    // written, and a fresh small block per read would cost a mapping and its page faults each.
+    if buf.capacity() - buf.len() < 64 * 1024 {
+      buf.reserve(READ_BLOCK);
+    }
     match input.read_buf(&mut buf).await {
       Ok(0) => break None,
       Ok(_) => {}
