@@ -412,10 +412,20 @@ impl Engine {
     name: &str,
     body: ContainerCreateBody,
   ) -> Result<Option<String>> {
-    absent_on(
-      self.create_container(operation, Some(name), body).await,
-      &[409],
-    )
+    match self.create_container(operation, Some(name), body).await {
+      // Podman 4 says so with a 500 ("that name is already in use") rather than Docker's 409.
+      Err(SandboxError::Engine {
+        status: 500,
+        detail,
+        ..
+      }) if detail
+        .to_ascii_lowercase()
+        .contains("name is already in use") =>
+      {
+        Ok(None)
+      }
+      r => absent_on(r, &[409]),
+    }
   }
 
   /// Starts a container; `false` when there is no such container. Another 404 (a network the

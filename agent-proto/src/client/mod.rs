@@ -244,6 +244,9 @@ struct Shared {
   out: mpsc::UnboundedSender<Bytes>,
   state: Mutex<State>,
   ended: watch::Sender<bool>,
+  /// When the connection was made, and microseconds after that when the agent was last heard.
+  born: std::time::Instant,
+  heard: std::sync::atomic::AtomicU64,
 }
 
 struct State {
@@ -462,6 +465,8 @@ impl AgentClient {
         open_calls: 0,
       }),
       ended,
+      born: std::time::Instant::now(),
+      heard: std::sync::atomic::AtomicU64::new(0),
     });
     tokio::spawn(write_loop(writer, out_rx, shared.clone()));
     tokio::spawn(read_loop(reader, buf, shared.clone()));
@@ -482,6 +487,14 @@ impl AgentClient {
   /// Whether the stream has ended (every request now fails).
   pub fn is_closed(&self) -> bool {
     *self.inner.shared.ended.borrow()
+  }
+
+  /// How long since the agent last sent anything.
+  pub fn silent_for(&self) -> std::time::Duration {
+    let sh = &self.inner.shared;
+    let heard =
+      std::time::Duration::from_micros(sh.heard.load(std::sync::atomic::Ordering::Relaxed));
+    sh.born.elapsed().saturating_sub(heard)
   }
 
   /// Waits until the stream ends; the error says why.
@@ -786,7 +799,10 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, mut buf: BytesMut, share
     buf.reserve(64 * 1024);
     match reader.read_buf(&mut buf).await {
       Ok(0) => break "the agent's output ended".to_string(),
-      Ok(_) => {}
+      Ok(_) => shared.heard.store(
+        shared.born.elapsed().as_micros() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+      ),
       Err(e) => break format!("reading the agent's output failed: {e}"),
     }
   };

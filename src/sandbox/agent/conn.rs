@@ -181,7 +181,9 @@ pub async fn connect(
   let slot = state.slot(container);
   let mut held = slot.lock().await;
   if let Some(c) = held.as_ref().filter(|c| !c.client.is_closed()) {
-    return Ok(c.clone());
+    if c.client.silent_for() < PROBE_AFTER || still_there(c).await {
+      return Ok(c.clone());
+    }
   }
   *held = None;
   match start(engine, target, setup).await {
@@ -205,6 +207,22 @@ pub async fn connect(
       Err(e)
     }
   }
+}
+
+/// A connection quiet for this long is pinged before a call is sent on it.
+const PROBE_AFTER: Duration = Duration::from_millis(100);
+/// How long that ping may take before the connection is used anyway.
+const PROBE_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether a quiet agent still answers. Its container may have stopped (or the agent died)
+/// while its engine has not closed the stream yet: a call sent then would be lost with no way
+/// to know whether it ran, while a ping that fails proves nothing was sent, so a new agent can
+/// take the call. A slow answer is not a failure.
+async fn still_there(c: &Conn) -> bool {
+  !matches!(
+    tokio::time::timeout(PROBE_WAIT, c.client.ping()).await,
+    Ok(Err(_))
+  )
 }
 
 /// Forgets the connection once it ends. Not one of the engine's background tasks: it is the
