@@ -7,95 +7,9 @@ use std::time::Instant;
 use bollard::container::LogOutput;
 use futures_util::{Stream, StreamExt};
 
-/// Keeps the first half of the cap and the last half; counts what falls in between.
-#[derive(Debug)]
-pub struct CappedOutput {
-  head: Vec<u8>,
-  head_cap: usize,
-  tail: Vec<u8>,
-  tail_cap: usize,
-  /// Write position in `tail` once it is full (a ring).
-  tail_pos: usize,
-  omitted: u64,
-}
-
-impl CappedOutput {
-  /// `cap` is the total number of bytes kept.
-  pub fn new(cap: usize) -> Self {
-    let head_cap = cap / 2;
-    let tail_cap = cap - head_cap;
-    Self {
-      head: Vec::new(),
-      head_cap,
-      tail: Vec::new(),
-      tail_cap,
-      tail_pos: 0,
-      omitted: 0,
-    }
-  }
-
-  pub fn push(&mut self, mut data: &[u8]) {
-    if self.head.len() < self.head_cap {
-      let n = data.len().min(self.head_cap - self.head.len());
-      self.head.extend_from_slice(&data[..n]);
-      data = &data[n..];
-    }
-    if data.is_empty() || self.tail_cap == 0 {
-      self.omitted += data.len() as u64;
-      return;
-    }
-    if data.len() >= self.tail_cap {
-      // The chunk alone fills the tail: everything held before is pushed out.
-      let cut = data.len() - self.tail_cap;
-      self.omitted += (self.tail.len() + cut) as u64;
-      self.tail.clear();
-      self.tail.extend_from_slice(&data[cut..]);
-      self.tail_pos = 0;
-      return;
-    }
-    let room = self.tail_cap - self.tail.len();
-    if room > 0 {
-      let n = data.len().min(room);
-      self.tail.extend_from_slice(&data[..n]);
-      data = &data[n..];
-    }
-    // Ring overwrite of the oldest bytes.
-    while !data.is_empty() {
-      let n = data.len().min(self.tail_cap - self.tail_pos);
-      self.tail[self.tail_pos..self.tail_pos + n].copy_from_slice(&data[..n]);
-      self.omitted += n as u64;
-      self.tail_pos = (self.tail_pos + n) % self.tail_cap;
-      data = &data[n..];
-    }
-  }
-
-  /// Bytes dropped from the middle.
-  pub fn omitted(&self) -> u64 {
-    self.omitted
-  }
-
-  /// The kept text: non-UTF-8 bytes become U+FFFD; a cut is marked by one line.
-  pub fn into_text(self) -> String {
-    let mut tail = self.tail;
-    tail.rotate_left(self.tail_pos);
-    if self.omitted == 0 {
-      // Nothing was cut: decode in one piece so a character straddling head and tail survives.
-      let mut all = self.head;
-      all.extend_from_slice(&tail);
-      return String::from_utf8_lossy(&all).into_owned();
-    }
-    let mut s = String::from_utf8_lossy(&self.head).into_owned();
-    if !s.ends_with('\n') {
-      s.push('\n');
-    }
-    s.push_str(&format!(
-      "[... {} bytes of output omitted ...]\n",
-      self.omitted
-    ));
-    s.push_str(&String::from_utf8_lossy(&tail));
-    s
-  }
-}
+/// The head-and-tail cap, shared with the agent's client so that both paths return identical
+/// text.
+pub use trueforge_agent_proto::output::CappedOutput;
 
 /// What the scanner found.
 #[derive(Debug, PartialEq, Eq)]
@@ -366,22 +280,6 @@ mod tests {
       c.into_text(),
       "abcd\n[... 18 bytes of output omitted ...]\nwxyz"
     );
-  }
-
-  #[test]
-  fn kept_bytes_match_a_reference_for_odd_chunking() {
-    let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
-    for chunk in [1, 3, 7, 64, 999, 5000] {
-      let mut c = CappedOutput::new(100);
-      for ch in data.chunks(chunk) {
-        c.push(ch);
-      }
-      let mut tail = c.tail.clone();
-      tail.rotate_left(c.tail_pos);
-      assert_eq!(&c.head[..], &data[..50]);
-      assert_eq!(&tail[..], &data[4950..]);
-      assert_eq!(c.omitted(), 4900);
-    }
   }
 
   #[test]
