@@ -11,7 +11,7 @@ import { join } from 'node:path'
 import { createInterface } from 'node:readline'
 
 import { DockerSandboxProvider, type CodeModeReply as Reply, type CodeModeRequest as Request } from '..'
-import { DEBIAN, SandboxTracker, ok, sleep, uniqueNamespace, waitFor, type Provider } from './helpers'
+import { DEBIAN, SandboxTracker, ok, relayPid, sleep, uniqueNamespace, waitFor, type Provider } from './helpers'
 
 jest.setTimeout(240_000)
 
@@ -121,18 +121,6 @@ afterAll(async () => {
   await tracker.cleanup(main)
   for (const p of providers) await p.dispose()
 })
-
-/** The relay serving `socket` in the sandbox (its pid, read from /proc; never the probe's own). */
-async function relayPid(sandboxId: string, socket: string): Promise<number> {
-  const out = await ok(
-    main,
-    sandboxId,
-    `for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); case "$c" in "python3 -I -S /trueforge/codemode/relay.py ${socket} ") echo \${d#/proc/};; esac; done`,
-  )
-  const pids = out.split('\n').filter(Boolean).map(Number)
-  expect(pids).toHaveLength(1)
-  return pids[0]
-}
 
 test('12 concurrent ~60 MiB requests with an 8 s dispatcher: one at a time, all answered, host RSS growth ≤ 300 MiB', async () => {
   const child = spawn(
@@ -263,7 +251,7 @@ describe('small bounds', () => {
     const next = requests(main, sb, envB, [{ tool: 'echo', size: 600 * 1024 }], 60)
     await sleep(2000)
     expect(d.seen).toHaveLength(1)
-    await ok(main, sb, `kill -9 ${await relayPid(sb, envA.TFY_CM_SOCK)}`)
+    await ok(main, sb, `kill -9 ${await relayPid(main, sb, envA.TFY_CM_SOCK)}`)
     const killed = Date.now()
     expect((await hung)[0].error).toMatch(/JSONDecodeError|Connection/)
     const [answer] = await next

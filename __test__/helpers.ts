@@ -128,7 +128,14 @@ export function removeNetworks(namespace: string): void {
  */
 export function removeImageWorkLeases(which: (image: string) => boolean): void {
   try {
-    const leases = docker(['ps', '-a', '--filter', 'label=trueforge.sandbox.imagework', '--format', '{{.ID}} {{.Label "trueforge.sandbox.imagework"}}'])
+    const leases = docker([
+      'ps',
+      '-a',
+      '--filter',
+      'label=trueforge.sandbox.imagework',
+      '--format',
+      '{{.ID}} {{.Label "trueforge.sandbox.imagework"}}',
+    ])
       .split('\n')
       .filter(Boolean)
       .map((line) => line.split(' '))
@@ -192,6 +199,19 @@ export async function ok(
     throw new Error(`${JSON.stringify(command)} exited ${r.exitCode}: ${r.result}`)
   }
   return r.result
+}
+
+/** The pid of the Python relay serving Code Mode `socket` in the sandbox, read from /proc (never
+ * the probe's own); exactly one must be there. */
+export async function relayPid(provider: Provider, sandboxId: string, socket: string): Promise<number> {
+  const out = await ok(
+    provider,
+    sandboxId,
+    `for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); case "$c" in "python3 -I -S /trueforge/codemode/relay.py ${socket} ") echo \${d#/proc/};; esac; done`,
+  )
+  const pids = out.split('\n').filter(Boolean).map(Number)
+  if (pids.length !== 1) throw new Error(`expected one relay on ${socket}, found ${JSON.stringify(pids)}`)
+  return pids[0]
 }
 
 /** Awaits a promise that must reject; returns the rejection for further assertions. */

@@ -6,7 +6,7 @@
 // here (4,557 calls and 105 MB in the issue).
 
 import { DockerSandboxProvider } from '..'
-import { DEBIAN, SandboxTracker, ok, run, sleep, uniqueNamespace, waitFor, type Provider } from './helpers'
+import { DEBIAN, SandboxTracker, ok, relayPid, run, sleep, uniqueNamespace, waitFor, type Provider } from './helpers'
 
 jest.setTimeout(120_000)
 
@@ -39,18 +39,6 @@ while True:
     data += b
 print(data.decode())
 `
-
-/** The relay serving `socket` in the sandbox (its pid, read from /proc; never the probe's own). */
-async function relayPid(p: Provider, sandboxId: string, socket: string): Promise<number> {
-  const out = await ok(
-    p,
-    sandboxId,
-    `for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); case "$c" in "python3 -I -S /trueforge/codemode/relay.py ${socket} ") echo \${d#/proc/};; esac; done`,
-  )
-  const pids = out.split('\n').filter(Boolean).map(Number)
-  expect(pids).toHaveLength(1)
-  return pids[0]
-}
 
 test('100 MiB on the relay stderr: at most 100 logger calls and 1 MiB, then one line saying what was dropped', async () => {
   const calls: { level: string; message: string; meta: Record<string, any> }[] = []
