@@ -36,13 +36,22 @@ impl Pool {
     self.sem.available_permits()
   }
 
+  /// What a request of `len` payload bytes holds: never more than the whole pool, so a request
+  /// that fits its limit is never stuck.
+  fn cost(&self, len: usize) -> u32 {
+    (len + REQUEST_OVERHEAD).min(self.limit) as u32
+  }
+
+  fn try_take(&self, len: usize) -> Option<OwnedSemaphorePermit> {
+    self.sem.clone().try_acquire_many_owned(self.cost(len)).ok()
+  }
+
   async fn take(&self, len: usize) -> OwnedSemaphorePermit {
-    // Never more than the whole pool, so a request that fits its limit is never stuck.
-    let n = (len + REQUEST_OVERHEAD).min(self.limit);
+    let n = self.cost(len);
     self
       .sem
       .clone()
-      .acquire_many_owned(n as u32)
+      .acquire_many_owned(n)
       .await
       .expect("the semaphore is never closed")
   }
@@ -100,6 +109,17 @@ impl Budget {
           p.limit, p.option
         )
       })
+  }
+
+  /// Room for `len` payload bytes now, if both bounds have it (a request waiting for room
+  /// keeps what is given back, so this never overtakes it).
+  pub fn try_claim(&self, len: usize) -> Option<Claim> {
+    let sandbox = self.sandbox.try_take(len)?;
+    let provider = self.provider.try_take(len)?;
+    Some(Claim {
+      _sandbox: sandbox,
+      _provider: provider,
+    })
   }
 
   /// Waits until `len` payload bytes fit under both bounds. Cancel-safe: a wait dropped early
@@ -167,5 +187,33 @@ mod tests {
     let why = b.refusal(2 << 20).expect("over both");
     assert!(why.contains("codeModeSandboxInflightBytes"), "{why}");
     assert!(b.refusal(100).is_none());
+  }
+
+  #[tokio::test]
+  async fn a_claim_now_takes_free_room_and_never_overtakes_a_waiting_claim() {
+    let b = budget(1 << 20, 4 << 20);
+    let small = b.try_claim(1024).expect("room is free");
+    let big = b.claim(900 * 1024).await;
+    // Both bounds or nothing: the provider has room, the sandbox does not.
+    assert!(b.try_claim(200 * 1024).is_none());
+    assert_eq!(
+      b.provider.available(),
+      (4 << 20) - 901 * 1024 - 2 * REQUEST_OVERHEAD
+    );
+    let waiting = tokio::spawn({
+      let b = b.clone();
+      async move { b.claim(500 * 1024).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // Room given back goes to the claim that waits, not to a later one that asks now.
+    drop(small);
+    assert!(b.try_claim(1024).is_none());
+    drop(big);
+    let held = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+      .await
+      .expect("the waiting claim gets the room")
+      .unwrap();
+    drop(held);
+    assert_eq!(b.sandbox.available(), 1 << 20);
   }
 }

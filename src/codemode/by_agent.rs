@@ -6,13 +6,14 @@
 //! under flow control. The relay process of the Python transport (`relay`) stays the fallback.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::json;
-use tokio::sync::{mpsc, Notify};
-use trueforge_agent_proto::client::CodeModeCall;
+use tokio::sync::Notify;
+use trueforge_agent_proto::client::{CallHandler, CodeModeCall};
 use trueforge_agent_proto::msg::CodeModeListenSpec;
 
 use crate::codemode::budget::{Budget, Claim};
@@ -78,14 +79,15 @@ pub struct AgentRelay {
   pub(crate) generation: u32,
   conn: Arc<Conn>,
   socket: String,
-  /// Where the agent's calls for `socket` go (kept to unroute exactly this relay).
-  route: mpsc::UnboundedSender<CodeModeCall>,
+  /// The route that sends the agent's calls for `socket` here (kept to unroute exactly it).
+  route: u64,
   pending: Pending,
   /// Where a reply that must wait for the agent's credit is sent from.
   runtime: tokio::runtime::Handle,
   stopped: Arc<AtomicBool>,
-  /// Ends the serving task (and its hold on the budget) at `stop`.
-  stop_serving: Arc<Notify>,
+  /// Wakes the watcher, which fails the calls not answered yet (and closes the socket when the
+  /// relay was dropped without `stop`).
+  ended: Arc<Notify>,
 }
 
 impl AgentRelay {
@@ -117,17 +119,17 @@ impl AgentRelay {
     if self.stopped.swap(true, Ordering::SeqCst) {
       return;
     }
-    self.stop_serving.notify_one();
-    self.conn.unroute(&self.socket, &self.route);
+    self.conn.unroute(&self.socket, self.route);
+    self.ended.notify_one();
     let _ = self.conn.client.code_mode_close(&self.socket).await;
   }
 }
 
 impl Drop for AgentRelay {
   fn drop(&mut self) {
-    // Not stopped (its transport was collected): the serving task, which ends with this
-    // relay, closes the socket.
-    self.conn.unroute(&self.socket, &self.route);
+    // Not stopped (its transport was collected): the watcher closes the socket.
+    self.conn.unroute(&self.socket, self.route);
+    self.ended.notify_one();
   }
 }
 
@@ -142,32 +144,27 @@ pub async fn listen(
   budget: Budget,
   log: &Logger,
 ) -> Result<AgentRelay> {
-  let (route, calls) = mpsc::unbounded_channel();
-  conn.route(socket, route.clone());
+  let generation = next_generation();
+  let pending = Pending::default();
+  let runtime = tokio::runtime::Handle::current();
+  let route = conn.route(
+    socket,
+    call_handler(generation, intake, budget, pending.clone(), runtime.clone()),
+  );
   let spec = CodeModeListenSpec {
     socket: socket.to_string(),
     user: target.user.clone(),
   };
   if let Err(e) = conn.client.code_mode_listen(spec).await {
-    conn.unroute(socket, &route);
+    conn.unroute(socket, route);
     // The agent needs no python3: anything that stops it is a start failure.
     return Err(SandboxError::CodeModeStartFailed {
       detail: format!("the sandbox agent could not open the Code Mode socket {socket}: {e}"),
     });
   }
-  let generation = next_generation();
   let stopped = Arc::new(AtomicBool::new(false));
-  let stop_serving = Arc::new(Notify::new());
-  let pending = Pending::default();
-  let served = Serve {
-    stop: stop_serving.clone(),
-    generation,
-    intake,
-    budget,
-    pending: pending.clone(),
-    stopped: stopped.clone(),
-  };
-  serve(engine, &conn, socket, calls, served);
+  let ended = Arc::new(Notify::new());
+  watch(engine, &conn, socket, &pending, &stopped, &ended);
   log.debug(
     "Code Mode served by the sandbox agent",
     json!({ "sandboxId": target.sandbox_id, "socket": socket }),
@@ -178,55 +175,69 @@ pub async fn listen(
     socket: socket.to_string(),
     route,
     pending,
-    runtime: tokio::runtime::Handle::current(),
+    runtime,
     stopped,
-    stop_serving,
+    ended,
   })
 }
 
-/// What a relay's serving task hands each call.
-struct Serve {
+/// What takes the socket's calls on the connection's reader task. A small call that arrived
+/// whole and fits the budget now goes to the sink right here (a task switch costs more than
+/// the rest of its way through the host); any other goes to a task of its own, which waits for
+/// room and then for its bytes.
+fn call_handler(
   generation: u32,
   intake: Intake,
   budget: Budget,
-  /// Shared with the relay, which answers from it.
   pending: Pending,
-  stopped: Arc<AtomicBool>,
-  stop: Arc<Notify>,
+  runtime: tokio::runtime::Handle,
+) -> CallHandler {
+  let next_id = AtomicU32::new(0);
+  Arc::new(move |mut call: CodeModeCall| {
+    let id = next_id.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+    let size = announced(&call);
+    if budget.refusal(size).is_none() {
+      if let Some(room) = budget.try_claim(size) {
+        if let Some(request) = call.take_request() {
+          let Ok(request) = request else { return };
+          let timeout = deliver(call, room, request, generation, id, &intake, &pending);
+          runtime.spawn(expire(id, timeout, pending.clone()));
+          return;
+        }
+      }
+    }
+    runtime.spawn(hand_over(
+      call,
+      generation,
+      id,
+      intake.clone(),
+      budget.clone(),
+      pending.clone(),
+    ));
+  })
 }
 
-/// Carries calls to the sink until the relay is gone (or the engine's background work stops);
-/// a relay dropped without `stop` has its socket closed here.
-fn serve(
+/// Once the relay ends: calls nobody will answer now fail (dropping one fails it) and give their
+/// room back; a relay dropped without `stop` has its socket closed here.
+fn watch(
   engine: &Engine,
   conn: &Arc<Conn>,
   socket: &str,
-  mut calls: mpsc::UnboundedReceiver<CodeModeCall>,
-  s: Serve,
+  pending: &Pending,
+  stopped: &Arc<AtomicBool>,
+  ended: &Arc<Notify>,
 ) {
-  let (conn, socket) = (conn.clone(), socket.to_string());
+  let (conn, socket, pending, stopped, ended) = (
+    conn.clone(),
+    socket.to_string(),
+    pending.clone(),
+    stopped.clone(),
+    ended.clone(),
+  );
   engine.shared.background.spawn_cancellable(async move {
-    let mut next_id: u32 = 0;
-    loop {
-      let call = tokio::select! {
-        call = calls.recv() => call,
-        _ = s.stop.notified() => None,
-      };
-      let Some(call) = call else { break };
-      next_id = next_id.wrapping_add(1);
-      let (intake, budget, pending) = (s.intake.clone(), s.budget.clone(), s.pending.clone());
-      tokio::spawn(hand_over(
-        call,
-        s.generation,
-        next_id,
-        intake,
-        budget,
-        pending,
-      ));
-    }
-    // Calls nobody will answer now fail (dropping one fails it) and give their room back.
-    s.pending.lock().expect("pending").clear();
-    if !s.stopped.load(Ordering::SeqCst) && !conn.client.is_closed() {
+    ended.notified().await;
+    pending.lock().expect("pending").clear();
+    if !stopped.load(Ordering::SeqCst) && !conn.client.is_closed() {
       let _ = conn.client.code_mode_close(&socket).await;
     }
   });
@@ -238,9 +249,16 @@ fn error_reply(message: &str, source: &str) -> Bytes {
   Bytes::from(json!({ "ok": false, "error": message, "source": source }).to_string())
 }
 
-/// Takes room for one call (its size is announced before its bytes; an agent that does not say
-/// is taken at the largest size), reads its request, hands it to the sink, and answers it with a
-/// timeout error when no reply came in time. A call over a bound is refused at once.
+/// A call's size for the budget: as announced (an agent that does not say is taken at the
+/// largest size).
+fn announced(call: &CodeModeCall) -> usize {
+  call.size.map_or(MAX_MESSAGE_BYTES, |s| {
+    usize::try_from(s).unwrap_or(usize::MAX)
+  })
+}
+
+/// Takes room for one call, reads its request, and delivers it. A call over a bound is refused
+/// at once.
 async fn hand_over(
   mut call: CodeModeCall,
   generation: u32,
@@ -249,9 +267,7 @@ async fn hand_over(
   budget: Budget,
   pending: Pending,
 ) {
-  let size = call.size.map_or(MAX_MESSAGE_BYTES, |s| {
-    usize::try_from(s).unwrap_or(usize::MAX)
-  });
+  let size = announced(&call);
   if let Some(why) = budget.refusal(size) {
     let _ = call.reply(error_reply(&why, "caller")).await;
     return;
@@ -264,9 +280,27 @@ async fn hand_over(
   let Ok(request) = call.read_request().await else {
     return;
   };
-  let timeout = intake.timeout();
+  let timeout = deliver(call, room, request, generation, id, &intake, &pending);
+  expire(id, timeout, pending).await;
+}
+
+/// Hands the request to the sink; returns how long its reply may take.
+fn deliver(
+  call: CodeModeCall,
+  room: Claim,
+  request: Bytes,
+  generation: u32,
+  id: u32,
+  intake: &Intake,
+  pending: &Pending,
+) -> Duration {
   pending.lock().expect("pending").insert(id, (call, room));
   (intake.sink)(generation, id, Vec::from(request));
+  intake.timeout()
+}
+
+/// Answers call `id` with a timeout error when no reply came in time.
+async fn expire(id: u32, timeout: Duration, pending: Pending) {
   tokio::time::sleep(timeout).await;
   let late = pending.lock().expect("pending").remove(&id);
   if let Some((call, _room)) = late {

@@ -5,6 +5,7 @@
 //! with `ClientError::StreamEnded` (an agent's commands cannot be re-attached), and so does
 //! every later one: the caller starts a new agent.
 
+mod outbox;
 mod stream;
 
 use std::collections::HashMap;
@@ -13,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::{mpsc, watch};
 
 use crate::frame::{self, Frame, Kind, AGENT_STREAM, MAX_DATA, MAX_PAYLOAD, WINDOW};
@@ -23,6 +24,7 @@ use crate::msg::{
   StatSpec, UploadDone, UploadSpec, MAX_CODE_MODE_CALLS, MAX_CODE_MODE_MESSAGE, TIMEOUT_EXIT_CODE,
 };
 use crate::output::{timed_out_text, CappedOutput};
+use outbox::{Ended, Outbox};
 use stream::{Inbound, Slot, Stream};
 
 /// How to connect.
@@ -158,39 +160,80 @@ pub struct CodeModeCall {
   /// The request's length as the agent announced it (an older agent does not say).
   pub size: Option<u64>,
   stream: Stream,
+  /// All of the request had arrived when the call was handed over (`take_request`).
+  complete: bool,
 }
 
 impl CodeModeCall {
   /// The client's request bytes (JSON, at most 64 MiB, exactly `size` when it was given), read
   /// under credit. Call it once.
   pub async fn read_request(&mut self) -> Result<Bytes, ClientError> {
-    let limit = self
-      .size
-      .unwrap_or((MAX_CODE_MODE_MESSAGE + 4096) as u64)
-      .min((MAX_CODE_MODE_MESSAGE + 4096) as u64);
-    let mut body = BytesMut::with_capacity(self.size.unwrap_or(0).min(limit) as usize);
+    let mut body = self.body_buffer();
     loop {
-      match self.stream.next().await? {
-        Inbound::Data(b) => {
-          if (body.len() + b.len()) as u64 > limit {
-            return Err(
-              self
-                .stream
-                .violation("a Code Mode request is longer than announced"),
-            );
-          }
-          self.stream.consumed(b.len());
-          body.extend_from_slice(&b);
-        }
-        Inbound::End => break,
-        Inbound::Head(_) => {}
-        Inbound::Result(_) => {
-          return Err(ClientError::StreamEnded {
-            reason: "the agent gave up the Code Mode call".into(),
-          })
-        }
+      let item = self.stream.next().await?;
+      if self.absorb(item, &mut body)? {
+        break;
       }
     }
+    self.check_size(body)
+  }
+
+  /// The whole request without waiting, when all of it had arrived before the call was handed
+  /// over (a small one: its bytes come with the call); `None` otherwise, and then
+  /// `read_request` reads it.
+  pub fn take_request(&mut self) -> Option<Result<Bytes, ClientError>> {
+    if !std::mem::take(&mut self.complete) {
+      return None;
+    }
+    let mut body = self.body_buffer();
+    loop {
+      let Some(item) = self.stream.try_next() else {
+        // Its end was routed before the call was handed over: this cannot be.
+        return Some(Err(
+          self.stream.violation("a Code Mode request is incomplete"),
+        ));
+      };
+      match self.absorb(item, &mut body) {
+        Ok(true) => return Some(self.check_size(body)),
+        Ok(false) => {}
+        Err(e) => return Some(Err(e)),
+      }
+    }
+  }
+
+  fn limit(&self) -> u64 {
+    let most = (MAX_CODE_MODE_MESSAGE + 4096) as u64;
+    self.size.unwrap_or(most).min(most)
+  }
+
+  fn body_buffer(&self) -> BytesMut {
+    BytesMut::with_capacity(self.size.unwrap_or(0).min(self.limit()) as usize)
+  }
+
+  /// Takes one inbound item into `body`; `true` at the request's end.
+  fn absorb(&mut self, item: Inbound, body: &mut BytesMut) -> Result<bool, ClientError> {
+    match item {
+      Inbound::Data(b) => {
+        if (body.len() + b.len()) as u64 > self.limit() {
+          return Err(
+            self
+              .stream
+              .violation("a Code Mode request is longer than announced"),
+          );
+        }
+        self.stream.consumed(b.len());
+        body.extend_from_slice(&b);
+        Ok(false)
+      }
+      Inbound::End => Ok(true),
+      Inbound::Head(_) => Ok(false),
+      Inbound::Result(_) => Err(ClientError::StreamEnded {
+        reason: "the agent gave up the Code Mode call".into(),
+      }),
+    }
+  }
+
+  fn check_size(&mut self, body: BytesMut) -> Result<Bytes, ClientError> {
     if self.size.is_some_and(|n| n != body.len() as u64) {
       return Err(
         self
@@ -239,9 +282,18 @@ impl CodeModeCall {
   }
 }
 
+/// A Code Mode call announcing at most this many bytes is handed over once all of them have
+/// arrived (they fit in the credit the agent starts with); a larger one at once, so that room
+/// can be made before its bytes are read.
+const HELD_CALL_BYTES: usize = 64 * 1024;
+
+/// Takes each Code Mode call as it arrives, on the reader task: it must not block (hand the call
+/// to a task, or drop it to fail it).
+pub type CallHandler = Arc<dyn Fn(CodeModeCall) + Send + Sync>;
+
 /// State shared by the client handles, the reader task and the streams.
 struct Shared {
-  out: mpsc::UnboundedSender<Bytes>,
+  out: Outbox,
   state: Mutex<State>,
   ended: watch::Sender<bool>,
   /// When the connection was made, and microseconds after that when the agent was last heard.
@@ -253,9 +305,12 @@ struct State {
   streams: HashMap<u32, Slot>,
   /// Why the stream ended, once it has.
   ended: Option<String>,
-  /// Where Code Mode calls go, once someone took the receiver.
-  calls: Option<mpsc::UnboundedSender<CodeModeCall>>,
+  /// Where Code Mode calls go, once someone asked for them.
+  calls: Option<CallHandler>,
   open_calls: usize,
+  /// Small Code Mode calls whose request is still arriving: each is handed over whole, at its
+  /// end, so that it can be answered without waiting on anything.
+  held: HashMap<u32, CodeModeCall>,
 }
 
 impl Shared {
@@ -266,7 +321,7 @@ impl Shared {
   /// Encoded frames, written together.
   fn send_bytes(&self, b: Bytes) {
     // A closed writer means the stream is over; `end` reports that to everyone.
-    let _ = self.out.send(b);
+    self.out.send(b);
   }
 
   fn ended_error(&self) -> ClientError {
@@ -281,18 +336,23 @@ impl Shared {
 
   /// Ends the connection: every stream's waiter wakes with `StreamEnded`.
   fn end(&self, reason: String) {
-    let slots = {
+    let (slots, held) = {
       let mut st = self.state.lock().expect("state");
       if st.ended.is_none() {
         st.ended = Some(reason);
       }
       st.calls = None;
-      std::mem::take(&mut st.streams)
+      (
+        std::mem::take(&mut st.streams),
+        std::mem::take(&mut st.held),
+      )
     };
+    // Dropped here, outside the lock: a dropped call answers (and so locks) itself.
+    drop(held);
     for (_, slot) in slots {
       slot.credit.close();
     }
-    let _ = self.out.send(Bytes::new());
+    self.out.close();
     self.ended.send_replace(true);
   }
 
@@ -303,10 +363,14 @@ impl Shared {
       Kind::Open => self.incoming_call(f),
       Kind::Cancel => {
         // The agent gave up a Code Mode call (its client went away).
-        let slot = self.state.lock().expect("state").streams.remove(&f.id);
+        let (slot, held) = {
+          let mut st = self.state.lock().expect("state");
+          (st.streams.remove(&f.id), st.held.remove(&f.id))
+        };
         if let Some(s) = slot {
           s.credit.close();
         }
+        drop(held);
         Ok(())
       }
       Kind::Credit => {
@@ -330,13 +394,24 @@ impl Shared {
         Ok(())
       }
       Kind::Head | Kind::End => {
-        let st = self.state.lock().expect("state");
+        let mut st = self.state.lock().expect("state");
         if let Some(slot) = st.streams.get(&f.id) {
           let _ = slot.tx.send(if f.kind == Kind::Head {
             Inbound::Head(f.payload)
           } else {
             Inbound::End
           });
+        }
+        if f.kind == Kind::End {
+          if let Some(mut call) = st.held.remove(&f.id) {
+            call.complete = true;
+            let handler = st.calls.clone();
+            drop(st);
+            // Without a handler now, the dropped call fails.
+            if let Some(h) = handler {
+              h(call);
+            }
+          }
         }
         Ok(())
       }
@@ -391,13 +466,18 @@ impl Shared {
     st.open_calls += 1;
     let (slot, stream) = Stream::new(self.clone(), f.id, true);
     st.streams.insert(f.id, slot);
-    drop(st);
-    // A dropped receiver drops the call, which fails it.
-    let _ = calls.send(CodeModeCall {
+    let call = CodeModeCall {
       socket,
       size,
       stream,
-    });
+      complete: false,
+    };
+    if size.is_some_and(|n| n <= HELD_CALL_BYTES as u64) {
+      st.held.insert(f.id, call);
+      return Ok(());
+    }
+    drop(st);
+    calls(call);
     Ok(())
   }
 }
@@ -417,8 +497,8 @@ struct Inner {
 
 impl Drop for Inner {
   fn drop(&mut self) {
-    // The empty frame tells the writer to close the agent's stdin.
-    let _ = self.shared.out.send(Bytes::new());
+    // Closes the agent's stdin once what is queued is written.
+    self.shared.out.close();
   }
 }
 
@@ -454,21 +534,21 @@ impl AgentClient {
         });
       }
     }
-    let (out, out_rx) = mpsc::unbounded_channel();
     let (ended, _) = watch::channel(false);
     let shared = Arc::new(Shared {
-      out,
+      out: Outbox::new(writer),
       state: Mutex::new(State {
         streams: HashMap::new(),
         ended: None,
         calls: None,
         open_calls: 0,
+        held: HashMap::new(),
       }),
       ended,
       born: std::time::Instant::now(),
       heard: std::sync::atomic::AtomicU64::new(0),
     });
-    tokio::spawn(write_loop(writer, out_rx, shared.clone()));
+    tokio::spawn(flush_loop(shared.clone()));
     tokio::spawn(read_loop(reader, buf, shared.clone()));
     Ok(AgentClient {
       inner: Arc::new(Inner {
@@ -729,8 +809,17 @@ impl AgentClient {
   /// after the receiver is dropped, calls fail at once with a transport error.
   pub fn code_mode_calls(&self) -> mpsc::UnboundedReceiver<CodeModeCall> {
     let (tx, rx) = mpsc::unbounded_channel();
-    self.inner.shared.state.lock().expect("state").calls = Some(tx);
+    // A dropped receiver drops the call, which fails it.
+    self.on_code_mode_call(Arc::new(move |call| {
+      let _ = tx.send(call);
+    }));
     rx
+  }
+
+  /// Hands every Code Mode call to `handler` as it arrives, on the reader task, with no task
+  /// switch in between (a round trip's cost is mostly such switches). Replaces any earlier one.
+  pub fn on_code_mode_call(&self, handler: CallHandler) {
+    self.inner.shared.state.lock().expect("state").calls = Some(handler);
   }
 }
 
@@ -809,47 +898,13 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: R, mut buf: BytesMut, share
   shared.end(reason);
 }
 
-/// Writes queued frames, several per write when they pile up. An empty frame closes.
-async fn write_loop<W: AsyncWrite + Unpin>(
-  mut writer: W,
-  mut rx: mpsc::UnboundedReceiver<Bytes>,
-  shared: Arc<Shared>,
-) {
-  let mut batch = BytesMut::new();
-  'outer: while let Some(first) = rx.recv().await {
-    if first.is_empty() {
-      break;
-    }
-    let mut closing = false;
-    let result = if rx.is_empty() {
-      // Alone: written from its own buffer, no copy.
-      writer.write_all(&first).await
-    } else {
-      batch.extend_from_slice(&first);
-      while batch.len() < 256 * 1024 {
-        match rx.try_recv() {
-          Ok(b) if b.is_empty() => {
-            closing = true;
-            break;
-          }
-          Ok(b) => batch.extend_from_slice(&b),
-          Err(_) => break,
-        }
-      }
-      let r = writer.write_all(&batch).await;
-      batch.clear();
-      r
-    };
-    if let Err(e) = result.and(writer.flush().await) {
-      shared.end(format!("writing to the agent failed: {e}"));
-      break 'outer;
-    }
-    if closing {
-      break;
-    }
-  }
-  let _ = writer.shutdown().await;
-  shared.end("the host closed the connection".into());
+/// Writes what senders could not write themselves, until the stream closes or fails.
+async fn flush_loop(shared: Arc<Shared>) {
+  let reason = match shared.out.flusher().await {
+    Ended::Closed => "the host closed the connection".to_string(),
+    Ended::Failed(e) => format!("writing to the agent failed: {e}"),
+  };
+  shared.end(reason);
 }
 
 /// Decodes a `Result` payload.

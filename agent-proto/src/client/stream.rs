@@ -86,6 +86,15 @@ impl Stream {
     }
   }
 
+  /// What has already arrived on this stream, without waiting.
+  pub fn try_next(&mut self) -> Option<Inbound> {
+    let msg = self.early.take().or_else(|| self.rx.try_recv().ok())?;
+    if matches!(msg, Inbound::Result(_)) {
+      self.finished = true;
+    }
+    Some(msg)
+  }
+
   /// Grants `n` consumed bytes back to the agent (in batches).
   pub fn consumed(&mut self, n: usize) {
     self.consumed += n as u32;

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::msg::{ErrorKind, FileKind};
-use tokio::io::{duplex, split, DuplexStream, ReadHalf, WriteHalf};
+use tokio::io::{duplex, split, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
 
 struct Fake {
   rd: ReadHalf<DuplexStream>,
@@ -503,4 +503,50 @@ async fn futures_are_send() {
   }));
   send(c.closed());
   send(c.code_mode_calls());
+}
+
+#[tokio::test]
+async fn a_small_code_mode_call_is_handed_over_whole_and_a_large_one_at_once() {
+  let (c, mut fake) = pair().await;
+  let mut calls = c.code_mode_calls();
+  let open = |id, size| {
+    Frame::json(
+      Kind::Open,
+      id,
+      &AgentRequest::CodeModeCall {
+        socket: "/s.sock".into(),
+        size: Some(size),
+      },
+    )
+  };
+  // Small: nothing is handed over until its end has arrived, and then all of it is there.
+  let small = AGENT_STREAM | 1;
+  fake.send(open(small, 4)).await;
+  fake.send(Frame::new(Kind::Data, small, &b"{\"a"[..])).await;
+  tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+  assert!(calls.try_recv().is_err(), "handed over before its end");
+  fake.send(Frame::new(Kind::Data, small, &b"}"[..])).await;
+  fake.send(Frame::empty(Kind::End, small)).await;
+  let mut call = calls.recv().await.unwrap();
+  assert_eq!(&call.take_request().unwrap().unwrap()[..], b"{\"a}");
+  assert!(call.take_request().is_none(), "taken once");
+  call.fail("done");
+  // Large: handed over at its open, before any byte (room is made first); read under credit.
+  let large = AGENT_STREAM | 2;
+  let size = 100 * 1024;
+  fake.send(open(large, size as u64)).await;
+  let mut call = calls.recv().await.unwrap();
+  assert!(call.take_request().is_none());
+  let body = vec![b'x'; size];
+  let read = tokio::spawn(async move { call.read_request().await.map(|b| b.len()) });
+  fake.send(Frame::new(Kind::Data, large, body.clone())).await;
+  fake.send(Frame::empty(Kind::End, large)).await;
+  assert_eq!(read.await.unwrap().unwrap(), size);
+  // A small call the agent gives up before its end is dropped quietly.
+  let gone = AGENT_STREAM | 3;
+  fake.send(open(gone, 10)).await;
+  fake.send(Frame::empty(Kind::Cancel, gone)).await;
+  tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+  assert!(calls.try_recv().is_err());
+  assert!(!c.is_closed());
 }

@@ -7,6 +7,7 @@
 //! started as the sandbox's user instead and runs everything as itself.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,9 +16,8 @@ use bollard::exec::{CreateExecOptions, StartExecResults};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::json;
-use tokio::sync::mpsc;
 use tokio_util::io::StreamReader;
-use trueforge_agent_proto::client::{AgentClient, ClientError, ClientOptions, CodeModeCall};
+use trueforge_agent_proto::client::{AgentClient, CallHandler, ClientError, ClientOptions};
 use trueforge_agent_proto::msg::Hello;
 
 use crate::engine::Engine;
@@ -31,8 +31,8 @@ use crate::util::logging::Logger;
 
 /// A container's connection slot: `None` while none is up.
 pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
-/// Code Mode calls by relay socket.
-type Routes = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<CodeModeCall>>>>;
+/// Code Mode calls by relay socket: who takes them, and which `route` set it.
+type Routes = Arc<Mutex<HashMap<String, (u64, CallHandler)>>>;
 
 /// Stderr bytes kept per agent (its own diagnostics only).
 const MAX_STDERR: usize = 16 * 1024;
@@ -67,21 +67,30 @@ impl Conn {
     String::from_utf8_lossy(&self.stderr.lock().expect("stderr")).into_owned()
   }
 
-  /// Code Mode calls to `socket` go to `tx` from now on.
-  pub fn route(&self, socket: &str, tx: mpsc::UnboundedSender<CodeModeCall>) {
+  /// Code Mode calls to `socket` go to `handler` from now on (called on the connection's
+  /// reader task: it must not block). The number names this route to `unroute`.
+  pub fn route(&self, socket: &str, handler: CallHandler) -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
     self
       .routes
       .lock()
       .expect("routes")
-      .insert(socket.to_string(), tx);
+      .insert(socket.to_string(), (id, handler));
+    id
   }
 
-  /// Stops routing `socket`'s calls to `tx` (a later `route` of the same socket stays).
-  pub fn unroute(&self, socket: &str, tx: &mpsc::UnboundedSender<CodeModeCall>) {
-    let mut routes = self.routes.lock().expect("routes");
-    if routes.get(socket).is_some_and(|t| t.same_channel(tx)) {
-      routes.remove(socket);
-    }
+  /// Stops routing `socket`'s calls by route `id` (a later `route` of the same socket stays).
+  pub fn unroute(&self, socket: &str, id: u64) {
+    let removed = {
+      let mut routes = self.routes.lock().expect("routes");
+      match routes.get(socket) {
+        Some((current, _)) if *current == id => routes.remove(socket),
+        _ => None,
+      }
+    };
+    // The handler (and what it holds) goes outside the lock.
+    drop(removed);
   }
 }
 
@@ -406,18 +415,19 @@ fn stdout_of(
   })
 }
 
-/// Hands each Code Mode call to the session that listens on its socket; a call for no socket
-/// of ours is dropped, which fails it.
+/// Hands each Code Mode call to the session that listens on its socket, as it arrives; a call
+/// for no socket of ours is dropped, which fails it.
 fn serve_calls(client: &AgentClient, routes: Routes) {
-  let mut calls = client.code_mode_calls();
-  tokio::spawn(async move {
-    while let Some(call) = calls.recv().await {
-      let tx = routes.lock().expect("routes").get(&call.socket).cloned();
-      if let Some(tx) = tx {
-        let _ = tx.send(call);
-      }
+  client.on_code_mode_call(Arc::new(move |call| {
+    let handler = routes
+      .lock()
+      .expect("routes")
+      .get(&call.socket)
+      .map(|(_, h)| h.clone());
+    if let Some(h) = handler {
+      h(call);
     }
-  });
+  }));
 }
 
 /// What a start that never got the hello means: a container that stopped or went meanwhile, one
