@@ -12,8 +12,9 @@
 //                         scaled by N/30, i.e. N execs), or overrides like 'exec=50,create=20'
 //                         (keys: exec, create, xfer_small, xfer_10m, xfer_100m, conc_exec,
 //                         conc_create, mem)
-//   BENCH_IMPLS           comma list to run a subset of addon,addon-engine,floor,dockerode,cli
-//                         (addon: through the in-sandbox agent; addon-engine: `agent: false`)
+//   BENCH_IMPLS           comma list to run a subset of addon,addon-engine,floor,floor-exec,
+//                         dockerode,cli (addon: through the in-sandbox agent; addon-engine:
+//                         `agent: false`; floor-exec: transfers through a raw exec's streams)
 //   BENCH_OPS             comma list of operation keys to run a subset (see OPS below)
 //   BENCH_SKIP_MEM=1      skip the memory probes; BENCH_SKIP_REQS=1 skip the request count;
 //                         BENCH_SKIP_AGENT=1 the agent probe; BENCH_SKIP_CODEMODE=1 Code Mode
@@ -140,7 +141,7 @@ function transferOps(size, label, repsKey) {
       bytes: size,
       uses: 'work',
       setup: async (im, ctx) => {
-        await im.upload(ctx.work, down, payloadOf(size))
+        await (im.seed || im.upload)(ctx.work, down, payloadOf(size))
         return { payload: payloadOf(size) }
       },
       run: (im, ctx) => im.download(ctx.work, down),
@@ -490,7 +491,8 @@ async function requestCounts(implNames, log) {
 // ---------------------------------------------------------------------------------------------
 // Implementations
 
-const IMPL_ORDER = ['addon', 'addon-engine', 'floor', 'dockerode', 'cli']
+const IMPL_ORDER = ['addon', 'addon-engine', 'floor', 'floor-exec', 'dockerode', 'cli']
+const EXEC_FLOOR = 'floor (exec stream)'
 const OURS = 'addon'
 const WARM = 'addon (warm pool)'
 const ENGINE_PATH = common.ENGINE_PATH
@@ -509,6 +511,8 @@ function makeImpl(name, opts = {}) {
       })
     case 'floor':
       return floorImpl.create(opts)
+    case 'floor-exec':
+      return floorImpl.createExecStream(opts)
     case 'dockerode':
       return dockerodeImpl.create(opts)
     case 'cli':
@@ -757,6 +761,26 @@ function agentTargets(rows, probe) {
   vsFloor('exec_x50', 0.2, '50 concurrent execs over 10 sandboxes, wall p50')
   vsFloor('upload_1KiB', 0.15, '1 KiB upload p50')
   vsFloor('download_1KiB', 0.15, '1 KiB download p50')
+  for (const dir of ['upload', 'download']) {
+    const key = `${dir}_100MiB`
+    const title = `agent: 100 MiB ${dir} ≥ 0.9× the floor's throughput`
+    const ours = get(key, OURS)
+    const floor = get(key, 'floor')
+    if (!ok(ours) || !ok(floor)) {
+      add(title, null, 'not measured')
+      continue
+    }
+    // What the exec stream itself moves, with nothing of ours on it: the bound for the agent.
+    const viaExec = get(key, EXEC_FLOOR)
+    const bound = ok(viaExec)
+      ? `; through a raw exec's stream (\`cat\`, nothing of ours) ${fmtMbps(viaExec.mbps)} MB/s: ours is ${(ours.mbps / viaExec.mbps).toFixed(2)}× that`
+      : ''
+    add(
+      title,
+      ours.mbps >= 0.9 * floor.mbps,
+      `ours ${fmtMbps(ours.mbps)} MB/s, floor ${fmtMbps(floor.mbps)} MB/s (${(ours.mbps / floor.mbps).toFixed(2)}×)${bound}`,
+    )
+  }
   const create = get('create', OURS)
   const first = get('create_exec', OURS)
   // Judged within each sample (the first exec timed right after its own create): the two rows'
@@ -1079,6 +1103,8 @@ async function bench() {
         await floorImpl.sweep(`${common.NAMESPACE_LABEL}=${common.ADDON_WARM_NAMESPACE}`)
         warm.done = true
       }
+      // An implementation that measures only some operations (the exec-stream floor: transfers).
+      opImpls = opImpls.filter((im) => !im.only || im.only.test(op.key))
       const n = reps[op.repsKey]
       const t0 = performance.now()
       process.stdout.write(`${op.title} ×${n} … `)

@@ -8,8 +8,12 @@
 //              EOF) + GET /exec/{id}/json (exit code)
 //   upload   = one PUT /containers/{id}/archive
 //   download = one GET /containers/{id}/archive
+// `createExecStream` is the same floor with its files moved through an exec's streams instead
+// (`cat > path` fed on the hijacked stdin; `cat path` read from the output): the most any
+// transport over the engine's exec stream (the in-sandbox agent's) can move.
 
 const http = require('node:http')
+const net = require('node:net')
 
 const {
   SOCKET,
@@ -201,6 +205,76 @@ function create({ socket = SOCKET } = {}) {
   return { name: 'floor', createSandbox, exec, upload, download, remove, cleanup }
 }
 
+/** Files through an exec's streams; only transfers are measured with it. */
+function createExecStream({ socket = SOCKET } = {}) {
+  const base = create({ socket })
+  const { json } = client(socket)
+
+  async function start(id, cmd, stdin) {
+    const { data } = await json('POST', `/containers/${id}/exec`, {
+      Cmd: ['sh', '-c', cmd],
+      AttachStdin: stdin,
+      AttachStdout: true,
+      AttachStderr: true,
+    })
+    // A hijacked connection of its own (the engine closes it when the command ends).
+    const sock = net.connect(socket)
+    await new Promise((resolve, reject) => {
+      sock.once('connect', resolve)
+      sock.once('error', reject)
+    })
+    const body = '{"Detach":false,"Tty":false}'
+    sock.write(
+      `POST /exec/${data.Id}/start HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\n` +
+        `Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+    )
+    const demux = new Demux()
+    const ended = new Promise((resolve, reject) => {
+      let head = Buffer.alloc(0)
+      let upgraded = false
+      sock.on('data', (c) => {
+        if (upgraded) return demux.push(c)
+        head = Buffer.concat([head, c])
+        const at = head.indexOf('\r\n\r\n')
+        if (at < 0) return
+        const status = head.subarray(0, head.indexOf('\r\n')).toString('latin1')
+        if (!/ 101 /.test(status)) return reject(new Error(`exec start: ${status}`))
+        upgraded = true
+        demux.push(head.subarray(at + 4))
+      })
+      sock.on('end', resolve)
+      sock.on('close', resolve)
+      sock.on('error', reject)
+    })
+    return { sock, demux, ended, execId: data.Id }
+  }
+
+  async function finish({ ended, execId }, what) {
+    await ended
+    const code = await exitCode(json, execId)
+    if (code !== 0) throw new Error(`${what}: exit code ${code}`)
+  }
+
+  async function upload(id, remotePath, content) {
+    const run = await start(id, `cat > '${remotePath}'`, true)
+    // The caller's buffer as is, then a half-close: the command's stdin ends.
+    if (!run.sock.write(content)) await new Promise((r) => run.sock.once('drain', r))
+    run.sock.end()
+    await finish(run, 'upload')
+  }
+
+  async function download(id, remotePath) {
+    const run = await start(id, `cat '${remotePath}'`, false)
+    await finish(run, 'download')
+    return Buffer.concat(run.demux.parts)
+  }
+
+  // Files a download reads are placed through the archive endpoint (`seed`): a raw exec's stdin
+  // has been seen to lose its last bytes when the connection closes (the engine's race, which a
+  // framed protocol reports rather than suffers), and a download must start from a whole file.
+  return { ...base, name: 'floor (exec stream)', upload, download, seed: base.upload, only: /^(upload|download)_/ }
+}
+
 /** The exec's exit code; the engine may still be recording it when the stream ends. */
 async function exitCode(json, execId) {
   for (let i = 0; i < 200; i++) {
@@ -256,4 +330,4 @@ async function sweepNetworks() {
   return data.length
 }
 
-module.exports = { create, sweep, engineVersion, imageExists, ensureNetwork, sweepNetworks }
+module.exports = { create, createExecStream, sweep, engineVersion, imageExists, ensureNetwork, sweepNetworks }
