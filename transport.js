@@ -120,7 +120,9 @@ class DockerCodeModeTransport {
     ;(this.#session ?? session)?.reply(generation, id, bytes)
   }
 
-  async #dispatch(parsed) {
+  // Not async: the dispatcher's own promise is awaited as it is (an async wrapper would add
+  // turns of the microtask queue to every round trip).
+  #dispatch(parsed) {
     if (parsed === null) return MALFORMED_REQUEST
     const dispatcher = this.#dispatcher
     if (dispatcher === undefined) {

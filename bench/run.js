@@ -1129,7 +1129,7 @@ async function bench() {
       const t0 = performance.now()
       log(`memory probes (100 MiB, ${reps.mem} run(s) each, child processes) …`)
       mem = await memoryProbes(
-        impls.filter((im) => im.name !== ENGINE_PATH),
+        impls.filter((im) => im.name !== ENGINE_PATH && !im.only),
         reps.mem,
         log,
       )
@@ -1149,7 +1149,7 @@ async function bench() {
     }
     if (process.env.BENCH_SKIP_REQS !== '1') {
       reqs = await requestCounts(
-        impls.map((im) => im.name),
+        impls.filter((im) => !im.only).map((im) => im.name),
         log,
       )
     }
