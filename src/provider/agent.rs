@@ -11,9 +11,10 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use crate::engine::Engine;
+use crate::provider::retry::not_available;
 use crate::provider::Provider;
 use crate::sandbox::agent::{self, activity, ops, Conn, Failure};
-use crate::sandbox::container::Target;
+use crate::sandbox::container::{self, Standing, Target};
 use crate::sandbox::exec::{ExecOutput, ExecRequest};
 use crate::util::errors::{Result, SandboxError};
 
@@ -74,7 +75,7 @@ impl Provider {
     loop {
       tokio::select! {
         out = &mut call => return match out {
-          Err(SandboxError::AgentLost { detail }) => Err(lost(engine, target, detail).await),
+          Err(SandboxError::AgentLost { detail }) => Err(self.lost(engine, target, detail).await),
           other => other,
         },
         _ = tokio::time::sleep(WATCH_EVERY) => {}
@@ -227,23 +228,32 @@ impl Provider {
   }
 }
 
-/// An agent lost under a call, with what became of its container and engine.
-async fn lost(engine: &Engine, target: &Target, detail: String) -> SandboxError {
-  let why = match engine
-    .inspect_container("inspect the sandbox container", &target.container_id)
-    .await
-  {
-    Err(e) => format!("the engine at {} does not answer: {e}", engine.host),
-    Ok(None) => "the sandbox's container is gone".to_string(),
-    Ok(Some(i)) if i.state.as_ref().and_then(|s| s.running) != Some(true) => {
-      "the sandbox's container stopped".to_string()
+/// How long a container that still runs after its agent was lost is watched for a removal or a
+/// stop that killed the agent (the engine marks either only a moment after its processes die).
+const LOST_SETTLE: std::time::Duration = std::time::Duration::from_millis(300);
+
+impl Provider {
+  /// An agent lost under a call, told by what became of its container: one removed (or being
+  /// removed) under the call is `SandboxNotAvailable`, as any call racing a removal; otherwise
+  /// the call is lost, and the message says whether the container stopped or still runs.
+  async fn lost(&self, engine: &Engine, target: &Target, detail: String) -> SandboxError {
+    let deadline = std::time::Instant::now() + LOST_SETTLE;
+    let why = loop {
+      match container::standing(engine, &self.scope, target).await {
+        Err(e) => break format!("the engine at {} does not answer: {e}", engine.host),
+        Ok(Standing::Gone | Standing::Removing) => return not_available(&target.sandbox_id),
+        Ok(Standing::Stopped) => break "the sandbox's container stopped".to_string(),
+        Ok(Standing::Running) if std::time::Instant::now() >= deadline => {
+          break format!(
+            "the container still runs on the engine at {}: the agent was killed or died",
+            engine.host
+          )
+        }
+        Ok(Standing::Running) => tokio::time::sleep(LOST_SETTLE / 6).await,
+      }
+    };
+    SandboxError::AgentLost {
+      detail: format!("{detail}; {why}"),
     }
-    Ok(Some(_)) => format!(
-      "the container still runs on the engine at {}: the agent was killed or died",
-      engine.host
-    ),
-  };
-  SandboxError::AgentLost {
-    detail: format!("{detail}; {why}"),
   }
 }
