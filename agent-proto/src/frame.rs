@@ -111,9 +111,7 @@ impl Frame {
   /// receiver refuses larger ones.
   pub fn encode(&self, out: &mut BytesMut) {
     out.reserve(HEADER_LEN + self.payload.len());
-    out.put_u32(self.payload.len() as u32);
-    out.put_u8(self.kind as u8);
-    out.put_u32(self.id);
+    out.put_slice(&header(self.kind, self.id, self.payload.len()));
     out.extend_from_slice(&self.payload);
   }
 
@@ -123,6 +121,17 @@ impl Frame {
     self.encode(&mut b);
     b.freeze()
   }
+}
+
+/// The header of a frame of `kind` on stream `id` carrying `len` payload bytes: a sender that
+/// writes a large payload from its own buffer sends this before it, rather than copy both into
+/// one frame.
+pub fn header(kind: Kind, id: u32, len: usize) -> [u8; HEADER_LEN] {
+  let mut h = [0u8; HEADER_LEN];
+  h[..4].copy_from_slice(&(len as u32).to_be_bytes());
+  h[4] = kind as u8;
+  h[5..].copy_from_slice(&id.to_be_bytes());
+  h
 }
 
 /// Takes the next complete frame off the front of `buf`, or `None` when more bytes are needed

@@ -100,11 +100,8 @@ impl Conn {
   /// A data frame: its header, then its payload as it is (not copied here; the writer copies
   /// it into its reused batch, so no large buffer is allocated per frame).
   fn send_data_frame(&self, id: u32, data: Bytes) {
-    let mut head = bytes::BytesMut::with_capacity(frame::HEADER_LEN);
-    Frame::new(Kind::Data, id, Bytes::new()).encode(&mut head);
-    // The header's length field is the payload's.
-    head[..4].copy_from_slice(&(data.len() as u32).to_be_bytes());
-    let _ = self.out.send(head.freeze());
+    let head = frame::header(Kind::Data, id, data.len());
+    let _ = self.out.send(Bytes::copy_from_slice(&head));
     let _ = self.out.send(data);
   }
 

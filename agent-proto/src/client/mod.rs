@@ -321,7 +321,13 @@ impl Shared {
   /// Encoded frames, written together.
   fn send_bytes(&self, b: Bytes) {
     // A closed writer means the stream is over; `end` reports that to everyone.
-    self.out.send(b);
+    self.out.send([b]);
+  }
+
+  /// A data frame: its header, then the caller's bytes as they are (not copied into a frame).
+  fn send_data(&self, id: u32, data: Bytes) {
+    let head = frame::header(Kind::Data, id, data.len());
+    self.out.send([Bytes::copy_from_slice(&head), data]);
   }
 
   fn ended_error(&self) -> ClientError {

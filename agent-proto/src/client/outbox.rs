@@ -60,10 +60,12 @@ impl Outbox {
     }
   }
 
-  /// Sends `b`: written here and now when nothing waits before it and the stream has room,
-  /// else queued for the flusher. Dropped once the stream is closing or failed.
-  pub fn send(&self, mut b: Bytes) {
-    if b.is_empty() {
+  /// Sends `parts`, in order and with no other sender's bytes between them: written here and
+  /// now when nothing waits before them and the stream has room, else queued for the flusher.
+  /// Dropped once the stream is closing or failed.
+  pub fn send<const N: usize>(&self, parts: [Bytes; N]) {
+    let mut parts = parts.into_iter().filter(|b| !b.is_empty()).peekable();
+    if parts.peek().is_none() {
       return;
     }
     let mut st = self.st.lock().expect("outbox");
@@ -73,20 +75,26 @@ impl Outbox {
     if st.queue.is_empty() && !st.flusher_waits {
       // No waker of ours: a `Pending` leaves the rest to the flusher, which polls with its own.
       let mut cx = Context::from_waker(Waker::noop());
-      match st.write_some(&mut cx, &mut b) {
-        Poll::Ready(Ok(())) if b.is_empty() && st.flush(&mut cx).is_ready() => return,
-        Poll::Ready(Err(e)) => {
-          st.failed = Some(e.to_string());
-          drop(st);
-          self.wake.notify_one();
-          return;
+      for mut b in parts.by_ref() {
+        match st.write_some(&mut cx, &mut b) {
+          Poll::Ready(Ok(())) => {}
+          Poll::Ready(Err(e)) => {
+            st.failed = Some(e.to_string());
+            drop(st);
+            self.wake.notify_one();
+            return;
+          }
+          Poll::Pending => {
+            st.queue.push_back(b);
+            break;
+          }
         }
-        _ => {}
+      }
+      if st.queue.is_empty() && st.flush(&mut cx).is_ready() {
+        return;
       }
     }
-    if !b.is_empty() {
-      st.queue.push_back(b);
-    }
+    st.queue.extend(parts);
     drop(st);
     self.wake.notify_one();
   }
@@ -245,7 +253,13 @@ mod tests {
         let out = out.clone();
         std::thread::spawn(move || {
           for seq in 0..N {
-            out.send(record(sender, seq, sizes(seq)));
+            let r = record(sender, seq, sizes(seq));
+            if sender == 1 {
+              out.send([r]);
+            } else {
+              // In three parts, which must arrive together all the same.
+              out.send([r.slice(..1), r.slice(1..3), r.slice(3..)]);
+            }
           }
         })
       })
@@ -254,7 +268,9 @@ mod tests {
       let out = out.clone();
       async move {
         for seq in 0..N {
-          out.send(record(3, seq, sizes(seq)));
+          // Two parts that must stay together (as a frame's header and payload).
+          let r = record(3, seq, sizes(seq));
+          out.send([r.slice(..3), r.slice(3..)]);
           tokio::task::yield_now().await;
         }
       }
@@ -301,14 +317,14 @@ mod tests {
     let (w, r) = tokio::io::duplex(16);
     drop(r);
     let out = Outbox::new(w);
-    out.send(Bytes::from_static(b"hello"));
+    out.send([Bytes::from_static(b"hello")]);
     match tokio::time::timeout(std::time::Duration::from_secs(5), out.flusher()).await {
       Ok(Ended::Failed(e)) => assert!(!e.is_empty()),
       Ok(Ended::Closed) => panic!("a write to a closed pipe must fail"),
       Err(_) => panic!("the flusher must notice the failure"),
     }
     // Later sends are dropped, not queued forever.
-    out.send(Bytes::from_static(b"more"));
+    out.send([Bytes::from_static(b"more")]);
     assert!(out.st.lock().unwrap().queue.is_empty());
   }
 }

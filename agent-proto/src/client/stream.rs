@@ -153,7 +153,7 @@ impl Stream {
           }
         }
       }
-      self.shared.send(&Frame::new(Kind::Data, self.id, chunk));
+      self.shared.send_data(self.id, chunk);
     }
     Ok(true)
   }
