@@ -4,10 +4,12 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
 use trueforge_agent_proto::frame::{
   self, Frame, Kind, AGENT_STREAM, CREDIT_BATCH, MAX_DATA, WINDOW,
 };
@@ -77,15 +79,36 @@ struct Entry {
   unacked: u64,
 }
 
+/// A pipe of our own that a download fills from its file (the file's pages, not copies).
+pub struct Pipe {
+  pub read: OwnedFd,
+  pub write: OwnedFd,
+  /// What it holds at most.
+  pub capacity: usize,
+}
+
+/// What the writer puts on stdout, in order.
+pub enum Out {
+  Bytes(Bytes),
+  /// A data frame whose payload is the `len` bytes waiting in `pipe`: its header is written,
+  /// then the bytes are moved from pipe to pipe. `done` says whether they all went.
+  Spliced {
+    head: Bytes,
+    pipe: Arc<Pipe>,
+    len: usize,
+    done: oneshot::Sender<bool>,
+  },
+}
+
 /// The connection: outgoing frames and the open streams.
 pub struct Conn {
-  out: mpsc::UnboundedSender<Bytes>,
+  out: mpsc::UnboundedSender<Out>,
   streams: RefCell<HashMap<u32, Entry>>,
   next_agent_id: Cell<u32>,
 }
 
 impl Conn {
-  pub fn new(out: mpsc::UnboundedSender<Bytes>) -> Rc<Conn> {
+  pub fn new(out: mpsc::UnboundedSender<Out>) -> Rc<Conn> {
     Rc::new(Conn {
       out,
       streams: RefCell::new(HashMap::new()),
@@ -94,15 +117,15 @@ impl Conn {
   }
 
   pub fn send(&self, f: &Frame) {
-    let _ = self.out.send(f.to_bytes());
+    let _ = self.out.send(Out::Bytes(f.to_bytes()));
   }
 
   /// A data frame: its header, then its payload as it is (not copied here; the writer copies
   /// it into its reused batch, so no large buffer is allocated per frame).
   fn send_data_frame(&self, id: u32, data: Bytes) {
     let head = frame::header(Kind::Data, id, data.len());
-    let _ = self.out.send(Bytes::copy_from_slice(&head));
-    let _ = self.out.send(data);
+    let _ = self.out.send(Out::Bytes(Bytes::copy_from_slice(&head)));
+    let _ = self.out.send(Out::Bytes(data));
   }
 
   /// Registers a stream and returns its handle.
@@ -248,6 +271,22 @@ impl StreamIo {
   pub fn send_now(&self, data: Bytes) {
     self.credit.take(data.len() as u64);
     self.conn.send_data_frame(self.id, data);
+  }
+
+  /// Sends the `len` bytes waiting in `pipe` as one data frame the caller has credit for. The
+  /// answer comes once they are on stdout (false: they could not all be written); until then
+  /// the pipe is the writer's.
+  pub fn send_spliced(&self, pipe: Arc<Pipe>, len: usize) -> oneshot::Receiver<bool> {
+    self.credit.take(len as u64);
+    let (done, rx) = oneshot::channel();
+    let head = Bytes::copy_from_slice(&frame::header(Kind::Data, self.id, len));
+    let _ = self.conn.out.send(Out::Spliced {
+      head,
+      pipe,
+      len,
+      done,
+    });
+    rx
   }
 
   /// Sends `data` in chunks as credit allows. False when the stream was cancelled first.

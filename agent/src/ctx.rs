@@ -27,6 +27,9 @@ pub struct Ctx {
   pub running: Cell<u32>,
   pub started: Instant,
   pub relays: Relays,
+  /// Whether downloads move file pages pipe to pipe (`TRUEFORGE_AGENT_NO_SPLICE=1` copies them
+  /// instead, so tests cover the path taken where a file system takes no splice).
+  pub splice: bool,
 }
 
 impl Ctx {

@@ -18,7 +18,7 @@ use trueforge_agent_proto::msg::{
   StatInfo, StatSpec, UploadDone, UploadSpec,
 };
 
-use crate::conn::{In, StreamIo};
+use crate::conn::{In, Pipe, StreamIo};
 use crate::ctx::Ctx;
 use crate::resolve::{self, Links};
 use crate::sys::{self, Creds, Identity};
@@ -200,6 +200,146 @@ async fn download_inner(
     mtime_ms: sys::mtime_ms(&st),
   });
   let file = Arc::new(file);
+  let sent = match send_spliced(ctx, io, &file, size).await {
+    Sent::All(n) => n,
+    Sent::Cancelled => return None,
+    Sent::Failed(e) => return Some(Outcome::Err(io_error(shown, &e))),
+    Sent::Grew => return Some(Outcome::Err(changed(shown))),
+    Sent::NoSplice => match send_copied(ctx, io, &file, size).await {
+      Sent::All(n) => n,
+      Sent::Cancelled | Sent::NoSplice => return None,
+      Sent::Failed(e) => return Some(Outcome::Err(io_error(shown, &e))),
+      Sent::Grew => return Some(Outcome::Err(changed(shown))),
+    },
+  };
+  let f = file.clone();
+  let after = ctx.pool.run(move || sys::fstat(f.as_raw_fd())).await;
+  let same = after.is_ok_and(|a| {
+    a.st_size == st.st_size && a.st_mtime == st.st_mtime && a.st_mtime_nsec == st.st_mtime_nsec
+  });
+  if sent != size || !same {
+    return Some(Outcome::Err(changed(shown)));
+  }
+  Some(Outcome::Ok(DownloadDone { size: sent }))
+}
+
+/// How a download's bytes went.
+enum Sent {
+  All(u64),
+  Cancelled,
+  Failed(io::Error),
+  /// More bytes than the size announced: the file grew while it was read.
+  Grew,
+  /// The file system takes no splice; nothing was sent.
+  NoSplice,
+}
+
+/// Pipes a download alternates between: one is filled while the other drains.
+const PIPES: usize = 2;
+/// The least a download's pipe must hold for splicing to pay.
+const MIN_PIPE: usize = 64 * 1024;
+
+/// Sends the file without copying it through our memory: a pool thread moves its pages into a
+/// pipe of ours (a read from disk may wait there, never on the protocol thread), and the writer
+/// moves them from that pipe to stdout. The file is read at explicit offsets, so a file system
+/// without splice leaves it as it was for `send_copied`.
+async fn send_spliced(ctx: &Ctx, io: &StreamIo, file: &Arc<File>, size: u64) -> Sent {
+  if !ctx.splice {
+    return Sent::NoSplice;
+  }
+  let mut pipes = Vec::with_capacity(PIPES);
+  for _ in 0..PIPES {
+    let Ok((read, write)) = sys::pipe() else {
+      return Sent::NoSplice;
+    };
+    // A user over its pipe allowance gets one-page pipes: copying is faster then.
+    let capacity = sys::grow_pipe(write.as_raw_fd(), READ_CHUNK).unwrap_or(0);
+    if capacity < MIN_PIPE + sys::page_size() {
+      return Sent::NoSplice;
+    }
+    pipes.push(Arc::new(Pipe {
+      read,
+      write,
+      capacity,
+    }));
+  }
+  let page = sys::page_size();
+  let mut in_flight = std::collections::VecDeque::new();
+  let (mut offset, mut sent, mut turn) = (0i64, 0u64, 0usize);
+  let outcome = loop {
+    // The pipe this turn fills is free once the frame sent from it two turns ago is out.
+    if in_flight.len() == PIPES {
+      let done: tokio::sync::oneshot::Receiver<bool> = in_flight.pop_front().expect("in flight");
+      if !done.await.unwrap_or(false) {
+        break Sent::Cancelled; // stdout is gone: the agent is exiting
+      }
+    }
+    let avail = io.credit().await;
+    if avail == 0 {
+      break Sent::Cancelled;
+    }
+    let pipe = pipes[turn % PIPES].clone();
+    turn += 1;
+    // A pipe holds pages, not bytes: a read that starts inside a page needs one page more.
+    let want = (avail as usize).min(READ_CHUNK).min(pipe.capacity - page);
+    let (f, p) = (file.clone(), pipe.clone());
+    let filled = ctx.pool.run(move || fill(&f, offset, &p, want)).await;
+    let n = match filled {
+      Ok(n) => n,
+      Err(e) if sent == 0 && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+        return Sent::NoSplice;
+      }
+      Err(e) => break Sent::Failed(e),
+    };
+    if n == 0 {
+      break Sent::All(sent);
+    }
+    offset += n as i64;
+    sent += n as u64;
+    if sent > size {
+      break Sent::Grew;
+    }
+    in_flight.push_back(io.send_spliced(pipe, n));
+  };
+  // Whatever was handed to the writer goes out before the answer (and before the file is
+  // checked again: until then the pipes hold its pages, not copies).
+  for done in in_flight {
+    let _ = done.await;
+  }
+  outcome
+}
+
+/// Moves up to `want` bytes of `file` from `offset` into the empty `pipe`; fewer at the end of
+/// the file, or when the pipe has no slot left. Never waits on the pipe: a download's pipe
+/// stuck full would hold this pool thread for good.
+fn fill(file: &File, offset: i64, pipe: &Pipe, want: usize) -> io::Result<usize> {
+  let (from, to) = (file.as_raw_fd(), pipe.write.as_raw_fd());
+  let mut off = offset;
+  let mut got = 0;
+  let nonblock = libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK;
+  while got < want {
+    match sys::splice(from, Some(&mut off), to, want - got, nonblock) {
+      Ok(0) => break,
+      Ok(n) => got += n,
+      Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+      Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => break,
+      // Nothing moved into the empty pipe: older kernels say so when the file's pages are not
+      // cached yet. A waiting splice into a pipe with room waits for the disk only (it moves
+      // what fits and returns).
+      Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+        match sys::splice(from, Some(&mut off), to, want, libc::SPLICE_F_MOVE)? {
+          0 => break,
+          n => got += n,
+        }
+      }
+      Err(e) => return Err(e),
+    }
+  }
+  Ok(got)
+}
+
+/// Sends the file through a buffer of ours (a file system that takes no splice).
+async fn send_copied(ctx: &Ctx, io: &StreamIo, file: &Arc<File>, size: u64) -> Sent {
   let mut sent = 0u64;
   // Read into one block, reused once the pieces sent from it are written (a fresh buffer per
   // read costs a mapping and its page faults each time).
@@ -207,7 +347,7 @@ async fn download_inner(
   loop {
     let avail = io.credit().await;
     if avail == 0 {
-      return None; // cancelled
+      return Sent::Cancelled;
     }
     let want = (avail as usize).min(READ_CHUNK);
     let f = file.clone();
@@ -230,30 +370,20 @@ async fn download_inner(
         block = b;
         c
       }
-      Err(e) => return Some(Outcome::Err(io_error(shown, &e))),
+      Err(e) => return Sent::Failed(e),
     };
     if chunk.is_empty() {
-      break;
+      return Sent::All(sent);
     }
     sent += chunk.len() as u64;
     if sent > size {
-      // It grew while we read: what was sent no longer matches the size announced.
-      return Some(Outcome::Err(changed(shown)));
+      return Sent::Grew;
     }
     while !chunk.is_empty() {
       let n = chunk.len().min(MAX_DATA);
       io.send_now(chunk.split_to(n));
     }
   }
-  let f = file.clone();
-  let after = ctx.pool.run(move || sys::fstat(f.as_raw_fd())).await;
-  let same = after.is_ok_and(|a| {
-    a.st_size == st.st_size && a.st_mtime == st.st_mtime && a.st_mtime_nsec == st.st_mtime_nsec
-  });
-  if sent != size || !same {
-    return Some(Outcome::Err(changed(shown)));
-  }
-  Some(Outcome::Ok(DownloadDone { size: sent }))
 }
 
 /// Names temporary upload files; unique with the pid and a counter (and O_EXCL).

@@ -1,11 +1,13 @@
 //! The agent's life: set itself up (non-dumpable, child subreaper, its stream moved off fds 0
 //! and 1), say hello, then serve frames from stdin until it closes.
 
+use std::fs::File;
+use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
@@ -16,7 +18,7 @@ use trueforge_agent_proto::msg::{
 
 use crate::activity::{self, Activity};
 use crate::codemode::{self, Relays};
-use crate::conn::Conn;
+use crate::conn::{Conn, Out, Pipe};
 use crate::ctx::Ctx;
 use crate::pool::Pool;
 use crate::sys::{self, Identity};
@@ -25,6 +27,9 @@ use crate::{exec, files, resolve};
 
 /// Bytes of stdin buffer taken at a time.
 const READ_BLOCK: usize = 4 << 20;
+
+/// What the stdout pipe is asked to hold.
+const STDOUT_PIPE: usize = 1 << 20;
 
 /// Threads for file work.
 const FILE_THREADS: usize = 2;
@@ -101,6 +106,10 @@ async fn serve(
 ) -> std::io::Result<i32> {
   sys::set_nonblocking(input.as_raw_fd())?;
   sys::set_nonblocking(output.as_raw_fd())?;
+  // A deep stdout pipe: a large download moves into it in few steps, waking this thread (and
+  // the reader at the other end) far less often than the default 64 KiB would.
+  let _ = sys::grow_pipe(output.as_raw_fd(), STDOUT_PIPE);
+  let _ = sys::grow_pipe(input.as_raw_fd(), STDOUT_PIPE);
   let mut input = pipe::Receiver::from_owned_fd_unchecked(input)?;
   let output = pipe::Sender::from_owned_fd_unchecked(output)?;
   let (out_tx, out_rx) = mpsc::unbounded_channel();
@@ -117,6 +126,7 @@ async fn serve(
     running: Default::default(),
     started: Instant::now(),
     relays: Relays::new(),
+    splice: std::env::var_os("TRUEFORGE_AGENT_NO_SPLICE").is_none_or(|v| v != "1"),
   });
   tokio::task::spawn_local(write_loop(output, out_rx));
   let mut children = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
@@ -262,26 +272,84 @@ fn dispatch(ctx: &Rc<Ctx>, f: Frame) -> Result<(), String> {
 
 /// Writes queued frames to stdout, several per write when they pile up. If the host stops
 /// reading for good (stdout closed), the agent has nobody to serve and exits.
-async fn write_loop(mut out: pipe::Sender, mut rx: mpsc::UnboundedReceiver<Bytes>) {
+async fn write_loop(mut out: pipe::Sender, mut rx: mpsc::UnboundedReceiver<Out>) {
   let mut batch = BytesMut::new();
-  while let Some(first) = rx.recv().await {
-    let r = if rx.is_empty() {
-      out.write_all(&first).await
-    } else {
-      batch.extend_from_slice(&first);
-      while batch.len() < 256 * 1024 {
-        match rx.try_recv() {
-          Ok(b) => batch.extend_from_slice(&b),
-          Err(_) => break,
+  // A spliced frame met while gathering small ones, written after them.
+  let mut held: Option<Out> = None;
+  loop {
+    let first = match held.take() {
+      Some(o) => o,
+      None => match rx.recv().await {
+        Some(o) => o,
+        None => return,
+      },
+    };
+    let r = match first {
+      Out::Bytes(first) if rx.is_empty() => out.write_all(&first).await,
+      Out::Bytes(first) => {
+        batch.extend_from_slice(&first);
+        while batch.len() < 256 * 1024 {
+          match rx.try_recv() {
+            Ok(Out::Bytes(b)) => batch.extend_from_slice(&b),
+            Ok(spliced) => {
+              held = Some(spliced);
+              break;
+            }
+            Err(_) => break,
+          }
         }
+        let r = out.write_all(&batch).await;
+        batch.clear();
+        r
       }
-      let r = out.write_all(&batch).await;
-      batch.clear();
-      r
+      Out::Spliced {
+        head,
+        pipe,
+        len,
+        done,
+      } => {
+        let r = match out.write_all(&head).await {
+          Ok(()) => splice_out(&mut out, &pipe, len).await,
+          Err(e) => Err(e),
+        };
+        let _ = done.send(r.is_ok());
+        r
+      }
     };
     if let Err(e) = r {
       eprintln!("trueforge-agent: writing to stdout failed: {e}");
       std::process::exit(0);
     }
   }
+}
+
+/// Moves `len` bytes from `pipe` to stdout, pipe to pipe (no copy); copied through memory
+/// where stdout takes no splice.
+async fn splice_out(out: &mut pipe::Sender, pipe: &Pipe, len: usize) -> std::io::Result<()> {
+  let (from, to) = (pipe.read.as_raw_fd(), out.as_raw_fd());
+  let mut left = len;
+  while left > 0 {
+    out.writable().await?;
+    let moved = out.try_io(|| {
+      sys::splice(
+        from,
+        None,
+        to,
+        left,
+        libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+      )
+    });
+    match moved {
+      Ok(0) => return Err(std::io::Error::other("the download's pipe ran dry")),
+      Ok(n) => left -= n,
+      Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+      Err(e) if e.raw_os_error() == Some(libc::EINVAL) && left == len => {
+        let mut buf = vec![0u8; len];
+        (&File::from(sys::dup(from)?)).read_exact(&mut buf)?;
+        return out.write_all(&buf).await;
+      }
+      Err(e) => return Err(e),
+    }
+  }
+  Ok(())
 }

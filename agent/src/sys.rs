@@ -38,6 +38,38 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
   Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// The system's page size.
+pub fn page_size() -> usize {
+  match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+    n if n > 0 => n as usize,
+    _ => 4096,
+  }
+}
+
+/// Makes the pipe behind `fd` hold `want` bytes where the kernel allows it; its capacity after.
+pub fn grow_pipe(fd: RawFd, want: usize) -> io::Result<usize> {
+  unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, want as libc::c_int) };
+  Ok(cvt(unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) })? as usize)
+}
+
+/// `splice(2)`: up to `len` bytes from `from` (at `*off` when given, which then advances) to
+/// `to`, one of them a pipe, without passing through our memory.
+pub fn splice(
+  from: RawFd,
+  off: Option<&mut i64>,
+  to: RawFd,
+  len: usize,
+  flags: libc::c_uint,
+) -> io::Result<usize> {
+  let off = off.map_or(std::ptr::null_mut(), |o| o as *mut i64);
+  let n = unsafe { libc::splice(from, off, to, std::ptr::null_mut(), len, flags) };
+  if n < 0 {
+    Err(io::Error::last_os_error())
+  } else {
+    Ok(n as usize)
+  }
+}
+
 pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
   let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
   cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) })?;

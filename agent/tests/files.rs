@@ -18,7 +18,10 @@ const NOBODY: &str = "nobody";
 
 async fn agents() -> Vec<(&'static str, Agent)> {
   let fallback = start_with(Options {
-    env: vec![("TRUEFORGE_AGENT_NO_OPENAT2".into(), "1".into())],
+    env: vec![
+      ("TRUEFORGE_AGENT_NO_OPENAT2".into(), "1".into()),
+      ("TRUEFORGE_AGENT_NO_SPLICE".into(), "1".into()),
+    ],
     ..Default::default()
   })
   .await;
@@ -131,6 +134,40 @@ async fn round_trips_as_the_user_with_modes_and_owners() {
       .unwrap();
     assert_eq!((info.kind, info.size, info.uid), (FileKind::File, 3, 65534));
     assert!(leftovers(&t).is_empty(), "{mode}: {:?}", leftovers(&t));
+  }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_of_every_size_arrive_whole_spliced_or_copied() {
+  // Around the chunk (256 KiB) and the default pipe (64 KiB), and many chunks through both of
+  // a download's pipes; two downloads at once share stdout frame by frame.
+  let sizes = [
+    0usize,
+    1,
+    (64 << 10) - 1,
+    64 << 10,
+    (256 << 10) - 1,
+    256 << 10,
+    (256 << 10) + 1,
+    (3 << 20) + 17,
+  ];
+  for (mode, a) in agents().await {
+    let t = sandbox();
+    for (i, n) in sizes.iter().enumerate() {
+      let body: Vec<u8> = data(*n).iter().map(|b| b ^ i as u8).collect();
+      std::fs::write(t.path(&format!("f{i}")), &body).unwrap();
+    }
+    for (i, n) in sizes.iter().enumerate() {
+      let got = a
+        .client
+        .download_bytes(down(&t.path(&format!("f{i}")), Some(NOBODY)));
+      let other = a.client.download_bytes(down(&t.path("f7"), None));
+      let (got, other) = tokio::join!(got, other);
+      let want: Vec<u8> = data(*n).iter().map(|b| b ^ i as u8).collect();
+      assert!(got.unwrap() == want, "{mode}: {n} bytes");
+      assert_eq!(other.unwrap().len(), sizes[7], "{mode}");
+    }
+    assert!(a.client.ping().await.is_ok());
   }
 }
 
