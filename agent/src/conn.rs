@@ -98,6 +98,9 @@ pub enum Out {
     len: usize,
     done: oneshot::Sender<bool>,
   },
+  /// Answered once the reader at the other end of stdout has taken everything written before
+  /// it: spliced bytes are the file's pages until then, not copies.
+  Drained(oneshot::Sender<()>),
 }
 
 /// The connection: outgoing frames and the open streams.
@@ -287,6 +290,13 @@ impl StreamIo {
       done,
     });
     rx
+  }
+
+  /// Resolves once everything sent before this call has left stdout's pipe.
+  pub async fn drained(&self) {
+    let (done, rx) = oneshot::channel();
+    let _ = self.conn.out.send(Out::Drained(done));
+    let _ = rx.await;
   }
 
   /// Sends `data` in chunks as credit allows. False when the stream was cancelled first.

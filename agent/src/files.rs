@@ -238,13 +238,16 @@ enum Sent {
 const PIPES: usize = 2;
 /// The least a download's pipe must hold for splicing to pay.
 const MIN_PIPE: usize = 64 * 1024;
+/// Files from this size on are spliced: below it a copy costs little, and needs no wait for
+/// the pipe to drain before the file is checked again.
+const SPLICE_FROM: u64 = 512 << 10;
 
 /// Sends the file without copying it through our memory: a pool thread moves its pages into a
 /// pipe of ours (a read from disk may wait there, never on the protocol thread), and the writer
 /// moves them from that pipe to stdout. The file is read at explicit offsets, so a file system
 /// without splice leaves it as it was for `send_copied`.
 async fn send_spliced(ctx: &Ctx, io: &StreamIo, file: &Arc<File>, size: u64) -> Sent {
-  if !ctx.splice {
+  if !ctx.splice || size < SPLICE_FROM {
     return Sent::NoSplice;
   }
   let mut pipes = Vec::with_capacity(PIPES);
@@ -301,10 +304,15 @@ async fn send_spliced(ctx: &Ctx, io: &StreamIo, file: &Arc<File>, size: u64) -> 
     }
     in_flight.push_back(io.send_spliced(pipe, n));
   };
-  // Whatever was handed to the writer goes out before the answer (and before the file is
-  // checked again: until then the pipes hold its pages, not copies).
+  // Whatever was handed to the writer goes out before the answer. Until the engine's end of
+  // stdout has read it, what sits in the pipes is the file's pages, not copies: a write to the
+  // file would still show in them. So the file is checked again (for a change while it was
+  // read) only once they are read.
   for done in in_flight {
     let _ = done.await;
+  }
+  if matches!(outcome, Sent::All(_)) {
+    io.drained().await;
   }
   outcome
 }

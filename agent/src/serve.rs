@@ -28,8 +28,8 @@ use crate::{exec, files, resolve};
 /// Bytes of stdin buffer taken at a time.
 const READ_BLOCK: usize = 4 << 20;
 
-/// What the stdout pipe is asked to hold.
-const STDOUT_PIPE: usize = 1 << 20;
+/// What the stdin and stdout pipes are asked to hold.
+const STREAM_PIPE: usize = 1 << 20;
 
 /// Threads for file work.
 const FILE_THREADS: usize = 2;
@@ -106,10 +106,10 @@ async fn serve(
 ) -> std::io::Result<i32> {
   sys::set_nonblocking(input.as_raw_fd())?;
   sys::set_nonblocking(output.as_raw_fd())?;
-  // A deep stdout pipe: a large download moves into it in few steps, waking this thread (and
-  // the reader at the other end) far less often than the default 64 KiB would.
-  let _ = sys::grow_pipe(output.as_raw_fd(), STDOUT_PIPE);
-  let _ = sys::grow_pipe(input.as_raw_fd(), STDOUT_PIPE);
+  // Deep pipes: a large transfer moves through them in few steps, waking this thread (and the
+  // engine's shim at the other end) far less often than with the default 64 KiB.
+  let _ = sys::grow_pipe(output.as_raw_fd(), STREAM_PIPE);
+  let _ = sys::grow_pipe(input.as_raw_fd(), STREAM_PIPE);
   let mut input = pipe::Receiver::from_owned_fd_unchecked(input)?;
   let output = pipe::Sender::from_owned_fd_unchecked(output)?;
   let (out_tx, out_rx) = mpsc::unbounded_channel();
@@ -274,6 +274,8 @@ fn dispatch(ctx: &Rc<Ctx>, f: Frame) -> Result<(), String> {
 /// reading for good (stdout closed), the agent has nobody to serve and exits.
 async fn write_loop(mut out: pipe::Sender, mut rx: mpsc::UnboundedReceiver<Out>) {
   let mut batch = BytesMut::new();
+  // Bytes written to stdout so far, for `Out::Drained`.
+  let written = Rc::new(std::cell::Cell::new(0u64));
   // A spliced frame met while gathering small ones, written after them.
   let mut held: Option<Out> = None;
   loop {
@@ -284,8 +286,9 @@ async fn write_loop(mut out: pipe::Sender, mut rx: mpsc::UnboundedReceiver<Out>)
         None => return,
       },
     };
+    let before = written.get();
     let r = match first {
-      Out::Bytes(first) if rx.is_empty() => out.write_all(&first).await,
+      Out::Bytes(first) if rx.is_empty() => out.write_all(&first).await.map(|_| first.len()),
       Out::Bytes(first) => {
         batch.extend_from_slice(&first);
         while batch.len() < 256 * 1024 {
@@ -298,7 +301,7 @@ async fn write_loop(mut out: pipe::Sender, mut rx: mpsc::UnboundedReceiver<Out>)
             Err(_) => break,
           }
         }
-        let r = out.write_all(&batch).await;
+        let r = out.write_all(&batch).await.map(|_| batch.len());
         batch.clear();
         r
       }
@@ -313,14 +316,39 @@ async fn write_loop(mut out: pipe::Sender, mut rx: mpsc::UnboundedReceiver<Out>)
           Err(e) => Err(e),
         };
         let _ = done.send(r.is_ok());
-        r
+        r.map(|_| head.len() + len)
+      }
+      Out::Drained(done) => {
+        tokio::task::spawn_local(until_read(out.as_raw_fd(), written.clone(), before, done));
+        Ok(0)
       }
     };
-    if let Err(e) = r {
-      eprintln!("trueforge-agent: writing to stdout failed: {e}");
-      std::process::exit(0);
+    match r {
+      Ok(n) => written.set(before + n as u64),
+      Err(e) => {
+        eprintln!("trueforge-agent: writing to stdout failed: {e}");
+        std::process::exit(0);
+      }
     }
   }
+}
+
+/// Answers `done` once the reader of stdout (`fd`) has taken the first `mark` bytes ever
+/// written: what is still in the pipe is the last of what was written.
+async fn until_read(
+  fd: std::os::fd::RawFd,
+  written: Rc<std::cell::Cell<u64>>,
+  mark: u64,
+  done: tokio::sync::oneshot::Sender<()>,
+) {
+  loop {
+    match sys::unread(fd) {
+      Ok(n) if written.get().saturating_sub(n as u64) >= mark => break,
+      Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(1)).await,
+      Err(_) => break,
+    }
+  }
+  let _ = done.send(());
 }
 
 /// Moves `len` bytes from `pipe` to stdout, pipe to pipe (no copy); copied through memory

@@ -46,9 +46,20 @@ pub fn page_size() -> usize {
   }
 }
 
-/// Makes the pipe behind `fd` hold `want` bytes where the kernel allows it; its capacity after.
+/// Bytes waiting in the pipe behind `fd` (either end).
+pub fn unread(fd: RawFd) -> io::Result<usize> {
+  let mut n: libc::c_int = 0;
+  cvt(unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) })?;
+  Ok(n.max(0) as usize)
+}
+
+/// Makes the pipe behind `fd` hold at least `want` bytes where the kernel allows it (never
+/// less than it holds already); its capacity after.
 pub fn grow_pipe(fd: RawFd, want: usize) -> io::Result<usize> {
-  unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, want as libc::c_int) };
+  let now = cvt(unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) })? as usize;
+  if now < want {
+    unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, want as libc::c_int) };
+  }
   Ok(cvt(unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) })? as usize)
 }
 

@@ -171,6 +171,89 @@ async fn downloads_of_every_size_arrive_whole_spliced_or_copied() {
   }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spliced_download_is_checked_again_only_after_the_host_has_read_it() {
+  use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+  use std::process::Stdio;
+  use tokio::io::{AsyncReadExt, AsyncWriteExt};
+  // The agent's stdout is a deep pipe that the host stops reading: the whole file then sits in
+  // it as the file's own pages. Rewritten in place before the host reads them, the file must
+  // not arrive as if it were whole: the download says it changed.
+  let t = sandbox();
+  let path = t.path("f");
+  // Spliced (over 512 KiB), and small enough to sit whole in a 1 MiB pipe, headers and all.
+  let body = data(768 << 10);
+  std::fs::write(&path, &body).unwrap();
+  let mut fds = [0; 2];
+  assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+  let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+  let deep = unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+  assert_eq!(deep, 1 << 20);
+  let mut child = command(&agent_bin())
+    .stdin(Stdio::piped())
+    .stdout(Stdio::from(write))
+    .stderr(Stdio::inherit())
+    .kill_on_drop(true)
+    .spawn()
+    .unwrap();
+  let stdin = child.stdin.take().unwrap();
+  let unread = |fd: i32| {
+    let mut n: libc::c_int = 0;
+    unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    n as usize
+  };
+  let raw = read.as_raw_fd();
+  let mut from_agent = tokio::net::unix::pipe::Receiver::from_owned_fd(read).unwrap();
+  let (to_client, mut forward) = tokio::io::duplex(64 << 10);
+  let (gate, mut open) = tokio::sync::watch::channel(true);
+  tokio::spawn(async move {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+      let n = from_agent.read(&mut buf).await.unwrap_or(0);
+      // What was read while the gate was shut waits for it to open.
+      if n == 0 || open.wait_for(|o| *o).await.is_err() {
+        return;
+      }
+      if forward.write_all(&buf[..n]).await.is_err() {
+        return;
+      }
+    }
+  });
+  let client = AgentClient::connect(to_client, stdin, Default::default())
+    .await
+    .unwrap();
+  gate.send(true).unwrap();
+  let _ = gate.send(false);
+  let download = client.download_bytes(down(&path, None));
+  let meddle = async {
+    // Every byte of the file is in the pipe (bar what the forwarder holds) before it is
+    // rewritten.
+    let started = Instant::now();
+    while unread(raw) + (64 << 10) < body.len() {
+      assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{}",
+        unread(raw)
+      );
+      tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let flipped: Vec<u8> = body.iter().map(|b| !b).collect();
+    let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    std::io::Write::write_all(&mut f, &flipped).unwrap();
+    drop(f);
+    gate.send(true).unwrap();
+  };
+  let (got, ()) = tokio::join!(download, meddle);
+  match got {
+    Err(ClientError::Agent(e)) => assert_eq!(e.kind, ErrorKind::Changed, "{e:?}"),
+    Ok(b) => assert!(b == body, "the download mixed the old file with the new"),
+    Err(e) => panic!("{e}"),
+  }
+  assert!(client.ping().await.is_ok());
+  drop(child);
+}
+
 /// Temporary upload files left anywhere under `t`.
 fn leftovers(t: &TempDir) -> Vec<String> {
   let mut out = Vec::new();
