@@ -368,6 +368,8 @@ unsafe fn command(plan: &Plan, errfd: libc::c_int) -> ! {
   }
   // stdout and stderr share one pipe, so the output keeps its true order.
   libc::dup2(2, 1);
+  // Before the user switch: this process is not dumpable, so its /proc files stay root's.
+  prefer_for_oom();
   if let Some((uid, gid, groups)) = &plan.ids {
     // Raw system calls: this process has one thread, and libc's wrappers may expect others.
     if libc::syscall(
@@ -407,6 +409,75 @@ unsafe fn command(plan: &Plan, errfd: libc::c_int) -> ! {
     denied |= last == libc::EACCES;
   }
   fail(STAGE_EXEC, if denied { libc::EACCES } else { last });
+}
+
+/// How much a command's `oom_score_adj` is raised over the agent's.
+const OOM_PREFER: i32 = 500;
+
+/// Makes the command (and what it starts) the OOM killer's first choice in the container, ahead
+/// of the container's init and the agent: a memory bomb then takes the workload, and the kernel's
+/// next pick, when it kills again while its first victim is still exiting, is the workload too,
+/// not the init (which would stop the sandbox). Raising is allowed without privilege; a failure
+/// leaves the value as it was. No allocation: this runs between fork and exec.
+unsafe fn prefer_for_oom() {
+  let fd = libc::open(
+    c"/proc/self/oom_score_adj".as_ptr(),
+    libc::O_RDWR | libc::O_CLOEXEC,
+  );
+  if fd < 0 {
+    return;
+  }
+  let mut b = [0u8; 16];
+  let n = libc::read(fd, b.as_mut_ptr() as *mut libc::c_void, b.len());
+  if n > 0 {
+    let now = parse_int(&b[..n as usize]);
+    let mut out = [0u8; 16];
+    let len = format_int((now + OOM_PREFER).min(1000), &mut out);
+    libc::pwrite(fd, out.as_ptr() as *const libc::c_void, len, 0);
+  }
+  libc::close(fd);
+}
+
+/// A decimal integer at the start of `b` ("-12\n" → -12); 0 when there is none.
+fn parse_int(b: &[u8]) -> i32 {
+  let (neg, digits) = match b.first() {
+    Some(b'-') => (true, &b[1..]),
+    _ => (false, b),
+  };
+  let mut v: i32 = 0;
+  for &c in digits.iter().take_while(|c| c.is_ascii_digit()) {
+    v = v.saturating_mul(10).saturating_add((c - b'0') as i32);
+  }
+  if neg {
+    -v
+  } else {
+    v
+  }
+}
+
+/// Writes `v` in decimal into `out`; returns its length.
+fn format_int(v: i32, out: &mut [u8; 16]) -> usize {
+  let mut digits = [0u8; 12];
+  let mut n = 0;
+  let mut u = v.unsigned_abs();
+  loop {
+    digits[n] = b'0' + (u % 10) as u8;
+    n += 1;
+    u /= 10;
+    if u == 0 {
+      break;
+    }
+  }
+  let mut len = 0;
+  if v < 0 {
+    out[0] = b'-';
+    len = 1;
+  }
+  for i in (0..n).rev() {
+    out[len] = digits[i];
+    len += 1;
+  }
+  len
 }
 
 // ---- Killing the subtree (runs in the shepherd: fixed buffers, no allocation) ----
@@ -599,6 +670,23 @@ unsafe fn read_stat(pid: &[u8]) -> Option<(u32, u32, u8)> {
 #[cfg(test)]
 mod tests {
   use super::*;
+
+  #[test]
+  fn oom_scores_read_and_write() {
+    for (text, v) in [
+      (&b"0\n"[..], 0),
+      (b"-999\n", -999),
+      (b"1000", 1000),
+      (b"", 0),
+    ] {
+      assert_eq!(parse_int(text), v);
+    }
+    for v in [0, 7, 500, 1000, -1000, -3] {
+      let mut out = [0u8; 16];
+      let n = format_int(v, &mut out);
+      assert_eq!(std::str::from_utf8(&out[..n]).unwrap(), v.to_string());
+    }
+  }
 
   #[test]
   fn reports_round_trip() {

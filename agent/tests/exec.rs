@@ -55,6 +55,25 @@ async fn output_over_the_cap_keeps_head_and_tail() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_are_the_oom_killers_first_choice() {
+  // Raised over the agent's (never lowered), for the command and what it starts, as the user
+  // too: a memory bomb takes the workload, not the sandbox's init or the agent.
+  let a = start().await;
+  let own: i32 = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", a.pid))
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+  let want = (own + 500).min(1000).to_string();
+  let out = a
+    .run("cat /proc/self/oom_score_adj; sh -c 'cat /proc/self/oom_score_adj'")
+    .await;
+  assert_eq!(out.output, format!("{want}\n{want}\n"));
+  let out = a.run_as("nobody", "cat /proc/self/oom_score_adj").await;
+  assert_eq!(out.output, format!("{want}\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn working_directory() {
   let a = start().await;
   let mut r = req("pwd");
