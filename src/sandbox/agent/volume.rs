@@ -124,46 +124,98 @@ fn ours(labels: Option<&HashMap<String, String>>, tag: &str) -> bool {
     && labels.and_then(|l| l.get(LABEL_AGENT)).map(String::as_str) == Some(tag)
 }
 
-/// Makes sure the engine has the volume of `bundle`, filled and marked ready.
+/// Makes sure the engine has the volume of `bundle`, filled and marked ready. An engine error
+/// on the way (another process filling the same volume at the same moment can draw one, from
+/// Podman especially) is tried again a few times; a name that is not ours fails at once.
 async fn ensure(engine: &Engine, bundle: &Bundle) -> Result<()> {
   let name = volume_name(&bundle.tag);
   let started = Instant::now();
+  let mut errors = 0;
   loop {
-    match engine
-      .inspect_container("inspect the agent volume's claim", &name)
-      .await?
-    {
-      Some(info) => {
-        if !ours(
-          info.config.as_ref().and_then(|c| c.labels.as_ref()),
-          &bundle.tag,
-        ) {
-          return Err(refused(&name, "a container of that name is not ours"));
-        }
-        let id = info.id.clone().unwrap_or_else(|| name.clone());
-        if is_ready(engine, &id).await? {
-          return Ok(());
-        }
-        if claim_age(&info).is_some_and(|age| age > FILL_WAIT) {
-          // Its maker died before the marker: take the claim over.
-          let _ = engine.force_remove(&id).await;
-          continue;
-        }
-        if started.elapsed() > FILL_WAIT {
-          return Err(refused(
-            &name,
-            "another process has been filling it for too long",
-          ));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    match step(engine, bundle, &name).await {
+      Ok(Look::Ready) => return Ok(()),
+      Ok(Look::Refused(e)) => return Err(e),
+      Ok(Look::Wait) if started.elapsed() > FILL_WAIT => {
+        return Err(refused(
+          &name,
+          "another process has been filling it for too long",
+        ));
       }
-      None => {
-        if let Some(id) = claim_and_create(engine, bundle, &name).await? {
-          return fill(engine, bundle, &id).await;
+      Ok(Look::Wait) => errors = 0,
+      Err(e) => {
+        errors += 1;
+        if errors >= ERROR_TRIES || started.elapsed() > FILL_WAIT {
+          return Err(e);
         }
       }
     }
+    tokio::time::sleep(Duration::from_millis(200)).await;
   }
+}
+
+/// Engine errors in a row after which making the volume gives up.
+const ERROR_TRIES: u32 = 5;
+
+/// What one look at the volume found.
+enum Look {
+  Ready,
+  /// Another process is filling it (or the engine erred a moment ago).
+  Wait,
+  /// A volume or claim of its name that is not ours.
+  Refused(SandboxError),
+}
+
+async fn step(engine: &Engine, bundle: &Bundle, name: &str) -> Result<Look> {
+  match engine
+    .inspect_container("inspect the agent volume's claim", name)
+    .await?
+  {
+    Some(info) => {
+      if !ours(
+        info.config.as_ref().and_then(|c| c.labels.as_ref()),
+        &bundle.tag,
+      ) {
+        return Ok(Look::Refused(refused(
+          name,
+          "a container of that name is not ours",
+        )));
+      }
+      let id = info.id.clone().unwrap_or_else(|| name.to_string());
+      if is_ready(engine, &id).await? {
+        return Ok(Look::Ready);
+      }
+      if claim_age(&info).is_some_and(|age| age > FILL_WAIT) {
+        // Its maker died before the marker: take the claim over.
+        let _ = engine.force_remove(&id).await;
+      }
+      Ok(Look::Wait)
+    }
+    None => match claim_and_create(engine, bundle, name).await? {
+      Claim::Made(id) => {
+        // Ours to fill; the puts only write the same files again, so a failed one is retried.
+        let mut tries = 0;
+        loop {
+          tries += 1;
+          match fill(engine, bundle, &id).await {
+            Ok(()) => return Ok(Look::Ready),
+            Err(e) if tries >= 3 => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+          }
+        }
+      }
+      Claim::Taken => Ok(Look::Wait),
+      Claim::NotOurs(e) => Ok(Look::Refused(e)),
+    },
+  }
+}
+
+/// How a claim went.
+enum Claim {
+  /// The claim container, ours to fill.
+  Made(String),
+  /// Another process made it first.
+  Taken,
+  NotOurs(SandboxError),
 }
 
 fn refused(name: &str, why: &str) -> SandboxError {
@@ -179,7 +231,7 @@ fn claim_age(info: &ContainerInspectResponse) -> Option<Duration> {
 
 /// Creates the volume (or finds ours) and the claim container mounting it; the claim's id, or
 /// `None` when another process holds the claim.
-async fn claim_and_create(engine: &Engine, bundle: &Bundle, name: &str) -> Result<Option<String>> {
+async fn claim_and_create(engine: &Engine, bundle: &Bundle, name: &str) -> Result<Claim> {
   let mut l = HashMap::from([
     (
       labels::LABEL_MANAGED_BY.to_string(),
@@ -196,7 +248,10 @@ async fn claim_and_create(engine: &Engine, bundle: &Bundle, name: &str) -> Resul
     }
   }
   if !ours(Some(&volume.labels), &bundle.tag) {
-    return Err(refused(name, "a volume of that name is not ours"));
+    return Ok(Claim::NotOurs(refused(
+      name,
+      "a volume of that name is not ours",
+    )));
   }
   let image = claim::image(engine).await?;
   l.remove(labels::LABEL_MANAGED_BY);
@@ -210,9 +265,15 @@ async fn claim_and_create(engine: &Engine, bundle: &Bundle, name: &str) -> Resul
       ..Default::default()
     }]);
   }
-  engine
-    .create_named("claim the agent volume", name, body)
-    .await
+  Ok(
+    match engine
+      .create_named("claim the agent volume", name, body)
+      .await?
+    {
+      Some(id) => Claim::Made(id),
+      None => Claim::Taken,
+    },
+  )
 }
 
 /// Puts the binaries into the volume through the claim, then the marker.
