@@ -67,6 +67,8 @@ pub struct Plan {
   /// uid, gid, supplementary groups; `None`: keep the agent's.
   ids: Option<(u32, u32, Vec<libc::gid_t>)>,
   timeout_ns: Option<i64>,
+  /// The command's `oom_score_adj`, as written to /proc (empty: leave it).
+  oom_score: &'static [u8],
 }
 
 impl Plan {
@@ -137,6 +139,7 @@ impl Plan {
       cwd_message: format!("cannot change directory to {cwd}: no such directory\n").into_bytes(),
       ids,
       timeout_ns: (timeout_ms > 0).then(|| timeout_ms as i64 * 1_000_000),
+      oom_score: command_oom_score(),
     })
   }
 }
@@ -369,7 +372,7 @@ unsafe fn command(plan: &Plan, errfd: libc::c_int) -> ! {
   // stdout and stderr share one pipe, so the output keeps its true order.
   libc::dup2(2, 1);
   // Before the user switch: this process is not dumpable, so its /proc files stay root's.
-  prefer_for_oom();
+  prefer_for_oom(plan.oom_score);
   if let Some((uid, gid, groups)) = &plan.ids {
     // Raw system calls: this process has one thread, and libc's wrappers may expect others.
     if libc::syscall(
@@ -414,70 +417,41 @@ unsafe fn command(plan: &Plan, errfd: libc::c_int) -> ! {
 /// How much a command's `oom_score_adj` is raised over the agent's.
 const OOM_PREFER: i32 = 500;
 
+/// The `oom_score_adj` commands get: the agent's own (read once) raised by `OOM_PREFER`.
+fn command_oom_score() -> &'static [u8] {
+  static SCORE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+  SCORE.get_or_init(|| {
+    std::fs::read_to_string("/proc/self/oom_score_adj")
+      .ok()
+      .and_then(|own| raised(&own))
+      .unwrap_or_default()
+      .into_bytes()
+  })
+}
+
+/// `own` (as /proc shows it) raised by `OOM_PREFER`, at most 1000.
+fn raised(own: &str) -> Option<String> {
+  let own: i32 = own.trim().parse().ok()?;
+  Some((own + OOM_PREFER).min(1000).to_string())
+}
+
 /// Makes the command (and what it starts) the OOM killer's first choice in the container, ahead
 /// of the container's init and the agent: a memory bomb then takes the workload, and the kernel's
 /// next pick, when it kills again while its first victim is still exiting, is the workload too,
 /// not the init (which would stop the sandbox). Raising is allowed without privilege; a failure
-/// leaves the value as it was. No allocation: this runs between fork and exec.
-unsafe fn prefer_for_oom() {
-  let fd = libc::open(
-    c"/proc/self/oom_score_adj".as_ptr(),
-    libc::O_RDWR | libc::O_CLOEXEC,
-  );
-  if fd < 0 {
+/// leaves the value as it was.
+unsafe fn prefer_for_oom(score: &[u8]) {
+  if score.is_empty() {
     return;
   }
-  let mut b = [0u8; 16];
-  let n = libc::read(fd, b.as_mut_ptr() as *mut libc::c_void, b.len());
-  if n > 0 {
-    let now = parse_int(&b[..n as usize]);
-    let mut out = [0u8; 16];
-    let len = format_int((now + OOM_PREFER).min(1000), &mut out);
-    libc::pwrite(fd, out.as_ptr() as *const libc::c_void, len, 0);
+  let fd = libc::open(
+    c"/proc/self/oom_score_adj".as_ptr(),
+    libc::O_WRONLY | libc::O_CLOEXEC,
+  );
+  if fd >= 0 {
+    libc::write(fd, score.as_ptr() as *const libc::c_void, score.len());
+    libc::close(fd);
   }
-  libc::close(fd);
-}
-
-/// A decimal integer at the start of `b` ("-12\n" → -12); 0 when there is none.
-fn parse_int(b: &[u8]) -> i32 {
-  let (neg, digits) = match b.first() {
-    Some(b'-') => (true, &b[1..]),
-    _ => (false, b),
-  };
-  let mut v: i32 = 0;
-  for &c in digits.iter().take_while(|c| c.is_ascii_digit()) {
-    v = v.saturating_mul(10).saturating_add((c - b'0') as i32);
-  }
-  if neg {
-    -v
-  } else {
-    v
-  }
-}
-
-/// Writes `v` in decimal into `out`; returns its length.
-fn format_int(v: i32, out: &mut [u8; 16]) -> usize {
-  let mut digits = [0u8; 12];
-  let mut n = 0;
-  let mut u = v.unsigned_abs();
-  loop {
-    digits[n] = b'0' + (u % 10) as u8;
-    n += 1;
-    u /= 10;
-    if u == 0 {
-      break;
-    }
-  }
-  let mut len = 0;
-  if v < 0 {
-    out[0] = b'-';
-    len = 1;
-  }
-  for i in (0..n).rev() {
-    out[len] = digits[i];
-    len += 1;
-  }
-  len
 }
 
 // ---- Killing the subtree (runs in the shepherd: fixed buffers, no allocation) ----
@@ -672,20 +646,11 @@ mod tests {
   use super::*;
 
   #[test]
-  fn oom_scores_read_and_write() {
-    for (text, v) in [
-      (&b"0\n"[..], 0),
-      (b"-999\n", -999),
-      (b"1000", 1000),
-      (b"", 0),
-    ] {
-      assert_eq!(parse_int(text), v);
-    }
-    for v in [0, 7, 500, 1000, -1000, -3] {
-      let mut out = [0u8; 16];
-      let n = format_int(v, &mut out);
-      assert_eq!(std::str::from_utf8(&out[..n]).unwrap(), v.to_string());
-    }
+  fn oom_scores_are_raised_and_capped() {
+    assert_eq!(raised("0\n").as_deref(), Some("500"));
+    assert_eq!(raised("-999\n").as_deref(), Some("-499"));
+    assert_eq!(raised("700").as_deref(), Some("1000"));
+    assert_eq!(raised(""), None);
   }
 
   #[test]
