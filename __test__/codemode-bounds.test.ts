@@ -237,6 +237,32 @@ describe('small bounds', () => {
     expect(next.answered).toBeGreaterThanOrEqual(hung.answered - 0.5)
   })
 
+  test('a turn that shortens the timeout has it applied at once, and the relay keeps serving', async () => {
+    const d = new Dispatcher()
+    const p = provider({})
+    const t = p.createCodeModeTransport()
+    transports.push(t)
+    // The first turn allows five minutes: once its call is answered, nothing waits, and the
+    // relay's timer sleeps for those five minutes.
+    const first5 = await t.start({ codeModeDispatcher: d as any, sandboxId: sb, requestTimeoutSeconds: 300 })
+    const [first] = await requests(main, sb, first5.env, [{ tool: 'echo', size: 10 }])
+    expect(first.reply).toEqual({ ok: true, result: { structuredContent: { n: 0 } } })
+    // The next turn on the same transport (the same relay) allows 2 s.
+    const { env } = await t.start({ codeModeDispatcher: d as any, sandboxId: sb, requestTimeoutSeconds: 2 })
+    const [hung, after] = await requests(main, sb, env, [
+      { tool: 'hangs', size: 10 },
+      { tool: 'echo', size: 10, after: 1 },
+    ])
+    expect(hung.reply).toEqual({
+      ok: false,
+      error: 'Code Mode request got no reply from the host within 2 s',
+      source: 'transport',
+    })
+    expect(hung.answered).toBeGreaterThanOrEqual(1.9)
+    expect(hung.answered).toBeLessThan(60)
+    expect(after.reply).toEqual({ ok: true, result: { structuredContent: { n: 1 } } })
+  })
+
   test('the sandbox bound is shared by its transports; a relay that dies gives its bytes back', async () => {
     const d = new Dispatcher()
     // The Python relay (agent: false), one process per transport, so that one can die alone.

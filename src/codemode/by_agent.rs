@@ -5,14 +5,14 @@
 //! its bytes, so room for it can be made before they are read; until then they wait in the agent
 //! under flow control. The relay process of the Python transport (`relay`) stays the fallback.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::json;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use trueforge_agent_proto::client::{CallHandler, CodeModeCall};
 use trueforge_agent_proto::msg::CodeModeListenSpec;
 
@@ -71,8 +71,64 @@ impl Served {
   }
 }
 
-/// Calls handed to the JavaScript side and not answered yet, by id, with the room they hold.
-type Pending = Arc<Mutex<HashMap<u32, (CodeModeCall, Claim)>>>;
+/// Calls handed to the JavaScript side and not answered yet, by id, with the room they hold and
+/// when they time out. One task per relay answers the late ones (`watch`): a timer task per call
+/// would outlive its call by the whole timeout (five minutes by default), so a busy turn would
+/// pile up hundreds of thousands of sleeping tasks.
+type Pending = Arc<Mutex<Waiting>>;
+
+#[derive(Default)]
+struct Waiting {
+  calls: HashMap<u32, Held>,
+  deadlines: BTreeSet<(Instant, u32)>,
+}
+
+struct Held {
+  call: CodeModeCall,
+  room: Claim,
+  deadline: Instant,
+}
+
+impl Waiting {
+  fn insert(&mut self, id: u32, call: CodeModeCall, room: Claim, deadline: Instant) {
+    self.deadlines.insert((deadline, id));
+    let old = self.calls.insert(
+      id,
+      Held {
+        call,
+        room,
+        deadline,
+      },
+    );
+    if let Some(old) = old {
+      self.deadlines.remove(&(old.deadline, id));
+    }
+  }
+
+  fn remove(&mut self, id: u32) -> Option<Held> {
+    let held = self.calls.remove(&id)?;
+    self.deadlines.remove(&(held.deadline, id));
+    Some(held)
+  }
+
+  /// The calls whose time is up at `now`.
+  fn due(&mut self, now: Instant) -> Vec<Held> {
+    let mut out = Vec::new();
+    while let Some(&(d, id)) = self.deadlines.first() {
+      if d > now {
+        break;
+      }
+      self.deadlines.pop_first();
+      out.extend(self.calls.remove(&id));
+    }
+    out
+  }
+
+  fn clear(&mut self) {
+    self.calls.clear();
+    self.deadlines.clear();
+  }
+}
 
 /// One session's socket, served by the sandbox's agent.
 pub struct AgentRelay {
@@ -101,9 +157,10 @@ impl AgentRelay {
     if !self.is_alive() {
       return false;
     }
-    let Some((mut call, room)) = self.pending.lock().expect("pending").remove(&id) else {
+    let Some(held) = self.pending.lock().expect("pending").remove(id) else {
       return true; // answered already, or timed out
     };
+    let Held { mut call, room, .. } = held;
     let bytes = Bytes::copy_from_slice(payload);
     if !call.reply_now(&bytes) {
       self.runtime.spawn(async move {
@@ -149,7 +206,13 @@ pub async fn listen(
   let runtime = tokio::runtime::Handle::current();
   let route = conn.route(
     socket,
-    call_handler(generation, intake, budget, pending.clone(), runtime.clone()),
+    call_handler(
+      generation,
+      intake.clone(),
+      budget,
+      pending.clone(),
+      runtime.clone(),
+    ),
   );
   let spec = CodeModeListenSpec {
     socket: socket.to_string(),
@@ -164,7 +227,7 @@ pub async fn listen(
   }
   let stopped = Arc::new(AtomicBool::new(false));
   let ended = Arc::new(Notify::new());
-  watch(engine, &conn, socket, &pending, &stopped, &ended);
+  watch(engine, &conn, socket, &intake, &pending, &stopped, &ended);
   log.debug(
     "Code Mode served by the sandbox agent",
     json!({ "sandboxId": target.sandbox_id, "socket": socket }),
@@ -200,8 +263,7 @@ fn call_handler(
       if let Some(room) = budget.try_claim(size) {
         if let Some(request) = call.take_request() {
           let Ok(request) = request else { return };
-          let timeout = deliver(call, room, request, generation, id, &intake, &pending);
-          runtime.spawn(expire(id, timeout, pending.clone()));
+          deliver(call, room, request, generation, id, &intake, &pending);
           return;
         }
       }
@@ -217,25 +279,65 @@ fn call_handler(
   })
 }
 
-/// Once the relay ends: calls nobody will answer now fail (dropping one fails it) and give their
-/// room back; a relay dropped without `stop` has its socket closed here.
+/// Answers the calls whose time is up, until the relay ends; then calls nobody will answer now
+/// fail (dropping one fails it) and give their room back, and a relay dropped without `stop` has
+/// its socket closed here. It sleeps until the first deadline, or for one timeout when nothing
+/// waits (a call made meanwhile is due after that), woken early when the timeout is shortened:
+/// no wake-up per call.
 fn watch(
   engine: &Engine,
   conn: &Arc<Conn>,
   socket: &str,
+  intake: &Intake,
   pending: &Pending,
   stopped: &Arc<AtomicBool>,
   ended: &Arc<Notify>,
 ) {
-  let (conn, socket, pending, stopped, ended) = (
+  let (conn, socket, intake, pending, stopped, ended) = (
     conn.clone(),
     socket.to_string(),
+    intake.clone(),
     pending.clone(),
     stopped.clone(),
     ended.clone(),
   );
   engine.shared.background.spawn_cancellable(async move {
-    ended.notified().await;
+    let end = ended.notified();
+    tokio::pin!(end);
+    loop {
+      let shortened = intake.shortened();
+      tokio::pin!(shortened);
+      shortened.as_mut().enable();
+      let timeout = intake.timeout();
+      let first = pending
+        .lock()
+        .expect("pending")
+        .deadlines
+        .first()
+        .map(|d| d.0);
+      let wake = first.unwrap_or_else(|| Instant::now() + timeout);
+      tokio::select! {
+        _ = &mut end => break,
+        _ = shortened => continue,
+        _ = tokio::time::sleep_until(wake) => {}
+      }
+      let late = pending.lock().expect("pending").due(Instant::now());
+      if late.is_empty() {
+        continue;
+      }
+      let message = format!(
+        "Code Mode request got no reply from the host within {} s",
+        timeout.as_secs_f64()
+      );
+      for held in late {
+        let reply = error_reply(&message, "transport");
+        tokio::spawn(async move {
+          let Held { call, room, .. } = held;
+          let _ = call.reply(reply).await;
+          drop(room);
+        });
+      }
+    }
     pending.lock().expect("pending").clear();
     if !stopped.load(Ordering::SeqCst) && !conn.client.is_closed() {
       let _ = conn.client.code_mode_close(&socket).await;
@@ -280,11 +382,10 @@ async fn hand_over(
   let Ok(request) = call.read_request().await else {
     return;
   };
-  let timeout = deliver(call, room, request, generation, id, &intake, &pending);
-  expire(id, timeout, pending).await;
+  deliver(call, room, request, generation, id, &intake, &pending);
 }
 
-/// Hands the request to the sink; returns how long its reply may take.
+/// Hands the request to the sink, to be answered within the session's timeout.
 fn deliver(
   call: CodeModeCall,
   room: Claim,
@@ -293,21 +394,11 @@ fn deliver(
   id: u32,
   intake: &Intake,
   pending: &Pending,
-) -> Duration {
-  pending.lock().expect("pending").insert(id, (call, room));
+) {
+  let deadline = Instant::now() + intake.timeout();
+  pending
+    .lock()
+    .expect("pending")
+    .insert(id, call, room, deadline);
   (intake.sink)(generation, id, Vec::from(request));
-  intake.timeout()
-}
-
-/// Answers call `id` with a timeout error when no reply came in time.
-async fn expire(id: u32, timeout: Duration, pending: Pending) {
-  tokio::time::sleep(timeout).await;
-  let late = pending.lock().expect("pending").remove(&id);
-  if let Some((call, _room)) = late {
-    let message = format!(
-      "Code Mode request got no reply from the host within {} s",
-      timeout.as_secs_f64()
-    );
-    let _ = call.reply(error_reply(&message, "transport")).await;
-  }
 }

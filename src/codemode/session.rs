@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
 
 use crate::codemode::by_agent::Served;
 use crate::codemode::SOCKET_DIR;
@@ -25,6 +27,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 pub struct Intake {
   pub sink: RequestSink,
   timeout_ms: Arc<AtomicU64>,
+  /// Told when the timeout gets shorter: a relay waiting out the old one looks again.
+  shorter: Arc<Notify>,
 }
 
 impl Intake {
@@ -32,11 +36,24 @@ impl Intake {
     Self {
       sink,
       timeout_ms: Arc::new(AtomicU64::new(DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)),
+      shorter: Arc::new(Notify::new()),
     }
   }
 
   pub fn timeout(&self) -> Duration {
     Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+  }
+
+  /// Completes once the timeout is set shorter than it was.
+  pub fn shortened(&self) -> Notified<'_> {
+    self.shorter.notified()
+  }
+
+  fn set_timeout(&self, t: Duration) {
+    let ms = t.as_millis().clamp(1, u64::MAX as u128) as u64;
+    if self.timeout_ms.swap(ms, Ordering::Relaxed) > ms {
+      self.shorter.notify_waiters();
+    }
   }
 }
 
@@ -87,8 +104,7 @@ impl Session {
     request_timeout: Option<Duration>,
   ) -> Result<()> {
     if let Some(t) = request_timeout {
-      let ms = t.as_millis().clamp(1, u64::MAX as u128) as u64;
-      self.intake.timeout_ms.store(ms, Ordering::Relaxed);
+      self.intake.set_timeout(t);
     }
     let mut state = self.state.lock().await;
     if let Some((id, relay)) = state.as_ref() {
