@@ -79,7 +79,7 @@ export declare class NativeProvider {
    * A Code Mode session for one transport. `on_request(generation, id, payload)` receives each
    * request from the sandbox; the answer goes back through `reply` with the same numbers.
    */
-  codeModeSession(onRequest: (cost: ExternalObject<undefined>, generation: number, id: number, payload: string) => void): NativeCodeModeSession
+  codeModeSession(onRequest: (cost: ExternalObject<undefined> | null, generation: number, id: number, payload: string) => void): NativeCodeModeSession
   buildImage(): Promise<NativeBuild>
   getImageBuildStatus(): Promise<NativeBuild>
 }

@@ -64,8 +64,8 @@ class DockerCodeModeTransport {
         if (transport === undefined) return
         // Parsed here, at once, so the text is garbage while the dispatcher works.
         const parsed = parseRequest(payload)
-        // `cost` tells V8 what the request's values hold while they live (see COSTS).
-        if (parsed !== null) COSTS.set(parsed.request, cost)
+        // `cost` tells V8 what a large request's values hold while they live (see COSTS).
+        if (parsed !== null && cost !== null) COSTS.set(parsed.request, cost)
         void transport.#onRequest(generation, id, parsed)
       })
       this.#session = session

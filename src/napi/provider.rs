@@ -66,9 +66,13 @@ pub struct NativeLayout {
 }
 
 type LogFn = ThreadsafeFunction<String, (), String, napi::Status, false, true>;
-/// One Code Mode request for JavaScript: its cost token (see transport.js), the relay's
-/// generation, the request's number and its text.
-type RequestArgs = FnArgs<(External<()>, u32, u32, String)>;
+/// One Code Mode request for JavaScript: its cost token (see transport.js; none for a small
+/// one), the relay's generation, the request's number and its text.
+type RequestArgs = FnArgs<(Option<External<()>>, u32, u32, String)>;
+
+/// Requests from this size on carry a cost token: below it the token would cost more than the
+/// bytes it reports (V8 counts the values themselves in its heap anyway).
+const COSTED_REQUEST_BYTES: usize = 64 * 1024;
 type RequestFn = ThreadsafeFunction<RequestArgs, (), RequestArgs, napi::Status, false, true>;
 
 /// The native half of `DockerSandboxProvider`; `index.js` wraps it.
@@ -275,7 +279,7 @@ impl NativeProvider {
   /// A Code Mode session for one transport. `on_request(generation, id, payload)` receives each
   /// request from the sandbox; the answer goes back through `reply` with the same numbers.
   #[napi(
-    ts_args_type = "onRequest: (cost: ExternalObject<undefined>, generation: number, id: number, payload: string) => void"
+    ts_args_type = "onRequest: (cost: ExternalObject<undefined> | null, generation: number, id: number, payload: string) => void"
   )]
   pub fn code_mode_session(
     &self,
@@ -291,7 +295,8 @@ impl NativeProvider {
       // Text, not a Buffer: the bytes are copied into a JavaScript string once and freed here at
       // once, while a Buffer's would wait for a collection; JSON.parse needs a string anyway.
       // Invalid UTF-8 becomes U+FFFD, as Buffer#toString does.
-      let cost = External::new_with_size_hint((), 2 * payload.len());
+      let cost = (payload.len() >= COSTED_REQUEST_BYTES)
+        .then(|| External::new_with_size_hint((), 2 * payload.len()));
       let text = String::from_utf8(payload)
         .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
       tsfn.call(
