@@ -32,6 +32,20 @@ export declare class NativeCodeModeSession {
    * awaits it (it timed out).
    */
   reply(generation: number, id: number, payload: Buffer): boolean
+  /**
+   * The current relay's lane, once: the JavaScript side reads its stream (`fd`, which it
+   * then owns) and hands what it reads to `feed`. Null when there is none to take.
+   */
+  takeLane(): NativeLane | null
+  /**
+   * Bytes read from lane `generation`: the calls now complete (answered through `reply`), and
+   * whether to stop reading until `room` resolves. Null when that lane is over (stop reading).
+   */
+  feed(generation: number, chunk: Uint8Array): NativeFed | null
+  /** Resolves once lane `generation` has room for the call that paused it. */
+  room(generation: number): Promise<void>
+  /** Lane `generation`'s stream closed. */
+  laneEnded(generation: number): void
   /** Stops the relay and waits for it to end. Safe at any time. */
   stop(): Promise<void>
 }
@@ -177,6 +191,26 @@ export interface NativeExecResult {
   error?: string
 }
 
+/** What one `feed` yields. */
+export interface NativeFed {
+  calls: Array<NativeLaneCall>
+  paused: boolean
+}
+
+/** A lane's stream for the JavaScript side to read. */
+export interface NativeLane {
+  generation: number
+  fd: number
+}
+
+/** One call read from a lane. */
+export interface NativeLaneCall {
+  id: number
+  payload: string
+  /** What the request's values hold, told to V8 while they live (large requests only). */
+  cost?: ExternalObject<undefined> | null
+}
+
 /** The fixed in-container layout. */
 export interface NativeLayout {
   uploadsDir: string
@@ -290,6 +324,12 @@ export interface NativeProviderOptions {
    * endpoints for everything. Default true.
    */
   agent?: boolean
+  /**
+   * With the agent and an engine on a local Unix socket, each Code Mode socket is served on a
+   * stream of its own that the JavaScript thread reads directly (the fastest round trip);
+   * `false` carries Code Mode calls on the agent's own connection. Default true.
+   */
+  codeModeLane?: boolean
 }
 
 /** Options of the standalone reaper (the `reap` command). */

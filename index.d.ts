@@ -2,8 +2,7 @@
 
 /** The outcome of one command: it ran (any exit code), or it never ran. */
 export type ExecResult =
-  | { success: true; response: { exitCode: number; result: string } }
-  | { success: false; error: string }
+  { success: true; response: { exitCode: number; result: string } } | { success: false; error: string }
 
 export interface SandboxExecParams {
   sandboxId: string
@@ -63,7 +62,10 @@ export interface DockerSandboxProviderOptions {
    * (default true; verification needs `ca`); `true` = the files in `$DOCKER_CERT_PATH`; `false` =
    * never TLS. Default: as `DOCKER_TLS_VERIFY`/`DOCKER_TLS`/`DOCKER_CERT_PATH` or the context say.
    */
-  tls?: boolean | { ca?: string | undefined; cert?: string | undefined; key?: string | undefined; verify?: boolean | undefined } | undefined
+  tls?:
+    | boolean
+    | { ca?: string | undefined; cert?: string | undefined; key?: string | undefined; verify?: boolean | undefined }
+    | undefined
   /** Scopes container names and labels; `[a-z0-9-]{1,32}`. Default `'default'`. */
   namespace?: string | undefined
   /** Default exec timeout in milliseconds. Default 60000. */
@@ -98,7 +100,9 @@ export interface DockerSandboxProviderOptions {
   /** Set `no-new-privileges` (setuid binaries cannot gain privileges). Default true. */
   noNewPrivileges?: boolean | undefined
   /** Resource limits. Defaults: memoryBytes 8 GiB (swap never above it; null = unlimited), nanoCpus unlimited, pidsLimit 4096. */
-  resources?: { memoryBytes?: number | null | undefined; nanoCpus?: number | null | undefined; pidsLimit?: number | undefined } | undefined
+  resources?:
+    | { memoryBytes?: number | null | undefined; nanoCpus?: number | null | undefined; pidsLimit?: number | undefined }
+    | undefined
   /** `'bridge'`, `'none'` or a user-defined network name (never `host`); `'isolated'`: the provider's own even where the engine is not safe with it. Default: a network the provider makes per namespace and tenant (`trueforge-<namespace>`), inter-container communication off (the default bridge on Docker before 20.10.27, which can deadlock with it). */
   network?: string | undefined
   /** Run commands as this `uid[:gid]` (each 0 to 4294967294) or user name; uploads and the layout then belong to it. Default: the image's user. */
@@ -131,6 +135,12 @@ export interface DockerSandboxProviderOptions {
    * and archive endpoints for everything. Default true.
    */
   agent?: boolean | undefined
+  /**
+   * With the agent and an engine on a local Unix socket, serve each Code Mode socket on a stream
+   * of its own that this process's JavaScript thread reads (the fastest round trip); `false`
+   * carries Code Mode calls on the agent's own connection. Default true.
+   */
+  codeModeLane?: boolean | undefined
   /** Error constructors to throw instead of this package's classes. */
   errors?: InjectedErrors | undefined
   /** Receives the provider's log events. Default: none. */
@@ -144,8 +154,7 @@ export type CodeModeRequest =
 
 /** The answer to a Code Mode request; `source` says who is at fault. */
 export type CodeModeReply =
-  | { ok: true; result: unknown }
-  | { ok: false; error: string; source: 'internal' | 'caller' | 'transport' }
+  { ok: true; result: unknown } | { ok: false; error: string; source: 'internal' | 'caller' | 'transport' }
 
 /** Does the MCP work for Code Mode requests (TrueForge's `CodeModeDispatcher`). */
 export interface CodeModeDispatcher {

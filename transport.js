@@ -4,6 +4,8 @@
 // #onRequest here; the reply goes back through the session. The transport checks the request's
 // shape and reports its own failures as TrueForge's transports do; the dispatcher does the rest.
 
+const { Socket } = require('node:net')
+
 const { codeModeClient } = require('./loader.js')
 const { argumentError, fromNative } = require('./errors.js')
 const { parseCodeModeRequest } = require('./validate.js')
@@ -81,6 +83,7 @@ class DockerCodeModeTransport {
     } catch (e) {
       throw fromNative(e, this.#errors)
     }
+    readLane(session, new WeakRef(this))
     const env = { TFY_CM_SOCK: session.socketPath }
     if (timeout !== undefined) env.TFY_CM_REQUEST_TIMEOUT_SECONDS = String(timeout)
     return { env }
@@ -90,6 +93,13 @@ class DockerCodeModeTransport {
     const session = this.#session
     this.#session = undefined
     if (session !== undefined) await session.stop()
+  }
+
+  /** A request read from a lane (see `readLane`). */
+  static onLaneRequest(transport, generation, call) {
+    const parsed = parseRequest(call.payload)
+    if (parsed !== null && call.cost !== null) COSTS.set(parsed.request, call.cost)
+    void transport.#onRequest(generation, call.id, parsed)
   }
 
   async #onRequest(generation, id, parsed) {
@@ -130,6 +140,63 @@ class DockerCodeModeTransport {
     }
     return dispatcher.dispatch(parsed)
   }
+}
+
+const NOTHING = Buffer.alloc(0)
+const LANE_READ_BYTES = 256 * 1024
+
+/**
+ * Reads the session's lane, when its relay has one: the sandbox agent's stream for this socket,
+ * read here on the JavaScript thread, so that a request reaches the dispatcher with no native
+ * thread in between. The session decodes what is read and keeps the budget and timeouts; it
+ * says when to stop reading until there is room. Neither the session nor the transport is held
+ * by the stream: one collected ends it.
+ */
+function readLane(session, transport) {
+  const lane = session.takeLane()
+  if (lane === null) return
+  const { generation, fd } = lane
+  const weakSession = new WeakRef(session)
+  /** Hands `chunk` to the session and dispatches what it completes; false to stop reading. */
+  const take = (chunk) => {
+    const s = weakSession.deref()
+    const fed = s === undefined ? null : s.feed(generation, chunk)
+    if (fed === null) {
+      socket.destroy()
+      return false
+    }
+    const t = transport.deref()
+    if (t !== undefined) {
+      for (const call of fed.calls) DockerCodeModeTransport.onLaneRequest(t, generation, call)
+    }
+    if (!fed.paused) return true
+    s.room(generation).then(
+      () => {
+        if (take(NOTHING)) socket.resume()
+      },
+      () => socket.destroy(),
+    )
+    return false
+  }
+  // Every read lands in this one buffer, which the session copies from at once: a large request
+  // then leaves no trail of read buffers for the collector.
+  const buffer = Buffer.allocUnsafe(LANE_READ_BYTES)
+  const socket = new Socket(
+    /** @type {import('node:net').SocketConstructorOpts} */ ({
+      fd,
+      readable: true,
+      writable: false,
+      allowHalfOpen: true,
+      onread: { buffer, callback: (n, buf) => take(buf.subarray(0, n)) },
+    }),
+  )
+  // The session's relays never keep the process alive.
+  socket.unref()
+  socket.on('end', () => socket.destroy())
+  socket.on('error', () => socket.destroy())
+  socket.on('close', () => weakSession.deref()?.laneEnded(generation))
+  // What came with the lane's start is read before the stream's next bytes.
+  take(NOTHING)
 }
 
 /** The dispatcher's parameters for one request's text, or null when it is malformed. */

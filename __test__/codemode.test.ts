@@ -203,7 +203,8 @@ async function runningRelayExecs(container: string): Promise<number> {
   for (const id of info.ExecIDs ?? []) {
     try {
       const e = await engineGet(`/exec/${id}/json`)
-      if (e.Running && (e.ProcessConfig?.arguments ?? []).includes('trueforge-codemode')) n++
+      const args: string[] = e.ProcessConfig?.arguments ?? []
+      if (e.Running && (args.includes('trueforge-codemode') || args.includes('codemode-lane'))) n++
     } catch {
       // An exec that ended between the two requests.
     }
@@ -217,24 +218,43 @@ async function sockets(provider: Provider, sandboxId: string): Promise<string[]>
   return out.split('\n').filter(Boolean).sort()
 }
 
-describe.each([['agent'], ['python']] as const)('Code Mode through the %s', (mode) => {
-  const namespace = uniqueNamespace(`codemode-${mode === 'agent' ? 'ag' : 'py'}`)
+/** The agent's lanes in a sandbox (`trueforge-agent codemode-lane <socket>`), by pid. */
+async function lanePids(p: Provider, id: string): Promise<number[]> {
+  const out = await ok(
+    p,
+    id,
+    `for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); case "$c" in *" codemode"-lane" "*) echo \${d#/proc/};; esac; done`,
+  )
+  return out.split('\n').filter(Boolean).map(Number)
+}
+
+// 'agent': the agent serves each socket on a lane of its own, which this process reads (a local
+// engine); 'agent connection': the agent's own connection carries the calls (remote engines).
+describe.each([['agent'], ['agent connection'], ['python']] as const)('Code Mode through the %s', (mode) => {
+  const agent = mode !== 'python'
+  const codeModeLane = mode === 'agent'
+  const namespace = uniqueNamespace(`codemode-${mode === 'agent' ? 'ag' : mode === 'python' ? 'py' : 'ac'}`)
   /** What serves Code Mode in a sandbox: the relay processes, or the agent's sockets. */
   const relayPids = (p: Provider, id: string): Promise<(number | string)[]> =>
     mode === 'python' ? pythonRelayPids(p, id) : sockets(p, id)
   /** The pid of the process serving a sandbox's sockets (the relay, or the agent). */
   const servingPid = async (p: Provider, id: string): Promise<number> => {
     if (mode === 'python') return (await pythonRelayPids(p, id))[0]
+    if (mode === 'agent') {
+      const pids = await lanePids(p, id)
+      if (pids.length !== 1) throw new Error(`expected one lane, found ${JSON.stringify(pids)}`)
+      return pids[0]
+    }
     const st = await p.agentStatus(id)
     if (st.mode !== 'agent') throw new Error(`no agent: ${st.reason}`)
     return st.pid
   }
   const pythonOnly = mode === 'python' ? test : test.skip
-  const agentOnly = mode === 'agent' ? test : test.skip
+  const agentOnly = agent ? test : test.skip
 
   const providers: Provider[] = []
   function provider(options: Record<string, unknown> = {}): Provider {
-    const p = new DockerSandboxProvider({ image: DEBIAN, namespace, agent: mode === 'agent', ...options } as any)
+    const p = new DockerSandboxProvider({ image: DEBIAN, namespace, agent, codeModeLane, ...options } as any)
     providers.push(p)
     return p
   }
@@ -646,8 +666,8 @@ describe.each([['agent'], ['python']] as const)('Code Mode through the %s', (mod
         requestTimeoutSeconds: 30,
       })
       expect(await relayPids(main, sb)).toHaveLength(1)
-      // The agent needs no exec of its own per transport.
-      expect(await runningRelayExecs(container)).toBe(mode === 'python' ? 1 : 0)
+      // The agent's connection needs no exec of its own per transport; a lane is one.
+      expect(await runningRelayExecs(container)).toBe(mode === 'agent connection' ? 0 : 1)
       await transport.stop()
       expect(await relayPids(main, sb)).toEqual([])
       expect(await runningRelayExecs(container)).toBe(0)
@@ -677,7 +697,7 @@ describe.each([['agent'], ['python']] as const)('Code Mode through the %s', (mod
     test('a transport nobody stopped is collected, and its relay ends with it', async () => {
       const script = `
       const { DockerSandboxProvider } = require(${JSON.stringify(require.resolve('..'))})
-      const p = new DockerSandboxProvider({ image: ${JSON.stringify(DEBIAN)}, namespace: ${JSON.stringify(namespace)}, agent: ${mode === 'agent'} })
+      const p = new DockerSandboxProvider({ image: ${JSON.stringify(DEBIAN)}, namespace: ${JSON.stringify(namespace)}, agent: ${agent}, codeModeLane: ${codeModeLane} })
       ;(async () => {
         await (async () => {
           const t = p.createCodeModeTransport()
@@ -716,7 +736,7 @@ describe.each([['agent'], ['python']] as const)('Code Mode through the %s', (mod
     test('a server process that dies leaves nothing running in the sandbox once the stream closes', async () => {
       const script = `
       const { DockerSandboxProvider } = require(${JSON.stringify(require.resolve('..'))})
-      const p = new DockerSandboxProvider({ image: ${JSON.stringify(DEBIAN)}, namespace: ${JSON.stringify(namespace)}, agent: ${mode === 'agent'} })
+      const p = new DockerSandboxProvider({ image: ${JSON.stringify(DEBIAN)}, namespace: ${JSON.stringify(namespace)}, agent: ${agent}, codeModeLane: ${codeModeLane} })
       const t = p.createCodeModeTransport()
       t.start({ codeModeDispatcher: { dispatch: async () => ({ ok: true, result: null }) }, sandboxId: ${JSON.stringify(sb)}, requestTimeoutSeconds: 5 })
         .then(() => { console.log('started'); setInterval(() => {}, 1000) }, (e) => { console.error(e); process.exit(1) })

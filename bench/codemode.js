@@ -161,6 +161,8 @@ async function side(provider) {
 async function main() {
   const namespace = `cm-bench-${process.pid}`
   const agent = await side(new DockerSandboxProvider({ image: IMAGE, namespace }))
+  // The agent with its connection carrying the calls (no lane), as on a remote engine.
+  const connSide = await side(new DockerSandboxProvider({ image: IMAGE, namespace, codeModeLane: false }))
   const relaySide = await side(new DockerSandboxProvider({ image: IMAGE, namespace, agent: false }))
   const dir = mkdtempSync(join(tmpdir(), 'cm-floor-'))
   chmodSync(dir, 0o755)
@@ -211,6 +213,7 @@ async function main() {
     const rounds = []
     for (let round = 0; round < ROUNDS; round++) {
       const a = await agent.measure()
+      const conn = await connSide.measure()
       const relay = await relaySide.measure()
       const floor = JSON.parse(
         await dockerAsync([
@@ -225,7 +228,7 @@ async function main() {
         ]),
       )
       const echo = await engineEcho(floorName, API_CALLS)
-      rounds.push({ agent: a, relay, floor, echo })
+      rounds.push({ agent: a, conn, relay, floor, echo })
     }
     const best = (which) => {
       const keys = Object.keys(rounds[0][which])
@@ -236,7 +239,7 @@ async function main() {
         }),
       )
     }
-    const [a, relay, floor, echo] = ['agent', 'relay', 'floor', 'echo'].map(best)
+    const [a, conn, relay, floor, echo] = ['agent', 'conn', 'relay', 'floor', 'echo'].map(best)
     // Where the design itself puts the floor: the bind-mounted socket's round trip plus one round
     // trip on the engine's exec stream, which a transport over that stream adds by construction.
     const designFloor = +(floor.api_p50 + echo.p50).toFixed(3)
@@ -246,12 +249,14 @@ async function main() {
       cliCalls: CLI_CALLS,
       rounds: ROUNDS,
       agent: a,
+      agent_connection: conn,
       relay,
       floor,
       engine_exec_echo: echo,
       design_floor_api_p50_ms: designFloor,
       ratio: {
         agent_api_p50_vs_design_floor: +(a.api_p50 / designFloor).toFixed(2),
+        agent_connection_api_p50_vs_design_floor: +(conn.api_p50 / designFloor).toFixed(2),
         relay_api_p50_vs_design_floor: +(relay.api_p50 / designFloor).toFixed(2),
       },
       // The issue's targets: the Python API within 1.2 × that floor; the static CLI within 10 ms.
@@ -261,6 +266,7 @@ async function main() {
     console.log(JSON.stringify(out, null, 2))
   } finally {
     await agent.stop()
+    await connSide.stop()
     await relaySide.stop()
     try {
       docker(['rm', '-f', floorName])

@@ -126,7 +126,7 @@ pub fn close(ctx: &Ctx, socket: &str) -> Outcome<()> {
 
 /// Makes the socket's directory (0700) and the socket (0600), as the user. Runs on a pool
 /// thread with the user's credentials, so everything made is the user's.
-fn bind(path: &str) -> io::Result<std::os::unix::net::UnixListener> {
+pub(crate) fn bind(path: &str) -> io::Result<std::os::unix::net::UnixListener> {
   let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
   let dir = if dir.is_empty() { "/" } else { dir };
   let (parent, leaf) = dir.rsplit_once('/').unwrap_or(("", dir));
@@ -183,8 +183,9 @@ fn error_reply(message: &str, source: &str) -> Vec<u8> {
   .into_bytes()
 }
 
-/// One client connection: its request to the host, the host's reply back.
-async fn serve(ctx: Rc<Ctx>, socket: String, mut conn: UnixStream) {
+/// Reads a client's request to its end of file: `None` when the connection failed, `Err` with
+/// the reply for one over the limit (counted to the end, not kept).
+pub(crate) async fn read_request(conn: &mut UnixStream) -> Option<Result<BytesMut, Vec<u8>>> {
   // Read straight into the body, which starts small and doubles: a request is usually a few
   // hundred bytes, and a large scratch buffer per call costs a mapping and its page faults.
   let mut body = BytesMut::with_capacity(4096);
@@ -198,24 +199,34 @@ async fn serve(ctx: Rc<Ctx>, socket: String, mut conn: UnixStream) {
       Ok(n) => {
         size += n;
         if size > MAX_CODE_MODE_MESSAGE {
-          // Over the limit: counted to the end, not kept.
           body.clear();
         }
       }
-      Err(_) => return,
+      Err(_) => return None,
     }
   }
   if size > MAX_CODE_MODE_MESSAGE {
-    let reply = error_reply(
+    return Some(Err(error_reply(
       &format!(
         "Code Mode request of {size} bytes exceeds the limit of {MAX_CODE_MODE_MESSAGE} bytes"
       ),
       "caller",
-    );
-    let _ = conn.write_all(&reply).await;
-    let _ = conn.shutdown().await;
-    return;
+    )));
   }
+  Some(Ok(body))
+}
+
+/// One client connection: its request to the host, the host's reply back.
+async fn serve(ctx: Rc<Ctx>, socket: String, mut conn: UnixStream) {
+  let body = match read_request(&mut conn).await {
+    None => return,
+    Some(Ok(b)) => b,
+    Some(Err(reply)) => {
+      let _ = conn.write_all(&reply).await;
+      let _ = conn.shutdown().await;
+      return;
+    }
+  };
   let Ok(_slot) = ctx.relays.calls.acquire().await else {
     return;
   };

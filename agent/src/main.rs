@@ -8,6 +8,7 @@ mod conn;
 mod ctx;
 mod exec;
 mod files;
+mod lane;
 mod mcp_client;
 mod pool;
 mod pyjson;
@@ -31,6 +32,7 @@ fn main() {
   } else {
     match rest.first().map(String::as_str) {
       Some("mcp-client") => mcp_client::main(rest[1..].to_vec()),
+      Some("codemode-lane") => lane::main(rest[1..].to_vec()),
       Some("--version") => {
         println!(
           "{} {}",

@@ -30,6 +30,9 @@ use crate::util::logging::Logger;
 pub enum Served {
   Python(Box<Relay>),
   Agent(AgentRelay),
+  /// The agent, on a stream the JavaScript thread reads itself (`lane`).
+  #[cfg(unix)]
+  Lane(Box<crate::codemode::lane::Lane>),
 }
 
 impl Served {
@@ -37,6 +40,8 @@ impl Served {
     match self {
       Served::Python(r) => r.is_alive(),
       Served::Agent(r) => r.is_alive(),
+      #[cfg(unix)]
+      Served::Lane(r) => r.is_alive(),
     }
   }
 
@@ -45,6 +50,8 @@ impl Served {
     match self {
       Served::Python(r) => r.generation,
       Served::Agent(r) => r.generation,
+      #[cfg(unix)]
+      Served::Lane(r) => r.generation,
     }
   }
 
@@ -52,6 +59,8 @@ impl Served {
     match self {
       Served::Python(r) => r.send(id, payload),
       Served::Agent(r) => r.send(id, payload),
+      #[cfg(unix)]
+      Served::Lane(r) => r.send(id, payload),
     }
   }
 
@@ -60,6 +69,8 @@ impl Served {
     match self {
       Served::Python(r) => r.pid(),
       Served::Agent(r) => r.conn.hello().pid,
+      #[cfg(unix)]
+      Served::Lane(r) => r.pid(),
     }
   }
 
@@ -67,6 +78,8 @@ impl Served {
     match self {
       Served::Python(r) => r.stop().await,
       Served::Agent(r) => r.stop().await,
+      #[cfg(unix)]
+      Served::Lane(r) => r.stop().await,
     }
   }
 }

@@ -12,6 +12,8 @@
 pub mod budget;
 pub mod by_agent;
 pub mod frame;
+#[cfg(unix)]
+pub mod lane;
 mod reader;
 pub mod relay;
 pub mod session;

@@ -56,7 +56,7 @@ impl Inflight {
     Some(held.relay_id)
   }
 
-  fn hold(&self, relay_id: u32, deadline: Instant, claim: Claim) -> u32 {
+  pub(crate) fn hold(&self, relay_id: u32, deadline: Instant, claim: Claim) -> u32 {
     let mut p = self.0.lock().expect("inflight");
     let mut seq = p.next;
     while p.held.contains_key(&seq) {
@@ -75,13 +75,13 @@ impl Inflight {
     seq
   }
 
-  fn next_deadline(&self) -> Option<Instant> {
+  pub(crate) fn next_deadline(&self) -> Option<Instant> {
     let p = self.0.lock().expect("inflight");
     p.deadlines.first().map(|(d, _)| *d)
   }
 
   /// The relay's ids of the requests whose time is up, their bytes given back.
-  fn expire(&self, now: Instant) -> Vec<u32> {
+  pub(crate) fn expire(&self, now: Instant) -> Vec<u32> {
     let mut p = self.0.lock().expect("inflight");
     let mut out = Vec::new();
     while let Some(&(d, seq)) = p.deadlines.first() {
@@ -97,7 +97,7 @@ impl Inflight {
   }
 
   /// The relay ended: nothing is awaited any more.
-  fn clear(&self) {
+  pub(crate) fn clear(&self) {
     let mut p = self.0.lock().expect("inflight");
     p.held.clear();
     p.deadlines.clear();

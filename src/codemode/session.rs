@@ -10,6 +10,8 @@ use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
 use crate::codemode::by_agent::Served;
+#[cfg(unix)]
+use crate::codemode::lane::Fed;
 use crate::codemode::SOCKET_DIR;
 use crate::util::errors::Result;
 
@@ -133,6 +135,58 @@ impl Session {
     match relay {
       Some(r) if r.generation() == generation => r.send(id, payload),
       _ => false,
+    }
+  }
+
+  /// The current relay when it is lane `generation`.
+  #[cfg(unix)]
+  fn lane(&self, generation: u32) -> Option<Arc<Served>> {
+    let relay = self.current.lock().expect("current").clone()?;
+    match &*relay {
+      Served::Lane(l) if l.generation == generation => Some(relay.clone()),
+      _ => None,
+    }
+  }
+
+  /// The current relay's lane, for the JavaScript side to read (once per lane): its
+  /// generation and the stream's descriptor.
+  #[cfg(unix)]
+  pub fn take_lane(&self) -> Option<(u32, std::os::fd::OwnedFd)> {
+    let relay = self.current.lock().expect("current").clone()?;
+    match &*relay {
+      Served::Lane(l) => l.take_fd().map(|fd| (l.generation, fd)),
+      _ => None,
+    }
+  }
+
+  /// Bytes read from lane `generation`; `None` when it is not the current relay any more (the
+  /// reader then stops).
+  #[cfg(unix)]
+  pub fn feed(&self, generation: u32, chunk: &[u8]) -> Option<std::result::Result<Fed, String>> {
+    let relay = self.lane(generation)?;
+    let Served::Lane(l) = &*relay else {
+      return None;
+    };
+    Some(l.feed(chunk))
+  }
+
+  /// Waits until lane `generation` has room for the call that paused it.
+  #[cfg(unix)]
+  pub async fn room(&self, generation: u32) {
+    if let Some(relay) = self.lane(generation) {
+      if let Served::Lane(l) = &*relay {
+        l.room().await;
+      }
+    }
+  }
+
+  /// Lane `generation`'s stream closed: the next `start` launches another.
+  #[cfg(unix)]
+  pub fn lane_ended(&self, generation: u32) {
+    if let Some(relay) = self.lane(generation) {
+      if let Served::Lane(l) = &*relay {
+        l.end();
+      }
     }
   }
 

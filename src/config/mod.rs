@@ -117,6 +117,8 @@ pub struct ProviderConfig {
   pub engine_timeout_ms: u64,
   /// Use the in-sandbox agent (`agent`).
   pub agent: bool,
+  /// Serve Code Mode on lanes the JavaScript thread reads (`codeModeLane`).
+  pub code_mode_lane: bool,
   /// Where the agent binaries are (`agent-bin/` beside index.js). Not an option: index.js
   /// passes it; `None` leaves the agent without binaries (calls take the engine's endpoints).
   pub agent_bin_dir: Option<std::path::PathBuf>,
@@ -226,6 +228,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
     Ok(Self {
       engine_timeout_ms,
       agent: boolean("agent", o.agent, true)?,
+      code_mode_lane: boolean("codeModeLane", o.code_mode_lane, true)?,
       agent_bin_dir: None,
       image,
       docker_host,

@@ -180,6 +180,11 @@ pub struct ProviderOptions {
   /// endpoints for everything. Default true.
   #[napi(ts_type = "boolean")]
   pub agent: Option<Given<bool>>,
+  /// With the agent and an engine on a local Unix socket, each Code Mode socket is served on a
+  /// stream of its own that the JavaScript thread reads directly (the fastest round trip);
+  /// `false` carries Code Mode calls on the agent's own connection. Default true.
+  #[napi(ts_type = "boolean")]
+  pub code_mode_lane: Option<Given<bool>>,
 }
 
 /// The `build` option. Its typings are stated on `ProviderOptions::build`, where `context` can
@@ -283,7 +288,7 @@ mod tests {
   #[test]
   fn field_names_come_from_the_struct_in_camel_case() {
     let names = field_names::<ProviderOptions>();
-    assert_eq!(names.len(), 30);
+    assert_eq!(names.len(), 31);
     assert_eq!(names[0], "image");
     for n in [
       "dockerHost",
@@ -304,7 +309,7 @@ mod tests {
     assert_eq!(option, "imgae");
     assert!(reason.starts_with("unknown option; known ones are image, dockerHost, tls,"));
     assert!(reason.ends_with(
-      "engineTimeoutMs, codeModeSandboxInflightBytes, codeModeProviderInflightBytes, agent, errors, logger"
+      "engineTimeoutMs, codeModeSandboxInflightBytes, codeModeProviderInflightBytes, agent, codeModeLane, errors, logger"
     ));
     for name in field_names::<ProviderOptions>() {
       assert!(reason.contains(name), "{name} not listed");

@@ -400,11 +400,99 @@ impl NativeCodeModeSession {
     self.session.reply(generation, id, &payload)
   }
 
+  /// The current relay's lane, once: the JavaScript side reads its stream (`fd`, which it
+  /// then owns) and hands what it reads to `feed`. Null when there is none to take.
+  #[napi]
+  pub fn take_lane(&self) -> Option<NativeLane> {
+    #[cfg(unix)]
+    {
+      use std::os::fd::IntoRawFd;
+      self.session.take_lane().map(|(generation, fd)| NativeLane {
+        generation,
+        fd: fd.into_raw_fd(),
+      })
+    }
+    #[cfg(not(unix))]
+    None
+  }
+
+  /// Bytes read from lane `generation`: the calls now complete (answered through `reply`), and
+  /// whether to stop reading until `room` resolves. Null when that lane is over (stop reading).
+  #[napi]
+  pub fn feed(&self, generation: u32, chunk: &[u8]) -> Option<NativeFed> {
+    #[cfg(unix)]
+    {
+      let fed = self.session.feed(generation, chunk)?.ok()?;
+      let calls = fed
+        .calls
+        .into_iter()
+        .map(|(id, payload)| NativeLaneCall {
+          id,
+          cost: (payload.len() >= COSTED_REQUEST_BYTES)
+            .then(|| External::new_with_size_hint((), 2 * payload.len())),
+          payload: String::from_utf8(payload)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        })
+        .collect();
+      Some(NativeFed {
+        calls,
+        paused: fed.paused,
+      })
+    }
+    #[cfg(not(unix))]
+    {
+      let _ = (generation, chunk);
+      None
+    }
+  }
+
+  /// Resolves once lane `generation` has room for the call that paused it.
+  #[napi]
+  pub async fn room(&self, generation: u32) {
+    #[cfg(unix)]
+    self.session.room(generation).await;
+    #[cfg(not(unix))]
+    let _ = generation;
+  }
+
+  /// Lane `generation`'s stream closed.
+  #[napi]
+  pub fn lane_ended(&self, generation: u32) {
+    #[cfg(unix)]
+    self.session.lane_ended(generation);
+    #[cfg(not(unix))]
+    let _ = generation;
+  }
+
   /// Stops the relay and waits for it to end. Safe at any time.
   #[napi]
   pub async fn stop(&self) {
     self.session.stop().await
   }
+}
+
+/// A lane's stream for the JavaScript side to read.
+#[napi(object)]
+pub struct NativeLane {
+  pub generation: u32,
+  pub fd: i32,
+}
+
+/// One call read from a lane.
+#[napi(object, object_from_js = false)]
+pub struct NativeLaneCall {
+  pub id: u32,
+  pub payload: String,
+  /// What the request's values hold, told to V8 while they live (large requests only).
+  #[napi(ts_type = "ExternalObject<undefined> | null")]
+  pub cost: Option<External<()>>,
+}
+
+/// What one `feed` yields.
+#[napi(object, object_from_js = false)]
+pub struct NativeFed {
+  pub calls: Vec<NativeLaneCall>,
+  pub paused: bool,
 }
 
 /// The Code Mode client module TrueForge installs in the sandbox, and where.

@@ -336,12 +336,28 @@ impl Provider {
       self.cfg.code_mode_inflight.per_sandbox as usize,
       self.code_mode_pool.clone(),
     );
+    let lane = self.cfg.code_mode_lane;
     let by_agent = self.by_agent(&engine, target.clone(), |c, t| {
       let (engine, intake, budget, log) = (&engine, intake.clone(), budget.clone(), &self.log);
-      async move { codemode::by_agent::listen(engine, c, &t, socket, intake, budget, log).await }
+      async move {
+        #[cfg(unix)]
+        if lane && codemode::lane::socket_of(engine).is_some() {
+          let (i, b) = (intake.clone(), budget.clone());
+          match codemode::lane::open(engine, &c, &t, socket, i, b, log).await {
+            Ok(lane) => return Ok(Served::Lane(Box::new(lane))),
+            Err(why) => log.debug(
+              "Code Mode lane not available; the agent's connection carries the calls",
+              json!({ "sandboxId": t.sandbox_id, "reason": why }),
+            ),
+          }
+        }
+        codemode::by_agent::listen(engine, c, &t, socket, intake, budget, log)
+          .await
+          .map(Served::Agent)
+      }
     });
-    if let Some(relay) = by_agent.await? {
-      return Ok(Served::Agent(relay));
+    if let Some(served) = by_agent.await? {
+      return Ok(served);
     }
     let ro = self.cfg.read_only_rootfs;
     self

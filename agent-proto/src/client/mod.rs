@@ -5,7 +5,7 @@
 //! with `ClientError::StreamEnded` (an agent's commands cannot be re-attached), and so does
 //! every later one: the caller starts a new agent.
 
-mod outbox;
+pub mod outbox;
 mod stream;
 
 use std::collections::HashMap;

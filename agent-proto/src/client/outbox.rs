@@ -21,7 +21,7 @@ const GATHER: usize = 256 * 1024;
 type Writer = Pin<Box<dyn AsyncWrite + Send>>;
 
 /// The outgoing stream, shared by every sender and the flusher.
-pub(super) struct Outbox {
+pub struct Outbox {
   st: Mutex<State>,
   wake: Notify,
 }
@@ -40,7 +40,7 @@ struct State {
 }
 
 /// How the flusher ended.
-pub(super) enum Ended {
+pub enum Ended {
   Closed,
   Failed(String),
 }

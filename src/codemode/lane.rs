@@ -1,0 +1,600 @@
+//! Code Mode on a lane of its own: the agent serves the session's socket in a process of its own
+//! (`trueforge-agent codemode-lane`), on an exec whose stream we take over from the engine's
+//! Unix socket ourselves, so that the JavaScript thread reads it directly. A call then reaches
+//! the dispatcher with no thread of ours in between (a wake-up of another thread costs more on a
+//! virtual machine than the rest of the call's way through the host), and its reply is written
+//! from the JavaScript thread too. The frames are those of the Python relay (`frame`); what the
+//! relay's reader does on a task (the budget, the timeouts, the stderr) is done here as the bytes
+//! are fed in. Only for engines on a local Unix socket; elsewhere the agent's own connection
+//! carries the calls (`by_agent`).
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bollard::exec::CreateExecOptions;
+use bytes::{Bytes, BytesMut};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::OwnedReadHalf;
+use tokio::net::UnixStream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use trueforge_agent_proto::client::outbox::Outbox;
+
+use crate::codemode::budget::{Budget, Claim};
+use crate::codemode::frame::{Decoder, Event, Head, KIND_READY, KIND_REPLY, KIND_REQUEST};
+use crate::codemode::reader::{error_reply, Inflight};
+use crate::codemode::relay::next_generation;
+use crate::codemode::session::Intake;
+use crate::engine::Engine;
+use crate::sandbox::agent::Conn;
+use crate::sandbox::container::Target;
+use crate::util::logging::{Level, Logger};
+
+/// The largest response head the engine is expected to send before the stream.
+const HEAD_MAX: usize = 16 * 1024;
+/// The largest READY frame taken.
+const READY_MAX: usize = 64 * 1024;
+/// What the lane said on stderr before READY, kept for the message.
+const STDERR_MAX: usize = 16 * 1024;
+
+/// The engine's Unix socket, when a lane can be had there.
+pub fn socket_of(engine: &Engine) -> Option<String> {
+  engine.host.strip_prefix("unix://").map(str::to_string)
+}
+
+/// Calls fed in, for the JavaScript side to dispatch.
+#[derive(Default)]
+pub struct Fed {
+  pub calls: Vec<(u32, Vec<u8>)>,
+  /// No room for the next call: stop reading until `room` returns.
+  pub paused: bool,
+}
+
+/// What feeding keeps between chunks.
+#[derive(Default)]
+struct Feed {
+  mux: Mux,
+  frames: Decoder,
+  /// A request's head waits for room for its payload.
+  waiting: Option<Head>,
+  claim: Option<Claim>,
+}
+
+/// One socket served on a lane.
+pub struct Lane {
+  pub(crate) generation: u32,
+  out: Arc<Outbox>,
+  feed: Mutex<Feed>,
+  inflight: Arc<Inflight>,
+  intake: Intake,
+  budget: Budget,
+  alive: Arc<AtomicBool>,
+  closing: CancellationToken,
+  /// The stream's descriptor for the JavaScript side, until taken.
+  js: Mutex<Option<OwnedFd>>,
+  /// Keeps the stream open; it is read through the JavaScript side's descriptor.
+  _read: OwnedReadHalf,
+  /// The stream again, to see whether it has ended without reading it (the JavaScript side
+  /// hears of that only when its thread is free).
+  probe: OwnedFd,
+  pid: u32,
+  exec_id: String,
+  container: String,
+  sandbox_id: String,
+  engine: Engine,
+  log: Logger,
+}
+
+impl Lane {
+  pub fn is_alive(&self) -> bool {
+    if !self.alive.load(Ordering::SeqCst) {
+      return false;
+    }
+    // Nothing unread and the end of the stream: the lane is gone (its container stopped).
+    let mut byte = 0u8;
+    // SAFETY: one byte into a local, from a descriptor this lane owns.
+    let n = unsafe {
+      libc::recv(
+        self.probe.as_raw_fd(),
+        (&mut byte as *mut u8).cast(),
+        1,
+        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+      )
+    };
+    if n > 0 || (n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock)
+    {
+      return true;
+    }
+    self.end();
+    false
+  }
+
+  pub fn pid(&self) -> u32 {
+    self.pid
+  }
+
+  /// The stream's descriptor, once: the JavaScript side reads it and closes it.
+  pub fn take_fd(&self) -> Option<OwnedFd> {
+    self.js.lock().expect("lane fd").take()
+  }
+
+  /// Answers call `seq`, from the caller's thread when the stream takes it at once.
+  pub(crate) fn send(&self, seq: u32, payload: &[u8]) -> bool {
+    let Some(relay_id) = self.inflight.finish(seq) else {
+      return false;
+    };
+    let mut head = BytesMut::with_capacity(9);
+    head.extend_from_slice(&[KIND_REPLY]);
+    head.extend_from_slice(&relay_id.to_be_bytes());
+    head.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    self
+      .out
+      .send([head.freeze(), Bytes::copy_from_slice(payload)]);
+    true
+  }
+
+  /// Takes the bytes the JavaScript side read: the calls complete now, each held under the
+  /// budget from before its payload is kept. `Err` when the stream carries nonsense (the lane
+  /// is then ended).
+  pub fn feed(&self, chunk: &[u8]) -> Result<Fed, String> {
+    let mut st = self.feed.lock().expect("lane feed");
+    let Feed {
+      mux,
+      frames,
+      waiting,
+      claim,
+    } = &mut *st;
+    let mut stderr = Vec::new();
+    mux.push(chunk, |stream, bytes| match stream {
+      1 => frames.push(bytes),
+      2 => stderr.extend_from_slice(bytes),
+      _ => {}
+    });
+    if !stderr.is_empty() {
+      self.log.sandbox_text(
+        Level::Warn,
+        "Code Mode lane stderr",
+        &self.sandbox_id,
+        "text",
+        &stderr,
+        json!({ "sandboxId": self.sandbox_id }),
+      );
+    }
+    let mut fed = Fed::default();
+    if let Some(h) = *waiting {
+      match claim.is_some() {
+        true => {
+          *waiting = None;
+          frames.accept();
+        }
+        false => match self.budget.try_claim(h.len) {
+          Some(c) => {
+            *claim = Some(c);
+            *waiting = None;
+            frames.accept();
+          }
+          None => {
+            fed.paused = true;
+            return Ok(fed);
+          }
+        },
+      }
+    }
+    loop {
+      match frames.next_event().inspect_err(|_| self.end())? {
+        Some(Event::Head(h)) if h.kind == KIND_REQUEST => {
+          if let Some(why) = self.budget.refusal(h.len) {
+            frames.skip();
+            self.out.send([error_reply(h.id, &why, "caller")]);
+            continue;
+          }
+          match self.budget.try_claim(h.len) {
+            Some(c) => {
+              *claim = Some(c);
+              frames.accept();
+            }
+            None => {
+              *waiting = Some(h);
+              fed.paused = true;
+              return Ok(fed);
+            }
+          }
+        }
+        Some(Event::Head(_)) => frames.skip(),
+        Some(Event::Frame(f)) => {
+          if let Some(c) = claim.take() {
+            let deadline = Instant::now() + self.intake.timeout();
+            let seq = self.inflight.hold(f.id, deadline, c);
+            fed.calls.push((seq, f.payload));
+          }
+        }
+        None => return Ok(fed),
+      }
+    }
+  }
+
+  /// Waits until the budget has room for the call that paused the feed (or the lane closes).
+  pub async fn room(&self) {
+    let len = match self.feed.lock().expect("lane feed").waiting {
+      Some(h) => h.len,
+      None => return,
+    };
+    tokio::select! {
+      c = self.budget.claim(len) => {
+        let mut st = self.feed.lock().expect("lane feed");
+        if st.waiting.is_some() && st.claim.is_none() {
+          st.claim = Some(c);
+        }
+      }
+      _ = self.closing.cancelled() => {}
+    }
+  }
+
+  /// The stream ended (the JavaScript side saw it close, or it carried nonsense): calls not
+  /// answered yet give their room back; their clients see the connection closed.
+  pub fn end(&self) {
+    self.alive.store(false, Ordering::SeqCst);
+    self.closing.cancel();
+    self.out.close();
+    self.inflight.clear();
+  }
+
+  /// Closes the stream (the lane then removes its socket and exits) and waits for the exec to
+  /// end; one that outlives that is killed.
+  pub async fn stop(&self) {
+    self.end();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+      if !self.exec_running().await {
+        return;
+      }
+      tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    if self.pid == 0 {
+      return;
+    }
+    let opts = CreateExecOptions {
+      cmd: Some(vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        "kill -KILL \"$1\" 2>/dev/null".to_string(),
+        "trueforge-codemode-stop".to_string(),
+        self.pid.to_string(),
+      ]),
+      user: Some("0:0".to_string()),
+      working_dir: Some("/".to_string()),
+      ..Default::default()
+    };
+    let engine = &self.engine;
+    let limit = engine.control_timeout;
+    let op = "kill the Code Mode lane";
+    let kill = async {
+      let id = engine.create_exec(op, &self.container, opts, limit).await?;
+      engine.start_exec(op, &id, None, limit).await.map(|_| ())
+    };
+    let _ = engine.bounded(limit, op, kill).await;
+  }
+
+  async fn exec_running(&self) -> bool {
+    let engine = &self.engine;
+    match engine
+      .inspect_exec(
+        "inspect the Code Mode lane",
+        &self.exec_id,
+        engine.control_timeout,
+      )
+      .await
+    {
+      Ok(info) => info.running == Some(true),
+      Err(_) => false,
+    }
+  }
+}
+
+impl Drop for Lane {
+  fn drop(&mut self) {
+    // Closing the stream ends the lane in the sandbox.
+    self.end();
+  }
+}
+
+/// Opens a lane for `socket` in `target`, with the agent binary of `conn`. `Err` says why none
+/// could be had (the caller then serves the socket through the agent's connection).
+pub async fn open(
+  engine: &Engine,
+  conn: &Conn,
+  target: &Target,
+  socket: &str,
+  intake: Intake,
+  budget: Budget,
+  log: &Logger,
+) -> Result<Lane, String> {
+  let engine_socket = socket_of(engine).ok_or("the engine is not on a local Unix socket")?;
+  let mut cmd = vec![
+    conn.path.clone(),
+    "codemode-lane".to_string(),
+    socket.to_string(),
+  ];
+  cmd.extend(target.user.clone());
+  let user = match conn.as_user {
+    true => target.user.clone(),
+    false => Some("0:0".to_string()),
+  };
+  let opts = CreateExecOptions {
+    cmd: Some(cmd),
+    user,
+    attach_stdin: Some(true),
+    attach_stdout: Some(true),
+    attach_stderr: Some(true),
+    tty: Some(false),
+    working_dir: Some("/".to_string()),
+    ..Default::default()
+  };
+  let limit = engine.control_timeout;
+  let exec_id = engine
+    .create_exec(
+      "create the Code Mode lane exec",
+      &target.container_id,
+      opts,
+      limit,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+  let started = tokio::time::timeout(limit, async {
+    let (stream, rest) = hijack(&engine_socket, &exec_id).await?;
+    let mut feed = Feed::default();
+    let pid = await_ready(stream, rest, &mut feed).await?;
+    Ok::<_, String>((pid, feed))
+  })
+  .await
+  .map_err(|_| format!("the lane did not start within {} s", limit.as_secs_f64()))?;
+  let ((stream, pid), feed) = started?;
+  let (read, write) = stream.into_split();
+  let share = || {
+    read
+      .as_ref()
+      .as_fd()
+      .try_clone_to_owned()
+      .map_err(|e| format!("cannot share the lane's stream: {e}"))
+  };
+  let (js, probe) = (share()?, share()?);
+  let out = Arc::new(Outbox::new(write));
+  let alive = Arc::new(AtomicBool::new(true));
+  let closing = CancellationToken::new();
+  let inflight = Arc::new(Inflight::default());
+  spawn_flusher(engine, &out, &alive);
+  watch(engine, &intake, &inflight, &out, &closing);
+  log.debug(
+    "Code Mode served on a lane of the sandbox agent",
+    json!({ "sandboxId": target.sandbox_id, "socket": socket, "pid": pid }),
+  );
+  Ok(Lane {
+    generation: next_generation(),
+    out,
+    feed: Mutex::new(feed),
+    inflight,
+    intake,
+    budget,
+    alive,
+    closing,
+    js: Mutex::new(Some(js)),
+    _read: read,
+    probe,
+    pid,
+    exec_id,
+    container: target.container_id.clone(),
+    sandbox_id: target.sandbox_id.clone(),
+    engine: engine.clone(),
+    log: log.clone(),
+  })
+}
+
+/// Starts exec `exec_id` on a connection of our own to the engine and takes the connection over
+/// (as the engine's own clients do for an attached exec). Returns it and any bytes of the stream
+/// that came with the response head.
+async fn hijack(engine_socket: &str, exec_id: &str) -> Result<(UnixStream, BytesMut), String> {
+  if exec_id.is_empty() || !exec_id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+    return Err(format!("the engine named the exec {exec_id:?}"));
+  }
+  let mut stream = UnixStream::connect(engine_socket)
+    .await
+    .map_err(|e| format!("cannot connect to {engine_socket}: {e}"))?;
+  let body = r#"{"Detach":false,"Tty":false}"#;
+  let request = format!(
+    "POST /exec/{exec_id}/start HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n\
+     Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: {}\r\n\r\n{body}",
+    body.len()
+  );
+  stream
+    .write_all(request.as_bytes())
+    .await
+    .map_err(|e| format!("cannot start the lane: {e}"))?;
+  let mut buf = BytesMut::with_capacity(4096);
+  loop {
+    if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+      let head = buf.split_to(end + 4);
+      let head: &[u8] = &head;
+      let status = head.split(|b| *b == b' ').nth(1).unwrap_or_default();
+      if status != b"101" {
+        let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
+        return Err(format!(
+          "the engine answered the lane's start with {:?}",
+          String::from_utf8_lossy(line)
+        ));
+      }
+      return Ok((stream, buf));
+    }
+    if buf.len() > HEAD_MAX {
+      return Err("the engine's answer to the lane's start has no end".into());
+    }
+    match stream.read_buf(&mut buf).await {
+      Ok(0) => return Err("the engine closed the lane's connection".into()),
+      Ok(_) => {}
+      Err(e) => return Err(format!("cannot read the engine's answer: {e}")),
+    }
+  }
+}
+
+/// Reads until READY (the lane listens); returns the stream and the lane's pid. What comes after
+/// READY stays in `feed`.
+async fn await_ready(
+  mut stream: UnixStream,
+  first: BytesMut,
+  feed: &mut Feed,
+) -> Result<(UnixStream, u32), String> {
+  let mut stderr = Vec::new();
+  let mut buf = first;
+  loop {
+    let Feed { mux, frames, .. } = feed;
+    mux.push(&buf, |s, b| match s {
+      1 => frames.push(b),
+      2 if stderr.len() < STDERR_MAX => stderr.extend_from_slice(b),
+      _ => {}
+    });
+    buf.clear();
+    loop {
+      match frames.next_event()? {
+        Some(Event::Head(h)) if h.kind == KIND_READY && h.len <= READY_MAX => frames.accept(),
+        Some(Event::Head(_)) => frames.skip(),
+        Some(Event::Frame(f)) => {
+          let pid = serde_json::from_slice::<serde_json::Value>(&f.payload)
+            .ok()
+            .and_then(|v| v["pid"].as_u64())
+            .unwrap_or(0) as u32;
+          return Ok((stream, pid));
+        }
+        None => break,
+      }
+    }
+    buf.reserve(64 * 1024);
+    match stream.read_buf(&mut buf).await {
+      Ok(0) => {
+        let said = String::from_utf8_lossy(&stderr).trim().to_string();
+        return Err(match said.is_empty() {
+          true => "the lane ended before it listened".into(),
+          false => format!("the lane ended before it listened: {said}"),
+        });
+      }
+      Ok(_) => {}
+      Err(e) => return Err(format!("cannot read the lane's stream: {e}")),
+    }
+  }
+}
+
+/// Writes what the caller's thread could not; a failed stream ends the lane.
+fn spawn_flusher(engine: &Engine, out: &Arc<Outbox>, alive: &Arc<AtomicBool>) {
+  let (out, alive) = (out.clone(), alive.clone());
+  engine.shared.background.spawn(|stop| async move {
+    tokio::select! {
+      _ = out.flusher() => {}
+      _ = stop.cancelled() => out.close(),
+    }
+    alive.store(false, Ordering::SeqCst);
+  });
+}
+
+/// Answers the calls whose time is up, until the lane ends: it sleeps until the first deadline,
+/// or for one timeout when nothing waits, woken early when the timeout is shortened.
+fn watch(
+  engine: &Engine,
+  intake: &Intake,
+  inflight: &Arc<Inflight>,
+  out: &Arc<Outbox>,
+  closing: &CancellationToken,
+) {
+  let (intake, inflight, out, closing) = (
+    intake.clone(),
+    inflight.clone(),
+    out.clone(),
+    closing.clone(),
+  );
+  engine.shared.background.spawn(|stop| async move {
+    loop {
+      let shortened = intake.shortened();
+      tokio::pin!(shortened);
+      shortened.as_mut().enable();
+      let timeout = intake.timeout();
+      let wake = inflight
+        .next_deadline()
+        .unwrap_or_else(|| Instant::now() + timeout);
+      tokio::select! {
+        _ = closing.cancelled() => break,
+        _ = stop.cancelled() => break,
+        _ = &mut shortened => continue,
+        _ = tokio::time::sleep_until(wake) => {}
+      }
+      let message = format!(
+        "Code Mode request got no reply from the host within {} s",
+        timeout.as_secs_f64()
+      );
+      for relay_id in inflight.expire(Instant::now()) {
+        out.send([error_reply(relay_id, &message, "transport")]);
+      }
+    }
+    inflight.clear();
+  });
+}
+
+/// The engine's stream of an exec without a TTY: frames of an 8-byte header (stream u8, three
+/// zero bytes, length u32 big endian) and that many bytes of the stream named.
+#[derive(Default)]
+struct Mux {
+  head: [u8; 8],
+  have: usize,
+  stream: u8,
+  left: usize,
+}
+
+impl Mux {
+  fn push(&mut self, mut chunk: &[u8], mut to: impl FnMut(u8, &[u8])) {
+    while !chunk.is_empty() {
+      if self.left == 0 {
+        let n = (8 - self.have).min(chunk.len());
+        self.head[self.have..self.have + n].copy_from_slice(&chunk[..n]);
+        self.have += n;
+        chunk = &chunk[n..];
+        if self.have == 8 {
+          self.have = 0;
+          self.stream = self.head[0];
+          self.left =
+            u32::from_be_bytes([self.head[4], self.head[5], self.head[6], self.head[7]]) as usize;
+        }
+        continue;
+      }
+      let n = self.left.min(chunk.len());
+      to(self.stream, &chunk[..n]);
+      self.left -= n;
+      chunk = &chunk[n..];
+    }
+  }
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn the_engines_stream_frames_are_taken_apart_at_any_boundary() {
+    let mut wire = Vec::new();
+    for (s, text) in [(1u8, &b"hello"[..]), (2, b"oops"), (1, b""), (1, b" world")] {
+      wire.extend_from_slice(&[s, 0, 0, 0]);
+      wire.extend_from_slice(&(text.len() as u32).to_be_bytes());
+      wire.extend_from_slice(text);
+    }
+    for cut in 1..wire.len() {
+      let mut mux = Mux::default();
+      let (mut out, mut err) = (Vec::new(), Vec::new());
+      for part in wire.chunks(cut) {
+        mux.push(part, |s, b| match s {
+          1 => out.extend_from_slice(b),
+          _ => err.extend_from_slice(b),
+        });
+      }
+      assert_eq!(out, b"hello world", "cut {cut}");
+      assert_eq!(err, b"oops", "cut {cut}");
+    }
+  }
+}
