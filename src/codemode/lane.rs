@@ -13,8 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bollard::exec::CreateExecOptions;
+use bollard::exec::{CreateExecOptions, StartExecResults};
 use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedReadHalf;
@@ -83,6 +84,9 @@ pub struct Lane {
   pid: u32,
   exec_id: String,
   container: String,
+  /// The socket, and the user it belongs to (who removes it when the lane cannot).
+  socket: String,
+  user: Option<String>,
   sandbox_id: String,
   engine: Engine,
   log: Logger,
@@ -256,26 +260,47 @@ impl Lane {
     if self.pid == 0 {
       return;
     }
+    // Killed as root (the lane is root's); its socket, which a killed lane cannot remove, is
+    // removed as its user, in the user's own directory.
+    let kill = format!("kill -KILL {} 2>/dev/null", self.pid);
+    self
+      .sh("kill the Code Mode lane", &kill, Some("0:0".into()))
+      .await;
+    let rm = "rm -f \"$1\"";
+    self
+      .sh("remove the Code Mode lane's socket", rm, self.user.clone())
+      .await;
+  }
+
+  /// Runs `script` (`$1`: the socket) in the container and waits for it, within the deadline.
+  async fn sh(&self, op: &str, script: &str, user: Option<String>) {
     let opts = CreateExecOptions {
       cmd: Some(vec![
         "/bin/sh".to_string(),
         "-c".to_string(),
-        "kill -KILL \"$1\" 2>/dev/null".to_string(),
+        script.to_string(),
         "trueforge-codemode-stop".to_string(),
-        self.pid.to_string(),
+        self.socket.clone(),
       ]),
-      user: Some("0:0".to_string()),
+      user,
+      attach_stdout: Some(true),
+      attach_stderr: Some(true),
       working_dir: Some("/".to_string()),
       ..Default::default()
     };
     let engine = &self.engine;
     let limit = engine.control_timeout;
-    let op = "kill the Code Mode lane";
-    let kill = async {
+    let run = async {
       let id = engine.create_exec(op, &self.container, opts, limit).await?;
-      engine.start_exec(op, &id, None, limit).await.map(|_| ())
+      // Its output's end is its end.
+      if let StartExecResults::Attached { mut output, .. } =
+        engine.start_exec(op, &id, None, limit).await?
+      {
+        while output.next().await.is_some() {}
+      }
+      Ok(())
     };
-    let _ = engine.bounded(limit, op, kill).await;
+    let _ = engine.bounded(limit, op, run).await;
   }
 
   async fn exec_running(&self) -> bool {
@@ -386,6 +411,8 @@ pub async fn open(
     pid,
     exec_id,
     container: target.container_id.clone(),
+    socket: socket.to_string(),
+    user: target.user.clone(),
     sandbox_id: target.sandbox_id.clone(),
     engine: engine.clone(),
     log: log.clone(),
