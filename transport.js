@@ -192,11 +192,11 @@ function readLane(session, transport) {
   )
   // The session's relays never keep the process alive.
   socket.unref()
+  // What came with the lane's start is taken first; it may already leave no room.
+  if (!take(NOTHING)) socket.pause()
   socket.on('end', () => socket.destroy())
   socket.on('error', () => socket.destroy())
   socket.on('close', () => weakSession.deref()?.laneEnded(generation))
-  // What came with the lane's start is read before the stream's next bytes.
-  take(NOTHING)
 }
 
 /** The dispatcher's parameters for one request's text, or null when it is malformed. */

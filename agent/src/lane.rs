@@ -49,15 +49,7 @@ pub fn main(args: Vec<String>) -> i32 {
 }
 
 fn start(socket: &str, user: Option<&str>) -> io::Result<i32> {
-  sys::ensure_std_fds();
-  let input = sys::dup(0)?;
-  let output = sys::dup(1)?;
-  sys::to_dev_null(0);
-  sys::to_dev_null(1);
-  unsafe {
-    libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
-    libc::umask(0o022);
-  }
+  let (input, output) = sys::take_host_stream()?;
   if !socket.starts_with('/') || socket.len() >= 108 || socket.ends_with('/') {
     return Err(io::Error::other(format!(
       "{socket}: not a usable socket path (absolute, under 108 bytes)"
@@ -73,17 +65,31 @@ fn start(socket: &str, user: Option<&str>) -> io::Result<i32> {
   }
   let listener = sys::as_user(&me, &creds, || codemode::bind(socket))?
     .map_err(|e| io::Error::other(format!("cannot open the Code Mode socket {socket}: {e}")))?;
+  let bound = identity(socket);
   listener.set_nonblocking(true)?;
   let rt = tokio::runtime::Builder::new_current_thread()
     .enable_io()
     .build()?;
   let local = tokio::task::LocalSet::new();
   local.block_on(&rt, serve(input, output, listener));
-  // The stream closed: the socket goes with it.
+  // The stream closed: the socket goes with it, unless it is not ours any more (the host gave up
+  // on this lane and another server bound the same path).
   if let Ok(p) = CString::new(socket) {
-    let _ = sys::as_user(&me, &creds, || unsafe { libc::unlink(p.as_ptr()) });
+    let _ = sys::as_user(&me, &creds, || {
+      if bound.is_some() && identity(socket) == bound {
+        unsafe { libc::unlink(p.as_ptr()) };
+      }
+    });
   }
   Ok(0)
+}
+
+/// The device and inode at `path` (not following a link), when there is something there.
+fn identity(path: &str) -> Option<(u64, u64)> {
+  use std::os::unix::fs::MetadataExt;
+  std::fs::symlink_metadata(path)
+    .ok()
+    .map(|m| (m.dev(), m.ino()))
 }
 
 fn frame(kind: u8, id: u32, payload: &[u8]) -> Bytes {

@@ -46,18 +46,7 @@ pub fn run() -> i32 {
 }
 
 fn start() -> std::io::Result<i32> {
-  sys::ensure_std_fds();
-  // The protocol stream moves to descriptors of its own; 0 and 1 become /dev/null so nothing
-  // written to stdout by mistake can corrupt it.
-  let input = sys::dup(0)?;
-  let output = sys::dup(1)?;
-  sys::to_dev_null(0);
-  sys::to_dev_null(1);
-  unsafe {
-    // The workload must not trace or read this process, even as the same user.
-    libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
-    libc::umask(0o022);
-  }
+  let (input, output) = sys::take_host_stream()?;
   // Orphans of finished commands are reparented here (and reaped), not to PID 1.
   let subreaper = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } == 0;
   let me = Identity::current();

@@ -303,6 +303,22 @@ pub fn ensure_std_fds() {
   }
 }
 
+/// Takes the host's stream off stdin and stdout onto descriptors of its own (0 and 1 become
+/// /dev/null, so nothing written to stdout by mistake can corrupt it), and makes this process
+/// one the workload cannot trace or read, even as the same user. Returns (input, output).
+pub fn take_host_stream() -> io::Result<(OwnedFd, OwnedFd)> {
+  ensure_std_fds();
+  let input = dup(0)?;
+  let output = dup(1)?;
+  to_dev_null(0);
+  to_dev_null(1);
+  unsafe {
+    libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    libc::umask(0o022);
+  }
+  Ok((input, output))
+}
+
 /// Replaces `fd` by /dev/null (stray writes to stdout must never reach the protocol stream).
 pub fn to_dev_null(fd: RawFd) {
   if let Ok(null) = open(c"/dev/null", libc::O_RDWR, 0) {

@@ -87,6 +87,8 @@ pub struct Lane {
   /// The socket, and the user it belongs to (who removes it when the lane cannot).
   socket: String,
   user: Option<String>,
+  /// Who the lane runs as (root, or the sandbox's user where the agent cannot switch users).
+  runs_as: Option<String>,
   sandbox_id: String,
   engine: Engine,
   log: Logger,
@@ -141,9 +143,20 @@ impl Lane {
   }
 
   /// Takes the bytes the JavaScript side read: the calls complete now, each held under the
-  /// budget from before its payload is kept. `Err` when the stream carries nonsense (the lane
-  /// is then ended).
+  /// budget from before its payload is kept. `Err` when the lane has ended or the stream carries
+  /// nonsense (the lane is then ended): the JavaScript side stops reading.
   pub fn feed(&self, chunk: &[u8]) -> Result<Fed, String> {
+    if self.closing.is_cancelled() {
+      return Err("the lane has ended".into());
+    }
+    let fed = self.feed_locked(chunk);
+    if fed.is_err() {
+      self.end();
+    }
+    fed
+  }
+
+  fn feed_locked(&self, chunk: &[u8]) -> Result<Fed, String> {
     let mut st = self.feed.lock().expect("lane feed");
     let Feed {
       mux,
@@ -188,7 +201,7 @@ impl Lane {
       }
     }
     loop {
-      match frames.next_event().inspect_err(|_| self.end())? {
+      match frames.next_event()? {
         Some(Event::Head(h)) if h.kind == KIND_REQUEST => {
           if let Some(why) = self.budget.refusal(h.len) {
             frames.skip();
@@ -222,14 +235,14 @@ impl Lane {
 
   /// Waits until the budget has room for the call that paused the feed (or the lane closes).
   pub async fn room(&self) {
-    let len = match self.feed.lock().expect("lane feed").waiting {
-      Some(h) => h.len,
-      None => return,
+    let Some(head) = self.feed.lock().expect("lane feed").waiting else {
+      return;
     };
     tokio::select! {
-      c = self.budget.claim(len) => {
+      c = self.budget.claim(head.len) => {
         let mut st = self.feed.lock().expect("lane feed");
-        if st.waiting.is_some() && st.claim.is_none() {
+        // Only for the head it was made for (another wait may have been first).
+        if st.waiting == Some(head) && st.claim.is_none() {
           st.claim = Some(c);
         }
       }
@@ -244,6 +257,8 @@ impl Lane {
     self.closing.cancel();
     self.out.close();
     self.inflight.clear();
+    // A request cut off mid-payload gives its room and its bytes back.
+    *self.feed.lock().expect("lane feed") = Feed::default();
   }
 
   /// Closes the stream (the lane then removes its socket and exits) and waits for the exec to
@@ -260,12 +275,11 @@ impl Lane {
     if self.pid == 0 {
       return;
     }
-    // Killed as root (the lane is root's); its socket, which a killed lane cannot remove, is
-    // removed as its user, in the user's own directory.
+    // Killed as whoever it runs as; its socket, which a killed lane cannot remove, is removed as
+    // its user, in the user's own directory.
     let kill = format!("kill -KILL {} 2>/dev/null", self.pid);
-    self
-      .sh("kill the Code Mode lane", &kill, Some("0:0".into()))
-      .await;
+    let runs_as = self.runs_as.clone();
+    self.sh("kill the Code Mode lane", &kill, runs_as).await;
     let rm = "rm -f \"$1\"";
     self
       .sh("remove the Code Mode lane's socket", rm, self.user.clone())
@@ -350,7 +364,7 @@ pub async fn open(
   };
   let opts = CreateExecOptions {
     cmd: Some(cmd),
-    user,
+    user: user.clone(),
     attach_stdin: Some(true),
     attach_stdout: Some(true),
     attach_stderr: Some(true),
@@ -413,6 +427,7 @@ pub async fn open(
     container: target.container_id.clone(),
     socket: socket.to_string(),
     user: target.user.clone(),
+    runs_as: user,
     sandbox_id: target.sandbox_id.clone(),
     engine: engine.clone(),
     log: log.clone(),
