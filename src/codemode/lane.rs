@@ -362,16 +362,7 @@ pub async fn open(
     true => target.user.clone(),
     false => Some("0:0".to_string()),
   };
-  let opts = CreateExecOptions {
-    cmd: Some(cmd),
-    user: user.clone(),
-    attach_stdin: Some(true),
-    attach_stdout: Some(true),
-    attach_stderr: Some(true),
-    tty: Some(false),
-    working_dir: Some("/".to_string()),
-    ..Default::default()
-  };
+  let opts = crate::engine::attached_exec(cmd, user.clone());
   let limit = engine.control_timeout;
   let exec_id = engine
     .create_exec(

@@ -231,23 +231,15 @@ async fn attach(
   socket: &str,
 ) -> std::result::Result<(String, Output, Input), StartError> {
   let container = target.container_id.as_str();
-  let opts = CreateExecOptions {
-    cmd: Some(vec![
-      "/bin/sh".to_string(),
-      "-c".to_string(),
-      LAUNCHER.to_string(),
-      "trueforge-codemode".to_string(),
-      socket.to_string(),
-    ]),
-    attach_stdin: Some(true),
-    attach_stdout: Some(true),
-    attach_stderr: Some(true),
-    tty: Some(false),
-    working_dir: Some("/".to_string()),
-    // As the sandbox's user, who must own the socket (the container's may be root's).
-    user: target.user.clone(),
-    ..Default::default()
-  };
+  let cmd = vec![
+    "/bin/sh".to_string(),
+    "-c".to_string(),
+    LAUNCHER.to_string(),
+    "trueforge-codemode".to_string(),
+    socket.to_string(),
+  ];
+  // As the sandbox's user, who must own the socket (the container's may be root's).
+  let opts = crate::engine::attached_exec(cmd, target.user.clone());
   let limit = engine.control_timeout;
   let created = engine
     .create_exec("create the Code Mode relay exec", container, opts, limit)

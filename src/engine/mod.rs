@@ -916,3 +916,18 @@ impl Engine {
       .map(move |r| r.map_err(|e| self.map_error("build the image", e)))
   }
 }
+
+/// Options of an exec started with stdin, stdout and stderr attached and no TTY (a stream the
+/// caller speaks a protocol on), in `/`, as `user` (the container's own when `None`).
+pub fn attached_exec(cmd: Vec<String>, user: Option<String>) -> CreateExecOptions<String> {
+  CreateExecOptions {
+    cmd: Some(cmd),
+    user,
+    attach_stdin: Some(true),
+    attach_stdout: Some(true),
+    attach_stderr: Some(true),
+    tty: Some(false),
+    working_dir: Some("/".to_string()),
+    ..Default::default()
+  }
+}

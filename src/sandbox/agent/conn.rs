@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::exec::StartExecResults;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::json;
@@ -340,16 +340,8 @@ async fn launch(
   user: Option<&str>,
 ) -> Result<Conn, Failure> {
   let start = |e| Failure::Start(StartError::from_engine(e));
-  let opts = CreateExecOptions {
-    cmd: Some(vec![path.to_string()]),
-    user: Some(user.unwrap_or("0:0").to_string()),
-    attach_stdin: Some(true),
-    attach_stdout: Some(true),
-    attach_stderr: Some(true),
-    tty: Some(false),
-    working_dir: Some("/".to_string()),
-    ..Default::default()
-  };
+  let runs_as = Some(user.unwrap_or("0:0").to_string());
+  let opts = crate::engine::attached_exec(vec![path.to_string()], runs_as);
   let limit = engine.control_timeout;
   let op = "start the sandbox agent";
   let id = engine
