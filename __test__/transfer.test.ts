@@ -12,7 +12,18 @@ import {
   SandboxPathIsDirectoryError,
   SandboxPathTraversalError,
 } from '..'
-import { BUSYBOX, DEBIAN, ok, rejection, run, SandboxTracker, timed, uniqueNamespace } from './helpers'
+import {
+  BUSYBOX,
+  containerNameFor,
+  DEBIAN,
+  dockerTry,
+  ok,
+  rejection,
+  run,
+  SandboxTracker,
+  timed,
+  uniqueNamespace,
+} from './helpers'
 
 const namespace = uniqueNamespace('t-transfer')
 const tracker = new SandboxTracker(namespace)
@@ -91,7 +102,9 @@ test('".." segments are SandboxPathTraversalError, and nothing is written', asyn
 })
 
 test('an upload over uploadMaxBytes is SandboxFileTooLargeError and writes nothing', async () => {
-  const e = await rejection(small.uploadFile({ sandboxId: id, remotePath: 'too-big.bin', content: Buffer.alloc(2000, 7) }))
+  const e = await rejection(
+    small.uploadFile({ sandboxId: id, remotePath: 'too-big.bin', content: Buffer.alloc(2000, 7) }),
+  )
   expect(e).toBeInstanceOf(SandboxFileTooLargeError)
   expect(e.fileSize).toBe(2000)
   expect(e.maxSize).toBe(1024)
@@ -114,7 +127,7 @@ test('uploads have no cap by default: a 12 MiB upload (over the old 10 MiB cap) 
   await ok(provider, id, 'rm -f twelve.bin twelve-again.bin')
 })
 
-test('the default download cap is 20 MiB, TrueForge\'s own download limit', async () => {
+test("the default download cap is 20 MiB, TrueForge's own download limit", async () => {
   await ok(provider, id, 'head -c 20971520 /dev/zero > at-limit.bin && head -c 20971521 /dev/zero > over-limit.bin')
   expect((await provider.downloadFile({ sandboxId: id, path: 'at-limit.bin' })).length).toBe(20 * 1024 * 1024)
   const e = await rejection(provider.downloadFile({ sandboxId: id, path: 'over-limit.bin' }))
@@ -208,7 +221,11 @@ test('symlinks are followed inside the container', async () => {
 })
 
 test('a symlink loop is a path error (SandboxInvalidPathError), not an engine failure', async () => {
-  await ok(provider, id, 'mkdir -p loops && ln -sf loop-b loops/loop-a && ln -sf loop-a loops/loop-b && ln -sf self loops/self')
+  await ok(
+    provider,
+    id,
+    'mkdir -p loops && ln -sf loop-b loops/loop-a && ln -sf loop-a loops/loop-b && ln -sf self loops/self',
+  )
   for (const path of ['loops/loop-a', 'loops/self']) {
     const { value: e, ms } = await timed(() => rejection(provider.downloadFile({ sandboxId: id, path })))
     expect(ms).toBeLessThan(3000)
@@ -253,7 +270,10 @@ test('uploads into the uploads and tool-results dirs work, by absolute path', as
 })
 
 test('concurrent uploads and downloads on one sandbox', async () => {
-  const files = Array.from({ length: 8 }, (_, i) => ({ path: `conc/f${i}.bin`, content: randomBytes(50_000 + i * 1000) }))
+  const files = Array.from({ length: 8 }, (_, i) => ({
+    path: `conc/f${i}.bin`,
+    content: randomBytes(50_000 + i * 1000),
+  }))
   await Promise.all(files.map((f) => provider.uploadFile({ sandboxId: id, remotePath: f.path, content: f.content })))
   // Downloads of those, fresh uploads and execs, all at once.
   const more = Array.from({ length: 4 }, (_, i) => ({ path: `conc/g${i}.bin`, content: randomBytes(30_000) }))
@@ -272,4 +292,121 @@ test('non-Buffer content and non-string paths are TypeErrors', async () => {
     provider.uploadFile({ sandboxId: id, remotePath: 'x', content: 'text' as unknown as Buffer }),
   ).rejects.toBeInstanceOf(TypeError)
   await expect(provider.downloadFile({ sandboxId: id, path: 3 as unknown as string })).rejects.toBeInstanceOf(TypeError)
+})
+
+describe('large uploads: the engine writes them into a root-only staging directory, the agent places them', () => {
+  // At 32 MiB and over, the bytes go through the archive endpoint into /.trueforge-staging
+  // (made by the agent: root's, 0700, under a random name) and the agent moves them into place as
+  // the sandbox's user; whatever cannot be staged that way goes on the agent's stream instead.
+  const LARGE = 33 * 1024 * 1024
+  const STAGING = '/.trueforge-staging'
+  const md5 = (b: Buffer) => require('node:crypto').createHash('md5').update(b).digest('hex')
+  const asUser = new DockerSandboxProvider({ image: BUSYBOX, namespace, user: '1000:1000' })
+  const readOnly = new DockerSandboxProvider({ image: BUSYBOX, namespace, readOnlyRootfs: true })
+  let rootId: string
+  let userId: string
+
+  beforeAll(async () => {
+    rootId = await tracker.create(provider)
+    userId = await tracker.create(asUser)
+  })
+
+  afterAll(async () => {
+    await asUser.dispose()
+    await readOnly.dispose()
+  })
+
+  test('exact bytes, new parents, replacing a file, concurrent writes; the staging dir is left empty', async () => {
+    const a = randomBytes(LARGE)
+    await provider.uploadFile({ sandboxId: rootId, remotePath: '/tmp/big/new/a.bin', content: a })
+    expect(await ok(provider, rootId, `stat -c '%u:%g %a' ${STAGING}; ls -A ${STAGING} | wc -l`)).toBe('0:0 700\n0\n')
+    expect(await ok(provider, rootId, 'md5sum < /tmp/big/new/a.bin')).toBe(`${md5(a)}  -\n`)
+    // Over an existing file (its old content gone), and three at once.
+    const b = randomBytes(LARGE + 7)
+    await provider.uploadFile({ sandboxId: rootId, remotePath: '/tmp/big/new/a.bin', content: b })
+    expect(await ok(provider, rootId, 'md5sum < /tmp/big/new/a.bin')).toBe(`${md5(b)}  -\n`)
+    const many = [0, 1, 2].map((i) => ({ path: `/tmp/big/c${i}.bin`, content: randomBytes(LARGE + i) }))
+    await Promise.all(
+      many.map((f) => provider.uploadFile({ sandboxId: rootId, remotePath: f.path, content: f.content })),
+    )
+    expect(await ok(provider, rootId, `md5sum ${many.map((f) => f.path).join(' ')} | cut -d' ' -f1`)).toBe(
+      many.map((f) => `${md5(f.content)}\n`).join(''),
+    )
+    expect(await ok(provider, rootId, `ls -A ${STAGING} /tmp/big /tmp/big/new | grep -c tf-upload || true`)).toBe('0\n')
+    expect(await ok(provider, rootId, `ls -A ${STAGING} | wc -l`)).toBe('0\n')
+  })
+
+  test("as a non-root user: the file is the user's, 0644; the user cannot look into the staging dir", async () => {
+    const a = randomBytes(LARGE)
+    await asUser.uploadFile({ sandboxId: userId, remotePath: '/tmp/mine/a.bin', content: a })
+    expect(await ok(asUser, userId, "stat -c '%u:%g %a' /tmp/mine /tmp/mine/a.bin; md5sum < /tmp/mine/a.bin")).toBe(
+      `1000:1000 755\n1000:1000 644\n${md5(a)}  -\n`,
+    )
+    const r = await run(asUser, userId, `ls ${STAGING}`)
+    expect(r.exitCode).not.toBe(0)
+    // A directory the user may not write: refused as the user, nothing left behind.
+    const e = await rejection(asUser.uploadFile({ sandboxId: userId, remotePath: '/etc/evil.bin', content: a }))
+    expect(e).toBeInstanceOf(SandboxInvalidPathError)
+    const root = dockerTry([
+      'exec',
+      '-u',
+      '0',
+      containerNameFor(namespace, userId),
+      'sh',
+      '-c',
+      `ls /etc | grep -c -e evil -e tf-upload; ls -A ${STAGING} | wc -l`,
+    ])
+    expect(root.stdout).toBe('0\n0')
+  })
+
+  test('onto a directory or under a file: the same errors as small uploads, nothing staged is left', async () => {
+    await ok(provider, rootId, 'mkdir -p /tmp/bigdir/sub && echo plain > /tmp/bigplain')
+    const a = Buffer.alloc(LARGE, 1)
+    expect(
+      await rejection(provider.uploadFile({ sandboxId: rootId, remotePath: '/tmp/bigdir', content: a })),
+    ).toBeInstanceOf(SandboxPathIsDirectoryError)
+    expect(
+      await rejection(provider.uploadFile({ sandboxId: rootId, remotePath: '/tmp/bigplain/x', content: a })),
+    ).toBeInstanceOf(SandboxInvalidPathError)
+    expect(await ok(provider, rootId, `test -d /tmp/bigdir/sub && cat /tmp/bigplain; ls -A ${STAGING} | wc -l`)).toBe(
+      'plain\n0\n',
+    )
+  })
+
+  test('a staging dir replaced by a link (a root workload) is not used: the upload goes on the stream', async () => {
+    const id2 = await tracker.create(provider)
+    await ok(provider, id2, `rm -rf ${STAGING} && ln -s /etc ${STAGING} && ls /etc | wc -l > /tmp/etc-count`)
+    const a = randomBytes(LARGE)
+    await provider.uploadFile({ sandboxId: id2, remotePath: '/tmp/linked.bin', content: a })
+    expect(
+      await ok(provider, id2, 'md5sum < /tmp/linked.bin; ls /etc | wc -l | diff - /tmp/etc-count && echo same'),
+    ).toBe(`${md5(a)}  -\nsame\n`)
+    // A FIFO there instead: refused as promptly.
+    await ok(provider, id2, `rm ${STAGING} && mkfifo ${STAGING}`)
+    const { ms } = await timed(() => provider.uploadFile({ sandboxId: id2, remotePath: '/tmp/fifo.bin', content: a }))
+    expect(ms).toBeLessThan(30_000)
+    expect(await ok(provider, id2, `md5sum < /tmp/fifo.bin; test -p ${STAGING} && echo fifo`)).toBe(
+      `${md5(a)}  -\nfifo\n`,
+    )
+  })
+
+  test("what a gone agent staged is swept by the next large upload; another live agent's is kept", async () => {
+    await ok(
+      provider,
+      rootId,
+      `mkdir -p ${STAGING} && echo left > ${STAGING}/999999.dead && echo kept > ${STAGING}/1.init`,
+    )
+    await provider.uploadFile({ sandboxId: rootId, remotePath: '/tmp/sweep.bin', content: Buffer.alloc(LARGE, 2) })
+    expect(await ok(provider, rootId, `ls -A ${STAGING}`)).toBe('1.init\n')
+    await ok(provider, rootId, `rm ${STAGING}/1.init`)
+  })
+
+  test('a read-only root: nothing is staged (the engine would write into it), the upload goes on the stream', async () => {
+    const id3 = await tracker.create(readOnly)
+    const a = randomBytes(LARGE)
+    await readOnly.uploadFile({ sandboxId: id3, remotePath: '/workspace/ro.bin', content: a })
+    expect(await ok(readOnly, id3, `md5sum < /workspace/ro.bin; test -e ${STAGING} || echo none`)).toBe(
+      `${md5(a)}  -\nnone\n`,
+    )
+  })
 })

@@ -57,6 +57,10 @@ pub enum Request {
   Exec(ExecSpec),
   /// Writes a file from the `Data` the host sends (then `End`); answers `UploadDone`.
   Upload(UploadSpec),
+  /// Prepares a write whose bytes the engine's archive endpoint delivers: `Head` (`StagedHead`,
+  /// where the host puts them) or a `Result` saying it declined; after the host's `End`, moves
+  /// the file into place and answers `StagedDone`.
+  UploadStaged(StagedUploadSpec),
   /// Reads a file: `Head` (`DownloadHead`), `Data`, then `DownloadDone`.
   Download(DownloadSpec),
   /// Answers `Option<StatInfo>` (`null` when the path does not exist).
@@ -142,6 +146,39 @@ pub struct UploadSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UploadDone {
   pub size: u64,
+}
+
+/// A write delivered through the engine's archive endpoint into a directory only root may
+/// enter, then moved into place by the agent as the user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagedUploadSpec {
+  /// Absolute path of the file.
+  pub path: String,
+  #[serde(default)]
+  pub user: Option<String>,
+  #[serde(default = "default_file_mode")]
+  pub mode: u32,
+  #[serde(default = "yes")]
+  pub parents: bool,
+  /// The exact size the host will put.
+  pub size: u64,
+}
+
+/// Where the host puts a staged write: the archive's directory and its one entry's name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagedHead {
+  pub dir: String,
+  pub name: String,
+}
+
+/// The end of a staged write: the size placed, or why the agent would not stage it (the host
+/// then sends the bytes on the stream with `upload`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagedDone {
+  #[serde(default)]
+  pub size: u64,
+  #[serde(default)]
+  pub declined: Option<String>,
 }
 
 /// A file to read.

@@ -3,7 +3,7 @@
 //! block on a FIFO or device (opened non-blocking, refused unless regular); writes go to a
 //! temporary file in the target directory that is renamed into place.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -33,7 +33,7 @@ const READ_BLOCK: usize = 4 << 20;
 const WRITE_BATCH: usize = 1 << 20;
 
 /// Checks a path from the host: absolute, no NUL, no `..`.
-fn check_path(path: &str) -> Result<Vec<u8>, AgentError> {
+pub(crate) fn check_path(path: &str) -> Result<Vec<u8>, AgentError> {
   let bad = |why: &str| AgentError::new(ErrorKind::InvalidPath, format!("{path}: {why}"));
   if !path.starts_with('/') {
     return Err(bad("not an absolute path"));
@@ -65,7 +65,7 @@ pub fn kind_of(mode: libc::mode_t) -> FileKind {
 }
 
 /// A typed error for an OS error met while working on `path`.
-fn io_error(path: &str, e: &io::Error) -> AgentError {
+pub(crate) fn io_error(path: &str, e: &io::Error) -> AgentError {
   // Opening a Unix socket (or a device with no driver) fails with ENXIO: it is no regular file.
   if e.raw_os_error() == Some(libc::ENXIO) {
     return not_regular(path, FileKind::Socket);
@@ -117,7 +117,7 @@ fn too_large(path: &str, size: u64, max: u64) -> AgentError {
   e
 }
 
-fn changed(path: &str) -> AgentError {
+pub(crate) fn changed(path: &str) -> AgentError {
   AgentError::new(
     ErrorKind::Changed,
     format!("{path} changed while it was being read; try again"),
@@ -125,7 +125,7 @@ fn changed(path: &str) -> AgentError {
 }
 
 /// The user a request acts as, with the agent's own identity to return to.
-fn who(ctx: &Ctx, spec: Option<&str>) -> Result<(Identity, Creds), AgentError> {
+pub(crate) fn who(ctx: &Ctx, spec: Option<&str>) -> Result<(Identity, Creds), AgentError> {
   let user = ctx
     .users
     .resolve(spec)
@@ -134,7 +134,7 @@ fn who(ctx: &Ctx, spec: Option<&str>) -> Result<(Identity, Creds), AgentError> {
 }
 
 /// Runs `f` on a pool thread as `creds`. A failed switch is a permission error.
-async fn as_user<T: Send + 'static>(
+pub(crate) async fn as_user<T: Send + 'static>(
   ctx: &Ctx,
   me: Identity,
   creds: Creds,
@@ -398,11 +398,11 @@ async fn send_copied(ctx: &Ctx, io: &StreamIo, file: &Arc<File>, size: u64) -> S
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// A temporary file being written in the target's directory.
-struct Staged {
-  dir: OwnedFd,
-  temp: CString,
-  name: CString,
-  file: Arc<File>,
+pub(crate) struct Staged {
+  pub dir: OwnedFd,
+  pub temp: CString,
+  pub name: CString,
+  pub file: Arc<File>,
 }
 
 /// Writes a file from the host's data: a temporary file in the target directory, renamed into
@@ -441,8 +441,7 @@ pub async fn upload(ctx: Rc<Ctx>, spec: UploadSpec, mut io: StreamIo) {
       let placed = as_user(&ctx, me.clone(), creds.clone(), &shown, move || {
         // The mode is set explicitly: the umask must not narrow what the caller asked for.
         sys::cvt(unsafe { libc::fchmod(file.as_raw_fd(), mode) })?;
-        sys::cvt(unsafe { libc::renameat(dir, temp.as_ptr(), dir, name.as_ptr()) })?;
-        Ok(())
+        replace(dir, &temp, &name)
       })
       .await;
       Some(placed.map(|_| UploadDone { size }))
@@ -461,8 +460,43 @@ pub async fn upload(ctx: Rc<Ctx>, spec: UploadSpec, mut io: StreamIo) {
   }
 }
 
+/// Renames `temp` to `name` in `dir`, atomically replacing what is there. Never by a plain
+/// rename over an existing file: ext4 then starts writing the new file's whole dirty contents out
+/// before it returns (its `auto_da_alloc` guard for programs that skip fsync), about 90 ms for
+/// 100 MiB here. A new name is taken with `RENAME_NOREPLACE`; an existing file is swapped with
+/// `RENAME_EXCHANGE` and then unlinked. A directory at `name` is swapped back and refused, as a
+/// plain rename would refuse it. File systems without these flags get a plain rename.
+pub(crate) fn replace(dir: libc::c_int, temp: &CStr, name: &CStr) -> io::Result<()> {
+  let plain = || sys::cvt(unsafe { libc::renameat(dir, temp.as_ptr(), dir, name.as_ptr()) });
+  let unsupported = |e: &io::Error| matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS));
+  for _ in 0..8 {
+    match sys::renameat2(dir, temp, dir, name, sys::RENAME_NOREPLACE) {
+      Ok(()) => return Ok(()),
+      Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+      Err(e) if unsupported(&e) => return plain().map(|_| ()),
+      Err(e) => return Err(e),
+    }
+    match sys::renameat2(dir, temp, dir, name, sys::RENAME_EXCHANGE) {
+      Ok(()) => {
+        let old = sys::fstatat(dir, temp, libc::AT_SYMLINK_NOFOLLOW)?;
+        if old.st_mode & libc::S_IFMT == libc::S_IFDIR {
+          sys::renameat2(dir, temp, dir, name, sys::RENAME_EXCHANGE)?;
+          return Err(io::Error::from_raw_os_error(libc::EISDIR));
+        }
+        sys::cvt(unsafe { libc::unlinkat(dir, temp.as_ptr(), 0) })?;
+        return Ok(());
+      }
+      // Gone between the two calls: take the name again.
+      Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+      Err(e) if unsupported(&e) => return plain().map(|_| ()),
+      Err(e) => return Err(e),
+    }
+  }
+  plain().map(|_| ())
+}
+
 /// `/a/b/c` → (`/a/b`, `c`); `None` for a path naming a directory (`/`, `…/`, `…/.`).
-fn split_parent(path: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+pub(crate) fn split_parent(path: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
   if path.ends_with(b"/") || path.ends_with(b"/.") {
     return None;
   }
@@ -481,7 +515,7 @@ fn split_parent(path: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
 
 /// Opens the target directory (making missing parents, 0755) and creates the temporary file.
 /// Runs as the user.
-fn stage(parent: &[u8], name: &[u8], parents: bool) -> io::Result<Staged> {
+pub(crate) fn stage(parent: &[u8], name: &[u8], parents: bool) -> io::Result<Staged> {
   let dir = resolve::open_dir(parent, Links::Follow, parents.then_some(0o755))?;
   let name = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
   // A directory at the target is refused now rather than after the whole transfer.
@@ -704,6 +738,30 @@ mod tests {
       );
     }
     assert!(check_path("/a..b/..c").is_ok());
+  }
+
+  #[test]
+  fn replace_takes_a_new_name_swaps_a_file_and_refuses_a_directory() {
+    let root = std::env::temp_dir().join(format!("tf-replace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("dir")).unwrap();
+    let dir = File::open(&root).unwrap();
+    let c = |s: &str| CString::new(s).unwrap();
+    let put = |name: &str, text: &str| std::fs::write(root.join(name), text).unwrap();
+    let read = |name: &str| std::fs::read_to_string(root.join(name)).unwrap();
+    put("t1", "one");
+    replace(dir.as_raw_fd(), &c("t1"), &c("new")).unwrap();
+    assert_eq!(read("new"), "one");
+    put("t2", "two");
+    replace(dir.as_raw_fd(), &c("t2"), &c("new")).unwrap();
+    assert_eq!(read("new"), "two");
+    assert!(!root.join("t2").exists(), "the old file is gone");
+    put("t3", "three");
+    let e = replace(dir.as_raw_fd(), &c("t3"), &c("dir")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EISDIR));
+    assert!(root.join("dir").is_dir());
+    assert_eq!(read("t3"), "three");
+    std::fs::remove_dir_all(&root).unwrap();
   }
 
   #[test]

@@ -16,6 +16,7 @@ mod recover;
 mod resolve;
 mod serve;
 mod shepherd;
+mod staged;
 mod sys;
 mod users;
 

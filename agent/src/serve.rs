@@ -23,7 +23,7 @@ use crate::ctx::Ctx;
 use crate::pool::Pool;
 use crate::sys::{self, Identity};
 use crate::users::Users;
-use crate::{exec, files, resolve};
+use crate::{exec, files, resolve, staged};
 
 /// Bytes of stdin buffer taken at a time.
 const READ_BLOCK: usize = 4 << 20;
@@ -229,6 +229,9 @@ fn dispatch(ctx: &Rc<Ctx>, f: Frame) -> Result<(), String> {
     }
     Request::Upload(spec) => {
       tokio::task::spawn_local(files::upload(c, spec, io));
+    }
+    Request::UploadStaged(spec) => {
+      tokio::task::spawn_local(staged::upload(c, spec, io));
     }
     Request::Download(spec) => {
       tokio::task::spawn_local(files::download(c, spec, io));

@@ -128,6 +128,30 @@ pub fn fstatat(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<libc::
   Ok(st)
 }
 
+/// `renameat2(2)`'s flags (not in every libc's headers).
+pub const RENAME_NOREPLACE: libc::c_uint = 1;
+pub const RENAME_EXCHANGE: libc::c_uint = 2;
+
+pub fn renameat2(
+  from_dir: RawFd,
+  from: &CStr,
+  to_dir: RawFd,
+  to: &CStr,
+  flags: libc::c_uint,
+) -> io::Result<()> {
+  cvt_long(unsafe {
+    libc::syscall(
+      libc::SYS_renameat2,
+      from_dir as libc::c_long,
+      from.as_ptr(),
+      to_dir as libc::c_long,
+      to.as_ptr(),
+      flags as libc::c_long,
+    )
+  })
+  .map(|_| ())
+}
+
 /// The text of the link `name` in `dir` (`name` empty: the link `dir` itself, opened O_PATH).
 pub fn readlinkat(dir: RawFd, name: &CStr) -> io::Result<Vec<u8>> {
   let mut buf = vec![0u8; 4096];

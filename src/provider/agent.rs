@@ -162,7 +162,7 @@ impl Provider {
     self
       .file_by_agent(engine, target, |c, t| {
         let content = content.clone();
-        async move { ops::upload(&c, &t, shown, path, content, max).await }
+        async move { ops::upload(engine, &c, &t, shown, path, content, max).await }
       })
       .await
   }

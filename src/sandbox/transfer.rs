@@ -458,9 +458,6 @@ pub async fn upload(
     tail.extend_from_slice(&entry_header(a, 0, 0o644, owner, false)?);
   }
   tail.extend_from_slice(&[0u8; 2 * BLOCK]);
-  // The payload goes out in 1 MiB slices of the caller's buffer (no copies), so the HTTP layer
-  // never holds one huge chunk.
-  const SLICE: usize = 1 << 20;
   let tail = Bytes::from(tail);
   let deadline = transfer_deadline(engine, size);
   // Podman answers a write over an existing directory, and concurrent writes of one file (the
@@ -468,14 +465,7 @@ pub async fn upload(
   // write just replaced: a directory is the caller's error; a race is retried.
   const ATTEMPTS: u32 = 4;
   for attempt in 0..ATTEMPTS {
-    let body = content.clone();
-    let slices = (0..body.len().div_ceil(SLICE))
-      .map(move |i| body.slice(i * SLICE..((i + 1) * SLICE).min(body.len())));
-    let parts = futures_util::stream::iter(
-      std::iter::once(header.clone())
-        .chain(slices)
-        .chain(std::iter::once(tail.clone())),
-    );
+    let parts = tar_parts(header.clone(), content.clone(), tail.clone());
     let res = engine
       .upload_tar_stream(
         "write a file into the sandbox",
@@ -512,6 +502,47 @@ pub async fn upload(
     touch_activity(engine, container, owner).await;
   }
   Ok(())
+}
+
+/// An archive's parts: `header`, the payload in 1 MiB slices of the caller's buffer (no copies,
+/// so the HTTP layer never holds one huge chunk), then `tail`.
+fn tar_parts(
+  header: Bytes,
+  content: Bytes,
+  tail: Bytes,
+) -> impl futures_util::Stream<Item = Bytes> + Send + 'static {
+  const SLICE: usize = 1 << 20;
+  let slices = (0..content.len().div_ceil(SLICE))
+    .map(move |i| content.slice(i * SLICE..((i + 1) * SLICE).min(content.len())));
+  futures_util::stream::iter(
+    std::iter::once(header)
+      .chain(slices)
+      .chain(std::iter::once(tail)),
+  )
+}
+
+/// Puts `content` as the one file `name` (root's, mode 0600) in the directory `dir`, which the
+/// agent made for it and only root may enter: the agent checks it and moves it into place.
+pub async fn put_staged(
+  engine: &Engine,
+  container: &str,
+  dir: &str,
+  name: &str,
+  content: Bytes,
+) -> Result<()> {
+  let size = content.len() as u64;
+  let header = Bytes::from(entry_header(name, size, 0o600, None, false)?);
+  let pad = (BLOCK - (size as usize % BLOCK)) % BLOCK;
+  let tail = Bytes::from(vec![0u8; pad + 2 * BLOCK]);
+  engine
+    .upload_tar_stream(
+      "write a file into the sandbox",
+      container,
+      upload_options(dir),
+      tar_parts(header, content, tail),
+      transfer_deadline(engine, size),
+    )
+    .await
 }
 
 /// Podman's archive writer losing a race with a concurrent write into the same tree: an entry

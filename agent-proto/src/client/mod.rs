@@ -20,8 +20,9 @@ use tokio::sync::{mpsc, watch};
 use crate::frame::{self, Frame, Kind, AGENT_STREAM, MAX_DATA, MAX_PAYLOAD, WINDOW};
 use crate::msg::{
   ActivityInfo, AgentError, AgentRequest, CodeModeListenSpec, DownloadDone, DownloadHead,
-  DownloadSpec, ExecDone, ExecSpec, Hello, LayoutSpec, Outcome, PingInfo, Request, StatInfo,
-  StatSpec, UploadDone, UploadSpec, MAX_CODE_MODE_CALLS, MAX_CODE_MODE_MESSAGE, TIMEOUT_EXIT_CODE,
+  DownloadSpec, ExecDone, ExecSpec, Hello, LayoutSpec, Outcome, PingInfo, Request, StagedDone,
+  StagedHead, StagedUploadSpec, StatInfo, StatSpec, UploadDone, UploadSpec, MAX_CODE_MODE_CALLS,
+  MAX_CODE_MODE_MESSAGE, TIMEOUT_EXIT_CODE,
 };
 use crate::output::{timed_out_text, CappedOutput};
 use outbox::{Ended, Outbox};
@@ -143,6 +144,38 @@ impl Download {
           }
           return Ok(None);
         }
+        Inbound::Head(_) | Inbound::End => {}
+      }
+    }
+  }
+}
+
+/// The agent's answer to `upload_staged`.
+pub enum Staging {
+  /// Put the bytes there, then `commit`.
+  Ready(StagedUpload),
+  /// Why the agent will not stage this write.
+  Declined(String),
+}
+
+/// A staged write waiting for its bytes. Dropping it cancels it: the agent removes what was
+/// staged and the temporary file it made.
+pub struct StagedUpload {
+  pub head: StagedHead,
+  stream: Stream,
+}
+
+impl StagedUpload {
+  /// Tells the agent the bytes are in place; it checks them and moves them into place.
+  pub async fn commit(mut self) -> Result<UploadDone, ClientError> {
+    self.stream.send_end();
+    loop {
+      match self.stream.next().await? {
+        Inbound::Result(body) => {
+          let done: StagedDone = outcome(&body)?;
+          return Ok(UploadDone { size: done.size });
+        }
+        Inbound::Data(_) => return Err(self.stream.violation("data on a staged upload")),
         Inbound::Head(_) | Inbound::End => {}
       }
     }
@@ -747,6 +780,31 @@ impl AgentClient {
     loop {
       if let Inbound::Result(body) = s.next().await? {
         return outcome(&body);
+      }
+    }
+  }
+
+  /// Asks the agent to stage a write of `spec.size` bytes that the caller then puts through the
+  /// engine's archive endpoint (`Staging::Ready`), or learns why it will not
+  /// (`Staging::Declined`: send the bytes with `upload`).
+  pub async fn upload_staged(&self, spec: StagedUploadSpec) -> Result<Staging, ClientError> {
+    let mut s = self.open(&Request::UploadStaged(spec))?;
+    loop {
+      match s.next().await? {
+        Inbound::Head(body) => {
+          let head: StagedHead = serde_json::from_slice(&body)
+            .map_err(|e| s.violation(&format!("an unreadable staged head: {e}")))?;
+          return Ok(Staging::Ready(StagedUpload { head, stream: s }));
+        }
+        Inbound::Result(body) => {
+          let done: StagedDone = outcome(&body)?;
+          return match done.declined {
+            Some(why) => Ok(Staging::Declined(why)),
+            None => Err(s.violation("a staged upload ended before it was staged")),
+          };
+        }
+        Inbound::Data(_) => return Err(s.violation("data on a staged upload")),
+        Inbound::End => {}
       }
     }
   }

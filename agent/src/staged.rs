@@ -1,0 +1,354 @@
+//! Large writes whose bytes the engine's archive endpoint delivers. The engine writes a file
+//! faster than any exec stream carries one, but it writes as root, from outside the container,
+//! following whatever links it meets. So it only ever writes into a directory of the agent's that
+//! only root may enter (on the root file system, under a `/` that only root may write), under a
+//! random name only the host learns. The agent then checks what arrived, gives it to the user and
+//! moves it over the temporary file the user made in the target directory (which proved the user
+//! may write there), and the user renames that into place. Whatever cannot be staged that way is
+//! declined, and the host sends the bytes on the stream instead.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use trueforge_agent_proto::msg::{
+  AgentError, ErrorKind, Outcome, StagedDone, StagedHead, StagedUploadSpec,
+};
+
+use crate::conn::{In, StreamIo};
+use crate::ctx::Ctx;
+use crate::files::{self, Staged};
+use crate::sys::{self, Creds};
+
+/// The directory the engine writes staged files into.
+pub const STAGING_DIR: &str = "/.trueforge-staging";
+/// A staged file older than this was left by a host (or an agent) that never came back.
+const STALE: Duration = Duration::from_secs(6 * 3600);
+
+/// A staged file not yet moved into place: removed when dropped.
+struct Entry {
+  dir: OwnedFd,
+  name: CString,
+  placed: bool,
+}
+
+/// The names of this agent's entries not yet placed or removed.
+static IN_FLIGHT: Mutex<Vec<CString>> = Mutex::new(Vec::new());
+
+impl Entry {
+  fn new(dir: OwnedFd, name: CString) -> Entry {
+    IN_FLIGHT.lock().expect("in flight").push(name.clone());
+    Entry {
+      dir,
+      name,
+      placed: false,
+    }
+  }
+}
+
+impl Drop for Entry {
+  fn drop(&mut self) {
+    if !self.placed {
+      unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.name.as_ptr(), 0) };
+    }
+    IN_FLIGHT
+      .lock()
+      .expect("in flight")
+      .retain(|n| n != &self.name);
+  }
+}
+
+/// How a staged write went before the user's final rename.
+enum Step {
+  /// The host cancelled the stream: it wants no answer.
+  Cancelled,
+  Declined(String),
+  /// At the name of the user's temporary file, the user's, with its mode.
+  Placed {
+    size: u64,
+  },
+  Failed(AgentError),
+}
+
+/// Serves an `upload_staged` stream: stage, wait for the host's `End`, place.
+pub async fn upload(ctx: Rc<Ctx>, spec: StagedUploadSpec, mut io: StreamIo) {
+  let shown = spec.path.clone();
+  let prepared = async {
+    let path = files::check_path(&shown)?;
+    let (me, creds) = files::who(&ctx, spec.user.as_deref())?;
+    let (parent, name) = files::split_parent(&path)
+      .ok_or_else(|| AgentError::new(ErrorKind::IsDirectory, format!("{shown} is a directory")))?;
+    let parents = spec.parents;
+    let staged = files::as_user(&ctx, me.clone(), creds.clone(), &shown, move || {
+      files::stage(&parent, &name, parents)
+    })
+    .await?;
+    Ok::<_, AgentError>((me, creds, Arc::new(staged)))
+  }
+  .await;
+  let (me, creds, staged) = match prepared {
+    Ok(v) => v,
+    Err(e) => return io.result(&Outcome::<StagedDone>::Err(e)),
+  };
+  let step = if ctx.me.uid != 0 {
+    Step::Declined("the agent does not run as root".into())
+  } else {
+    stage_and_place(&ctx, &spec, &mut io, &staged, &creds).await
+  };
+  let outcome = match step {
+    Step::Cancelled => None,
+    Step::Declined(why) => Some(Ok(StagedDone {
+      size: 0,
+      declined: Some(why),
+    })),
+    Step::Failed(e) => Some(Err(e)),
+    Step::Placed { size } => {
+      let s = staged.clone();
+      let renamed = files::as_user(&ctx, me.clone(), creds.clone(), &shown, move || {
+        files::replace(s.dir.as_raw_fd(), &s.temp, &s.name)
+      })
+      .await;
+      Some(renamed.map(|_| StagedDone {
+        size,
+        declined: None,
+      }))
+    }
+  };
+  if !matches!(&outcome, Some(Ok(StagedDone { declined: None, .. }))) {
+    let s = staged.clone();
+    let _ = files::as_user(&ctx, me, creds, &shown, move || {
+      unsafe { libc::unlinkat(s.dir.as_raw_fd(), s.temp.as_ptr(), 0) };
+      Ok(())
+    })
+    .await;
+  }
+  if let Some(o) = outcome {
+    io.result(&Outcome::from(o));
+  }
+}
+
+async fn stage_and_place(
+  ctx: &Ctx,
+  spec: &StagedUploadSpec,
+  io: &mut StreamIo,
+  staged: &Arc<Staged>,
+  creds: &Creds,
+) -> Step {
+  let s = staged.clone();
+  let opened = ctx.pool.run(move || open_staging(s.dir.as_raw_fd())).await;
+  let entry = match opened {
+    Ok(Ok(e)) => e,
+    Ok(Err(why)) => return Step::Declined(why),
+    Err(e) => return Step::Declined(format!("the staging directory: {e}")),
+  };
+  io.send_head(&StagedHead {
+    dir: STAGING_DIR.to_string(),
+    name: entry.name.to_string_lossy().into_owned(),
+  });
+  loop {
+    match io.recv().await {
+      None => return Step::Cancelled,
+      Some(In::End) => break,
+      Some(In::Data(_)) => {
+        return Step::Failed(AgentError::new(
+          ErrorKind::InvalidRequest,
+          "a staged upload's bytes come through the engine, not the stream",
+        ))
+      }
+      Some(In::Result(_)) => {}
+    }
+  }
+  let (s, size, creds, mode) = (staged.clone(), spec.size, creds.clone(), spec.mode & 0o7777);
+  let placed = ctx
+    .pool
+    .run(move || {
+      let mut entry = entry;
+      let r = place(&mut entry, &s, size, &creds, mode);
+      drop(entry);
+      r
+    })
+    .await;
+  match placed {
+    Ok(()) => Step::Placed { size },
+    Err(Some(e)) => Step::Failed(files::io_error(&spec.path, &e)),
+    Err(None) => Step::Failed(files::changed(&spec.path)),
+  }
+}
+
+/// Makes (or checks) the staging directory and picks a new name in it; `Err` says why nothing
+/// may be staged here. `target` is the directory the file goes to: it must be on the same file
+/// system, so the staged file is moved, not copied.
+fn open_staging(target: libc::c_int) -> io::Result<Result<Entry, String>> {
+  let root = sys::fstatat(libc::AT_FDCWD, c"/", 0)?;
+  if root.st_uid != 0 || root.st_mode & 0o022 != 0 {
+    return Ok(Err("/ may be written by others than root".into()));
+  }
+  let path = CString::new(STAGING_DIR).expect("no NUL");
+  if unsafe { libc::mkdir(path.as_ptr(), 0o700) } != 0 {
+    match sys::errno() {
+      libc::EEXIST => {}
+      libc::EROFS => return Ok(Err("the root file system is read-only".into())),
+      e => return Err(io::Error::from_raw_os_error(e)),
+    }
+  }
+  let dir = match sys::open(
+    &path,
+    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+    0,
+  ) {
+    Ok(d) => d,
+    Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
+      return Ok(Err(format!("{STAGING_DIR} is not a directory")))
+    }
+    Err(e) => return Err(e),
+  };
+  let st = sys::fstat(dir.as_raw_fd())?;
+  if st.st_uid != 0 || st.st_mode & 0o077 != 0 {
+    return Ok(Err(format!(
+      "{STAGING_DIR} may be entered by others than root"
+    )));
+  }
+  if sys::fstat(target)?.st_dev != st.st_dev {
+    return Ok(Err(
+      "the target directory is on another file system than the root".into(),
+    ));
+  }
+  sweep(&dir);
+  let name = CString::new(random_name()?).expect("hex");
+  Ok(Ok(Entry::new(dir, name)))
+}
+
+/// The agent's pid, then 128 random bits in hex: a name the workload cannot guess, and whose
+/// agent can be told alive or gone.
+fn random_name() -> io::Result<String> {
+  let mut b = [0u8; 16];
+  let n = unsafe { libc::syscall(libc::SYS_getrandom, b.as_mut_ptr(), b.len(), 0) };
+  if n != b.len() as libc::c_long {
+    return Err(io::Error::last_os_error());
+  }
+  let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+  Ok(format!("{}.{hex}", std::process::id()))
+}
+
+/// Removes staged files nobody will place: those of an agent that is gone (the host's stream
+/// ended with the upload in flight), this agent's own that are no longer in flight (the engine
+/// made one after its upload was cancelled), and any older than `STALE`.
+fn sweep(dir: &OwnedFd) {
+  let Ok(entries) = std::fs::read_dir(STAGING_DIR) else {
+    return;
+  };
+  let now_ms = SystemTime::now()
+    .duration_since(UNIX_EPOCH)
+    .unwrap_or_default()
+    .as_millis() as i64;
+  for e in entries.flatten() {
+    let raw = e.file_name();
+    let raw = std::os::unix::ffi::OsStrExt::as_bytes(raw.as_os_str()).to_vec();
+    let pid = std::str::from_utf8(&raw)
+      .ok()
+      .and_then(|n| n.split_once('.'))
+      .and_then(|(p, _)| p.parse::<libc::pid_t>().ok());
+    let Ok(name) = CString::new(raw) else {
+      continue;
+    };
+    let Ok(st) = sys::fstatat(dir.as_raw_fd(), &name, libc::AT_SYMLINK_NOFOLLOW) else {
+      continue;
+    };
+    let mine = pid == Some(std::process::id() as libc::pid_t);
+    let gone =
+      pid.is_some_and(|p| p > 0 && unsafe { libc::kill(p, 0) } != 0 && sys::errno() == libc::ESRCH);
+    let abandoned = mine && !IN_FLIGHT.lock().expect("in flight").contains(&name);
+    let stale = now_ms - sys::mtime_ms(&st) > STALE.as_millis() as i64;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR && (gone || abandoned || stale) {
+      unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) };
+    }
+  }
+}
+
+/// Checks what the engine wrote (a regular file of exactly `size` bytes, one link), gives it to
+/// the user with `mode`, and moves it to the name of the user's temporary file (copied when that
+/// is on another file system after all). `Err(None)`: not what the host put.
+fn place(
+  entry: &mut Entry,
+  staged: &Staged,
+  size: u64,
+  creds: &Creds,
+  mode: u32,
+) -> Result<(), Option<io::Error>> {
+  let fd = sys::openat(
+    entry.dir.as_raw_fd(),
+    &entry.name,
+    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+    0,
+  )
+  .map_err(|e| match e.raw_os_error() {
+    Some(libc::ENOENT | libc::ELOOP | libc::ENXIO) => None,
+    _ => Some(e),
+  })?;
+  let st = sys::fstat(fd.as_raw_fd()).map_err(Some)?;
+  if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_nlink != 1 || st.st_size as u64 != size {
+    return Err(None);
+  }
+  let raw = fd.as_raw_fd();
+  if st.st_uid != creds.uid || st.st_gid != creds.gid {
+    sys::cvt(unsafe { libc::fchown(raw, creds.uid, creds.gid) }).map_err(Some)?;
+  }
+  sys::cvt(unsafe { libc::fchmod(raw, mode) }).map_err(Some)?;
+  // The user's empty temporary file gives way first: a rename over it would make ext4 write
+  // the staged file out before returning (see `files::replace`). Should the user make that name
+  // again meanwhile, the move is refused rather than replace what the user made.
+  let (from, to) = (entry.dir.as_raw_fd(), staged.dir.as_raw_fd());
+  sys::cvt(unsafe { libc::unlinkat(to, staged.temp.as_ptr(), 0) }).map_err(Some)?;
+  let moved = match sys::renameat2(from, &entry.name, to, &staged.temp, sys::RENAME_NOREPLACE) {
+    Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+      sys::cvt(unsafe { libc::renameat(from, entry.name.as_ptr(), to, staged.temp.as_ptr()) })
+        .map(|_| ())
+    }
+    other => other,
+  };
+  match moved {
+    Ok(()) => {
+      entry.placed = true;
+      Ok(())
+    }
+    Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+      // A mount came between the check and now: copy (in the kernel) into a new temporary
+      // file of the user's; the staged entry is removed when `entry` is dropped.
+      let f = sys::openat(
+        to,
+        &staged.temp,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+        0o600,
+      )
+      .map_err(Some)?;
+      sys::cvt(unsafe { libc::fchown(f.as_raw_fd(), creds.uid, creds.gid) }).map_err(Some)?;
+      let mut into = File::from(f);
+      let copied = io::copy(&mut File::from(fd), &mut into).map_err(Some)?;
+      if copied != size {
+        return Err(None);
+      }
+      sys::cvt(unsafe { libc::fchmod(into.as_raw_fd(), mode) }).map_err(Some)?;
+      Ok(())
+    }
+    Err(e) => Err(Some(e)),
+  }
+}
+
+#[cfg(test)]
+mod tests {
+  use super::*;
+
+  #[test]
+  fn names_are_random_hex() {
+    let (a, b) = (random_name().unwrap(), random_name().unwrap());
+    let (pid, hex) = a.split_once('.').unwrap();
+    assert_eq!(pid, std::process::id().to_string());
+    assert_eq!(hex.len(), 32);
+    assert!(hex.bytes().all(|c| c.is_ascii_hexdigit()));
+    assert_ne!(a, b);
+  }
+}
