@@ -94,11 +94,20 @@ describe('hostile workloads (the image user agent, not root)', () => {
   test('uploads through planted parent links into /etc and /root create nothing there', async () => {
     await ok(p, id, 'ln -sfn /etc d_etc && ln -sfn /root d_root && ln -sf /etc/debian_version dv')
     const version = asRoot(id, 'cat /etc/debian_version').stdout
-    for (const path of ['d_etc/evil', 'd_root/evil']) {
-      const e = await rejection(p.uploadFile({ sandboxId: id, remotePath: path, content: Buffer.from('x') }))
-      expect({ path, name: e.name }).toEqual({ path, name: 'SandboxInvalidPathError' })
+    // Small uploads go on the agent's stream; large ones (32 MiB and over) through the engine
+    // into the agent's root-only staging directory: the target is resolved as the user either way.
+    for (const content of [Buffer.from('x'), Buffer.alloc(33 << 20, 1)]) {
+      for (const path of ['d_etc/evil', 'd_root/evil']) {
+        const e = await rejection(p.uploadFile({ sandboxId: id, remotePath: path, content }))
+        expect({ path, size: content.length, name: e.name }).toEqual({
+          path,
+          size: content.length,
+          name: 'SandboxInvalidPathError',
+        })
+      }
     }
     expect(asRoot(id, 'ls /etc/evil /root/evil 2>&1').status).not.toBe(0)
+    expect(asRoot(id, 'ls -A /.trueforge-staging 2>/dev/null | wc -l').stdout).toBe('0')
     // A link to a root file in the user's own directory: the link is replaced, not the file.
     await p.uploadFile({ sandboxId: id, remotePath: 'dv', content: Buffer.from('replaced') })
     expect(asRoot(id, 'cat /etc/debian_version').stdout).toBe(version)
