@@ -29,6 +29,8 @@ const MAX_PATH: usize = 4095;
 const READ_CHUNK: usize = 256 * 1024;
 /// A download's read buffer, taken this much at a time.
 const READ_BLOCK: usize = 4 << 20;
+/// Files at least this large are put in place without a rename over the old one (see `replace`).
+const SWAP_MIN: u64 = 1 << 20;
 /// Upload bytes gathered into one pool job.
 const WRITE_BATCH: usize = 1 << 20;
 
@@ -441,7 +443,7 @@ pub async fn upload(ctx: Rc<Ctx>, spec: UploadSpec, mut io: StreamIo) {
       let placed = as_user(&ctx, me.clone(), creds.clone(), &shown, move || {
         // The mode is set explicitly: the umask must not narrow what the caller asked for.
         sys::cvt(unsafe { libc::fchmod(file.as_raw_fd(), mode) })?;
-        replace(dir, &temp, &name)
+        replace(dir, &temp, &name, size)
       })
       .await;
       Some(placed.map(|_| UploadDone { size }))
@@ -465,9 +467,14 @@ pub async fn upload(ctx: Rc<Ctx>, spec: UploadSpec, mut io: StreamIo) {
 /// before it returns (its `auto_da_alloc` guard for programs that skip fsync), about 90 ms for
 /// 100 MiB here. A new name is taken with `RENAME_NOREPLACE`; an existing file is swapped with
 /// `RENAME_EXCHANGE` and then unlinked. A directory at `name` is swapped back and refused, as a
-/// plain rename would refuse it. File systems without these flags get a plain rename.
-pub(crate) fn replace(dir: libc::c_int, temp: &CStr, name: &CStr) -> io::Result<()> {
+/// plain rename would refuse it. File systems without these flags get a plain rename, and so do
+/// files under `SWAP_MIN` (what little ext4 writes out for them costs less than the swap would
+/// where the old file is in an image layer: overlayfs copies it up before swapping).
+pub(crate) fn replace(dir: libc::c_int, temp: &CStr, name: &CStr, size: u64) -> io::Result<()> {
   let plain = || sys::cvt(unsafe { libc::renameat(dir, temp.as_ptr(), dir, name.as_ptr()) });
+  if size < SWAP_MIN {
+    return plain().map(|_| ());
+  }
   let unsupported = |e: &io::Error| matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS));
   for _ in 0..8 {
     match sys::renameat2(dir, temp, dir, name, sys::RENAME_NOREPLACE) {
@@ -750,14 +757,14 @@ mod tests {
     let put = |name: &str, text: &str| std::fs::write(root.join(name), text).unwrap();
     let read = |name: &str| std::fs::read_to_string(root.join(name)).unwrap();
     put("t1", "one");
-    replace(dir.as_raw_fd(), &c("t1"), &c("new")).unwrap();
+    replace(dir.as_raw_fd(), &c("t1"), &c("new"), SWAP_MIN).unwrap();
     assert_eq!(read("new"), "one");
     put("t2", "two");
-    replace(dir.as_raw_fd(), &c("t2"), &c("new")).unwrap();
+    replace(dir.as_raw_fd(), &c("t2"), &c("new"), SWAP_MIN).unwrap();
     assert_eq!(read("new"), "two");
     assert!(!root.join("t2").exists(), "the old file is gone");
     put("t3", "three");
-    let e = replace(dir.as_raw_fd(), &c("t3"), &c("dir")).unwrap_err();
+    let e = replace(dir.as_raw_fd(), &c("t3"), &c("dir"), SWAP_MIN).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EISDIR));
     assert!(root.join("dir").is_dir());
     assert_eq!(read("t3"), "three");

@@ -109,7 +109,7 @@ pub async fn upload(ctx: Rc<Ctx>, spec: StagedUploadSpec, mut io: StreamIo) {
     Step::Placed { size } => {
       let s = staged.clone();
       let renamed = files::as_user(&ctx, me.clone(), creds.clone(), &shown, move || {
-        files::replace(s.dir.as_raw_fd(), &s.temp, &s.name)
+        files::replace(s.dir.as_raw_fd(), &s.temp, &s.name, size)
       })
       .await;
       Some(renamed.map(|_| StagedDone {
