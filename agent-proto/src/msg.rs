@@ -162,6 +162,10 @@ pub struct StagedUploadSpec {
   pub parents: bool,
   /// The exact size the host will put.
   pub size: u64,
+  /// The staging directory, absolute; `None`: `/.trueforge-staging`. Its parent must be root's
+  /// and writable by no one else (the tests stage in a directory of their own).
+  #[serde(default)]
+  pub staging: Option<String>,
 }
 
 /// Where the host puts a staged write: the archive's directory and its one entry's name.

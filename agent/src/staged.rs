@@ -12,6 +12,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -139,14 +140,22 @@ async fn stage_and_place(
   creds: &Creds,
 ) -> Step {
   let s = staged.clone();
-  let opened = ctx.pool.run(move || open_staging(s.dir.as_raw_fd())).await;
+  let path = spec
+    .staging
+    .clone()
+    .unwrap_or_else(|| STAGING_DIR.to_string());
+  let p = path.clone();
+  let opened = ctx
+    .pool
+    .run(move || open_staging(&p, s.dir.as_raw_fd()))
+    .await;
   let entry = match opened {
     Ok(Ok(e)) => e,
     Ok(Err(why)) => return Step::Declined(why),
     Err(e) => return Step::Declined(format!("the staging directory: {e}")),
   };
   io.send_head(&StagedHead {
-    dir: STAGING_DIR.to_string(),
+    dir: path,
     name: entry.name.to_string_lossy().into_owned(),
   });
   loop {
@@ -174,20 +183,61 @@ async fn stage_and_place(
     .await;
   match placed {
     Ok(()) => Step::Placed { size },
-    Err(Some(e)) => Step::Failed(files::io_error(&spec.path, &e)),
-    Err(None) => Step::Failed(files::changed(&spec.path)),
+    Err(Unplaced::Missing) => {
+      // The engine said it wrote the file, yet it is not there: a runtime with a root file
+      // system of its own (gVisor's overlay keeps host writes out). Not worth trying again.
+      UNSEEN.store(true, Ordering::Relaxed);
+      Step::Declined(UNSEEN_WHY.into())
+    }
+    Err(Unplaced::Io(e)) => Step::Failed(files::io_error(&spec.path, &e)),
+    Err(Unplaced::NotAsPut) => Step::Failed(files::changed(&spec.path)),
+  }
+}
+
+/// Set once a staged file the engine reported written was not there.
+static UNSEEN: AtomicBool = AtomicBool::new(false);
+const UNSEEN_WHY: &str =
+  "what the engine writes into the root file system does not appear in the container";
+
+/// Why a staged file was not placed.
+enum Unplaced {
+  /// Not there at all.
+  Missing,
+  /// Not a regular file of the size the host put, with one link.
+  NotAsPut,
+  Io(io::Error),
+}
+
+impl From<io::Error> for Unplaced {
+  fn from(e: io::Error) -> Self {
+    Unplaced::Io(e)
   }
 }
 
 /// Makes (or checks) the staging directory and picks a new name in it; `Err` says why nothing
 /// may be staged here. `target` is the directory the file goes to: it must be on the same file
 /// system, so the staged file is moved, not copied.
-fn open_staging(target: libc::c_int) -> io::Result<Result<Entry, String>> {
-  let root = sys::fstatat(libc::AT_FDCWD, c"/", 0)?;
-  if root.st_uid != 0 || root.st_mode & 0o022 != 0 {
-    return Ok(Err("/ may be written by others than root".into()));
+fn open_staging(staging: &str, target: libc::c_int) -> io::Result<Result<Entry, String>> {
+  if UNSEEN.load(Ordering::Relaxed) {
+    return Ok(Err(UNSEEN_WHY.into()));
   }
-  let path = CString::new(STAGING_DIR).expect("no NUL");
+  let usable = staging.starts_with('/') && !staging.split('/').any(|c| c == ".." || c == ".");
+  let parent = match staging.rsplit_once('/') {
+    Some((_, "")) | None => None,
+    Some(("", _)) => Some("/"),
+    Some((p, _)) => Some(p),
+  };
+  let Some(parent) = parent.filter(|_| usable) else {
+    return Ok(Err(format!("{staging}: not a usable staging path")));
+  };
+  let Ok(parent_c) = CString::new(parent) else {
+    return Ok(Err(format!("{staging}: not a usable staging path")));
+  };
+  let up = sys::fstatat(libc::AT_FDCWD, &parent_c, 0)?;
+  if up.st_uid != 0 || up.st_mode & 0o022 != 0 {
+    return Ok(Err(format!("{parent} may be written by others than root")));
+  }
+  let path = CString::new(staging).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
   if unsafe { libc::mkdir(path.as_ptr(), 0o700) } != 0 {
     match sys::errno() {
       libc::EEXIST => {}
@@ -202,22 +252,20 @@ fn open_staging(target: libc::c_int) -> io::Result<Result<Entry, String>> {
   ) {
     Ok(d) => d,
     Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
-      return Ok(Err(format!("{STAGING_DIR} is not a directory")))
+      return Ok(Err(format!("{staging} is not a directory")))
     }
     Err(e) => return Err(e),
   };
   let st = sys::fstat(dir.as_raw_fd())?;
   if st.st_uid != 0 || st.st_mode & 0o077 != 0 {
-    return Ok(Err(format!(
-      "{STAGING_DIR} may be entered by others than root"
-    )));
+    return Ok(Err(format!("{staging} may be entered by others than root")));
   }
   if sys::fstat(target)?.st_dev != st.st_dev {
     return Ok(Err(
       "the target directory is on another file system than the root".into(),
     ));
   }
-  sweep(&dir);
+  sweep(staging, &dir);
   let name = CString::new(random_name()?).expect("hex");
   Ok(Ok(Entry::new(dir, name)))
 }
@@ -237,8 +285,8 @@ fn random_name() -> io::Result<String> {
 /// Removes staged files nobody will place: those of an agent that is gone (the host's stream
 /// ended with the upload in flight), this agent's own that are no longer in flight (the engine
 /// made one after its upload was cancelled), and any older than `STALE`.
-fn sweep(dir: &OwnedFd) {
-  let Ok(entries) = std::fs::read_dir(STAGING_DIR) else {
+fn sweep(path: &str, dir: &OwnedFd) {
+  let Ok(entries) = std::fs::read_dir(path) else {
     return;
   };
   let now_ms = SystemTime::now()
@@ -271,14 +319,14 @@ fn sweep(dir: &OwnedFd) {
 
 /// Checks what the engine wrote (a regular file of exactly `size` bytes, one link), gives it to
 /// the user with `mode`, and moves it to the name of the user's temporary file (copied when that
-/// is on another file system after all). `Err(None)`: not what the host put.
+/// is on another file system after all).
 fn place(
   entry: &mut Entry,
   staged: &Staged,
   size: u64,
   creds: &Creds,
   mode: u32,
-) -> Result<(), Option<io::Error>> {
+) -> Result<(), Unplaced> {
   let fd = sys::openat(
     entry.dir.as_raw_fd(),
     &entry.name,
@@ -286,23 +334,24 @@ fn place(
     0,
   )
   .map_err(|e| match e.raw_os_error() {
-    Some(libc::ENOENT | libc::ELOOP | libc::ENXIO) => None,
-    _ => Some(e),
+    Some(libc::ENOENT) => Unplaced::Missing,
+    Some(libc::ELOOP | libc::ENXIO) => Unplaced::NotAsPut,
+    _ => Unplaced::Io(e),
   })?;
-  let st = sys::fstat(fd.as_raw_fd()).map_err(Some)?;
+  let st = sys::fstat(fd.as_raw_fd())?;
   if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_nlink != 1 || st.st_size as u64 != size {
-    return Err(None);
+    return Err(Unplaced::NotAsPut);
   }
   let raw = fd.as_raw_fd();
   if st.st_uid != creds.uid || st.st_gid != creds.gid {
-    sys::cvt(unsafe { libc::fchown(raw, creds.uid, creds.gid) }).map_err(Some)?;
+    sys::cvt(unsafe { libc::fchown(raw, creds.uid, creds.gid) })?;
   }
-  sys::cvt(unsafe { libc::fchmod(raw, mode) }).map_err(Some)?;
+  sys::cvt(unsafe { libc::fchmod(raw, mode) })?;
   // The user's empty temporary file gives way first: a rename over it would make ext4 write
   // the staged file out before returning (see `files::replace`). Should the user make that name
   // again meanwhile, the move is refused rather than replace what the user made.
   let (from, to) = (entry.dir.as_raw_fd(), staged.dir.as_raw_fd());
-  sys::cvt(unsafe { libc::unlinkat(to, staged.temp.as_ptr(), 0) }).map_err(Some)?;
+  sys::cvt(unsafe { libc::unlinkat(to, staged.temp.as_ptr(), 0) })?;
   let moved = match sys::renameat2(from, &entry.name, to, &staged.temp, sys::RENAME_NOREPLACE) {
     Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
       sys::cvt(unsafe { libc::renameat(from, entry.name.as_ptr(), to, staged.temp.as_ptr()) })
@@ -323,18 +372,17 @@ fn place(
         &staged.temp,
         libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
         0o600,
-      )
-      .map_err(Some)?;
-      sys::cvt(unsafe { libc::fchown(f.as_raw_fd(), creds.uid, creds.gid) }).map_err(Some)?;
+      )?;
+      sys::cvt(unsafe { libc::fchown(f.as_raw_fd(), creds.uid, creds.gid) })?;
       let mut into = File::from(f);
-      let copied = io::copy(&mut File::from(fd), &mut into).map_err(Some)?;
+      let copied = io::copy(&mut File::from(fd), &mut into)?;
       if copied != size {
-        return Err(None);
+        return Err(Unplaced::NotAsPut);
       }
-      sys::cvt(unsafe { libc::fchmod(into.as_raw_fd(), mode) }).map_err(Some)?;
+      sys::cvt(unsafe { libc::fchmod(into.as_raw_fd(), mode) })?;
       Ok(())
     }
-    Err(e) => Err(Some(e)),
+    Err(e) => Err(Unplaced::Io(e)),
   }
 }
 

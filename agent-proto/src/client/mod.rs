@@ -166,14 +166,21 @@ pub struct StagedUpload {
 }
 
 impl StagedUpload {
-  /// Tells the agent the bytes are in place; it checks them and moves them into place.
-  pub async fn commit(mut self) -> Result<UploadDone, ClientError> {
+  /// Tells the agent the bytes are in place; it checks them and moves them into place. `None`:
+  /// the agent could not see them after all (a runtime whose root file system is its own) and
+  /// declines; send the bytes with `upload`.
+  pub async fn commit(mut self) -> Result<Option<UploadDone>, ClientError> {
     self.stream.send_end();
     loop {
       match self.stream.next().await? {
         Inbound::Result(body) => {
           let done: StagedDone = outcome(&body)?;
-          return Ok(UploadDone { size: done.size });
+          return Ok(
+            done
+              .declined
+              .is_none()
+              .then_some(UploadDone { size: done.size }),
+          );
         }
         Inbound::Data(_) => return Err(self.stream.violation("data on a staged upload")),
         Inbound::Head(_) | Inbound::End => {}

@@ -140,7 +140,8 @@ pub async fn upload(
 /// A large write whose bytes the engine's archive endpoint puts into the agent's staging
 /// directory (only root may enter it; the name is random), then placed by the agent as the
 /// user. `false`: not written; the agent declined (a read-only root, a target on another file
-/// system …) or the engine refused the archive, so the caller sends the bytes on the stream.
+/// system, the engine's write not visible in the container …) or the engine refused the
+/// archive, so the caller sends the bytes on the stream.
 async fn upload_staged(
   engine: &Engine,
   conn: &Conn,
@@ -155,6 +156,7 @@ async fn upload_staged(
     mode: 0o644,
     parents: true,
     size: content.len() as u64,
+    staging: None,
   };
   let staged = match conn.client.upload_staged(spec).await {
     Ok(Staging::Ready(s)) => s,
@@ -179,7 +181,7 @@ async fn upload_staged(
   staged
     .commit()
     .await
-    .map(|_| true)
+    .map(|done| done.is_some())
     .map_err(|e| file_error(e, shown))
 }
 
