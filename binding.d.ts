@@ -330,6 +330,13 @@ export interface NativeProviderOptions {
    * `false` carries Code Mode calls on the agent's own connection. Default true.
    */
   codeModeLane?: boolean
+  /**
+   * With the agent, uploads of 32 MiB and over have the engine write their bytes into the
+   * agent's root-only staging directory, from where the agent places them as the sandbox's user
+   * (about twice the throughput of its stream); `false` sends every byte on the agent's stream.
+   * Default true.
+   */
+  stagedUploads?: boolean
 }
 
 /** Options of the standalone reaper (the `reap` command). */

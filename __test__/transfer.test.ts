@@ -401,6 +401,23 @@ describe('large uploads: the engine writes them into a root-only staging directo
     await ok(provider, rootId, `rm ${STAGING}/1.init`)
   })
 
+  test('stagedUploads: false sends large uploads on the stream: nothing is staged', async () => {
+    const streamOnly = new DockerSandboxProvider({ image: BUSYBOX, namespace, stagedUploads: false })
+    try {
+      const id4 = await tracker.create(streamOnly)
+      const a = randomBytes(LARGE)
+      await streamOnly.uploadFile({ sandboxId: id4, remotePath: '/tmp/streamed.bin', content: a })
+      expect(await ok(streamOnly, id4, `md5sum < /tmp/streamed.bin; test -e ${STAGING} || echo none`)).toBe(
+        `${md5(a)}  -\nnone\n`,
+      )
+      // A provider with the default stages it.
+      await provider.uploadFile({ sandboxId: id4, remotePath: '/tmp/staged.bin', content: a })
+      expect(await ok(streamOnly, id4, `stat -c '%a' ${STAGING}`)).toBe('700\n')
+    } finally {
+      await streamOnly.dispose()
+    }
+  })
+
   test('a read-only root: nothing is staged (the engine would write into it), the upload goes on the stream', async () => {
     const id3 = await tracker.create(readOnly)
     const a = randomBytes(LARGE)

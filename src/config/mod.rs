@@ -119,6 +119,8 @@ pub struct ProviderConfig {
   pub agent: bool,
   /// Serve Code Mode on lanes the JavaScript thread reads (`codeModeLane`).
   pub code_mode_lane: bool,
+  /// Large uploads written by the engine into the agent's staging directory (`stagedUploads`).
+  pub staged_uploads: bool,
   /// Where the agent binaries are (`agent-bin/` beside index.js). Not an option: index.js
   /// passes it; `None` leaves the agent without binaries (calls take the engine's endpoints).
   pub agent_bin_dir: Option<std::path::PathBuf>,
@@ -229,6 +231,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
       engine_timeout_ms,
       agent: boolean("agent", o.agent, true)?,
       code_mode_lane: boolean("codeModeLane", o.code_mode_lane, true)?,
+      staged_uploads: boolean("stagedUploads", o.staged_uploads, true)?,
       agent_bin_dir: None,
       image,
       docker_host,

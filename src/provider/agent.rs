@@ -159,10 +159,11 @@ impl Provider {
     content: Bytes,
   ) -> Result<Option<()>> {
     let max = self.cfg.upload_max_bytes;
+    let staged = self.cfg.staged_uploads.then_some(engine);
     self
       .file_by_agent(engine, target, |c, t| {
         let content = content.clone();
-        async move { ops::upload(engine, &c, &t, shown, path, content, max).await }
+        async move { ops::upload(staged, &c, &t, shown, path, content, max).await }
       })
       .await
   }

@@ -104,10 +104,10 @@ pub fn is_lost(e: &SandboxError) -> bool {
 /// files do not win back.
 pub const STAGED_MIN: usize = 32 << 20;
 
-/// Writes a file as the sandbox's user (temporary file, then a rename into place; missing
-/// parents made as that user).
+/// Writes a file as the sandbox's user (temporary file, then put in place; missing parents made
+/// as that user). `staged`: the engine through which large files may be staged (`stagedUploads`).
 pub async fn upload(
-  engine: &Engine,
+  staged: Option<&Engine>,
   conn: &Conn,
   target: &Target,
   shown: &str,
@@ -116,11 +116,10 @@ pub async fn upload(
   max: Option<u64>,
 ) -> Result<()> {
   let within = max.is_none_or(|m| content.len() as u64 <= m);
-  if content.len() >= STAGED_MIN
-    && within
-    && upload_staged(engine, conn, target, shown, path, content.clone()).await?
-  {
-    return Ok(());
+  if let Some(engine) = staged.filter(|_| content.len() >= STAGED_MIN && within) {
+    if upload_staged(engine, conn, target, shown, path, content.clone()).await? {
+      return Ok(());
+    }
   }
   let spec = UploadSpec {
     path: path.to_string(),
