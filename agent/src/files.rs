@@ -35,7 +35,7 @@ const SWAP_MIN: u64 = 1 << 20;
 const WRITE_BATCH: usize = 1 << 20;
 
 /// Checks a path from the host: absolute, no NUL, no `..`.
-pub(crate) fn check_path(path: &str) -> Result<Vec<u8>, AgentError> {
+fn check_path(path: &str) -> Result<Vec<u8>, AgentError> {
   let bad = |why: &str| AgentError::new(ErrorKind::InvalidPath, format!("{path}: {why}"));
   if !path.starts_with('/') {
     return Err(bad("not an absolute path"));
@@ -127,7 +127,7 @@ pub(crate) fn changed(path: &str) -> AgentError {
 }
 
 /// The user a request acts as, with the agent's own identity to return to.
-pub(crate) fn who(ctx: &Ctx, spec: Option<&str>) -> Result<(Identity, Creds), AgentError> {
+fn who(ctx: &Ctx, spec: Option<&str>) -> Result<(Identity, Creds), AgentError> {
   let user = ctx
     .users
     .resolve(spec)
@@ -411,20 +411,7 @@ pub(crate) struct Staged {
 /// place once complete, removed on any failure.
 pub async fn upload(ctx: Rc<Ctx>, spec: UploadSpec, mut io: StreamIo) {
   let shown = spec.path.clone();
-  let prepared = async {
-    let path = check_path(&shown)?;
-    let (me, creds) = who(&ctx, spec.user.as_deref())?;
-    let (parent, name) = split_parent(&path)
-      .ok_or_else(|| AgentError::new(ErrorKind::IsDirectory, format!("{shown} is a directory")))?;
-    let parents = spec.parents;
-    let staged = as_user(&ctx, me.clone(), creds.clone(), &shown, move || {
-      stage(&parent, &name, parents)
-    })
-    .await?;
-    Ok::<_, AgentError>((me, creds, staged))
-  }
-  .await;
-  let (me, creds, staged) = match prepared {
+  let (me, creds, staged) = match prepare(&ctx, &shown, spec.user.as_deref(), spec.parents).await {
     Ok(v) => v,
     Err(e) => return io.result(&Outcome::<UploadDone>::Err(e)),
   };
@@ -460,6 +447,25 @@ pub async fn upload(ctx: Rc<Ctx>, spec: UploadSpec, mut io: StreamIo) {
   if let Some(o) = outcome {
     io.result(&Outcome::from(o));
   }
+}
+
+/// Checks an upload's path, resolves its user and, as that user, opens the target directory
+/// (making missing parents when asked) and creates the temporary file there.
+pub(crate) async fn prepare(
+  ctx: &Ctx,
+  shown: &str,
+  user: Option<&str>,
+  parents: bool,
+) -> Result<(Identity, Creds, Staged), AgentError> {
+  let path = check_path(shown)?;
+  let (me, creds) = who(ctx, user)?;
+  let (parent, name) = split_parent(&path)
+    .ok_or_else(|| AgentError::new(ErrorKind::IsDirectory, format!("{shown} is a directory")))?;
+  let staged = as_user(ctx, me.clone(), creds.clone(), shown, move || {
+    stage(&parent, &name, parents)
+  })
+  .await?;
+  Ok((me, creds, staged))
 }
 
 /// Renames `temp` to `name` in `dir`, atomically replacing what is there. Never by a plain
@@ -503,7 +509,7 @@ pub(crate) fn replace(dir: libc::c_int, temp: &CStr, name: &CStr, size: u64) -> 
 }
 
 /// `/a/b/c` → (`/a/b`, `c`); `None` for a path naming a directory (`/`, `…/`, `…/.`).
-pub(crate) fn split_parent(path: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+fn split_parent(path: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
   if path.ends_with(b"/") || path.ends_with(b"/.") {
     return None;
   }
@@ -522,7 +528,7 @@ pub(crate) fn split_parent(path: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
 
 /// Opens the target directory (making missing parents, 0755) and creates the temporary file.
 /// Runs as the user.
-pub(crate) fn stage(parent: &[u8], name: &[u8], parents: bool) -> io::Result<Staged> {
+fn stage(parent: &[u8], name: &[u8], parents: bool) -> io::Result<Staged> {
   let dir = resolve::open_dir(parent, Links::Follow, parents.then_some(0o755))?;
   let name = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
   // A directory at the target is refused now rather than after the whole transfer.

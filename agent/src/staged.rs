@@ -78,23 +78,11 @@ enum Step {
 /// Serves an `upload_staged` stream: stage, wait for the host's `End`, place.
 pub async fn upload(ctx: Rc<Ctx>, spec: StagedUploadSpec, mut io: StreamIo) {
   let shown = spec.path.clone();
-  let prepared = async {
-    let path = files::check_path(&shown)?;
-    let (me, creds) = files::who(&ctx, spec.user.as_deref())?;
-    let (parent, name) = files::split_parent(&path)
-      .ok_or_else(|| AgentError::new(ErrorKind::IsDirectory, format!("{shown} is a directory")))?;
-    let parents = spec.parents;
-    let staged = files::as_user(&ctx, me.clone(), creds.clone(), &shown, move || {
-      files::stage(&parent, &name, parents)
-    })
-    .await?;
-    Ok::<_, AgentError>((me, creds, Arc::new(staged)))
-  }
-  .await;
-  let (me, creds, staged) = match prepared {
-    Ok(v) => v,
-    Err(e) => return io.result(&Outcome::<StagedDone>::Err(e)),
-  };
+  let (me, creds, staged) =
+    match files::prepare(&ctx, &shown, spec.user.as_deref(), spec.parents).await {
+      Ok((me, creds, staged)) => (me, creds, Arc::new(staged)),
+      Err(e) => return io.result(&Outcome::<StagedDone>::Err(e)),
+    };
   let step = if ctx.me.uid != 0 {
     Step::Declined("the agent does not run as root".into())
   } else {
@@ -176,9 +164,7 @@ async fn stage_and_place(
     .pool
     .run(move || {
       let mut entry = entry;
-      let r = place(&mut entry, &s, size, &creds, mode);
-      drop(entry);
-      r
+      place(&mut entry, &s, size, &creds, mode)
     })
     .await;
   match placed {
