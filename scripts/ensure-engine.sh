@@ -20,8 +20,8 @@ if ! command -v dockerd >/dev/null 2>&1; then
   apt-get install -y -qq docker.io >/dev/null
 fi
 
-log "starting dockerd (log: /tmp/dockerd.log)"
-setsid dockerd >/tmp/dockerd.log 2>&1 < /dev/null &
+log "starting dockerd (log: /tmp/dockerd.log, appended)"
+setsid dockerd >>/tmp/dockerd.log 2>&1 < /dev/null &
 for _ in $(seq 1 60); do
   if docker info >/dev/null 2>&1; then
     log "engine up ($(docker version --format '{{.Server.Version}}' 2>/dev/null))"

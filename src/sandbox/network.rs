@@ -5,11 +5,13 @@
 //! network is isolated from every other one (`isolate`), so tenants and namespaces still cannot
 //! reach each other, while sandboxes of one tenant can (docs/podman.md).
 //!
-//! Docker before 20.10.27 (and 23) can deadlock with containers coming and going on one
-//! user-defined network (libnetwork locks a network and its controller in opposite orders: moby
-//! issue 46661; the whole daemon then stops answering). On such an engine sandboxes join the
-//! default bridge unless the `network` option asks for ours (`'isolated'`), and the provider
-//! says so once; `doctor` says so too.
+//! Docker before 20.10.27 (and 23) can deadlock with containers coming and going on one network
+//! (libnetwork locks a network and its controller in opposite orders: moby issue 46661; the
+//! whole daemon then stops answering). On such an engine sandboxes join the default bridge
+//! unless the `network` option asks for ours (`'isolated'`), and the provider says so once;
+//! `doctor` says so too. The bridge keeps no service records, so fewer of the locked paths run
+//! there, but the race is in every container's leave: this project's CI has met it on the
+//! default bridge too. Only a fixed engine removes it.
 //!
 //! Made on first use by whichever process needs it first and kept: removing it would break the
 //! stopped sandboxes that still name it. Docker lets two networks share a name, so two
