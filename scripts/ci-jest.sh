@@ -13,7 +13,7 @@
 # the test files that failed are then run once more, and only once. Any other hang stops the
 # run at once with the blocked goroutines, and the step fails.
 #
-# Usage: scripts/ci-jest.sh [jest arguments…]
+# Usage: scripts/ci-jest.sh [jest arguments…] (for the first run; the second names only files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -149,7 +149,7 @@ printf '  %s\n' $failed >&2
 : > "$RESTARTS"
 status=0
 # shellcheck disable=SC2086
-npx jest --ci "$@" $failed &
+npx jest --ci $failed &
 JEST=$!
 watchdog "$JEST" &
 WATCHDOG=$!
