@@ -60,6 +60,18 @@ restart_engine() {
   kill -KILL "$pid" 2>/dev/null || true
   for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
   bash scripts/ensure-engine.sh
+  # The new engine stops the containers it finds running; a container that was being started
+  # when the old one died is nobody's, and its shim would stay. Only the main engine's shims.
+  sleep 5
+  local running shim id
+  running=$(timeout 60 docker ps -q --no-trunc 2>/dev/null || true)
+  for shim in $(pgrep -f '^/usr/bin/containerd-shim-runc-v2 -namespace moby -id [0-9a-f]+ -address /var/run/docker/containerd/containerd.sock' || true); do
+    id=$(tr '\0' ' ' < "/proc/$shim/cmdline" 2>/dev/null | sed -n 's/.* -id \([0-9a-f]*\) .*/\1/p')
+    [ -n "$id" ] && ! grep -qx "$id" <<<"$running" || continue
+    log "removing the shim of container ${id:0:12}, which the restarted engine does not know"
+    pkill -KILL -P "$shim" 2>/dev/null || true
+    kill -KILL "$shim" 2>/dev/null || true
+  done
 }
 
 watchdog() {
