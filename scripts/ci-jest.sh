@@ -103,7 +103,6 @@ watchdog() {
         printf '%s\n' "$stuck" | grep -E '^goroutine|libnetwork' | head -n 40 >&2
         log "restarting the engine; the test files that fail now are run again at the end"
         echo "$(date +%T) $dump" >> "$RESTARTS"
-        echo "$(date +%T) $dump" >> "$WORK/restarts.log"
         restart_engine "$pid"
         hung_since=
         continue
@@ -138,21 +137,25 @@ cleanup() {
   [ -z "${WATCHDOG:-}" ] || kill "$WATCHDOG" 2>/dev/null || true
   [ "$rc" -eq 0 ] || remove_stranded
   # The goroutine dumps stay for a look afterwards; without a restart there is nothing to keep.
-  [ -s "$WORK/restarts.log" ] || rm -rf "$WORK"
+  [ -s "$RESTARTS" ] || rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-status=0
-# Its own process group: stopping the run stops jest and its workers, not only npx.
-setsid npx jest --ci --json --outputFile="$RESULTS" "$@" &
-JEST=$!
-watchdog "$JEST" &
-WATCHDOG=$!
-wait "$JEST" || status=$?
-kill "$WATCHDOG" 2>/dev/null || true
-wait "$WATCHDOG" 2>/dev/null || true
-WATCHDOG=
+# Runs jest with these arguments under the watchdog, in a process group of its own (stopping
+# the run stops jest and its workers, not only npx); sets `status`.
+run_jest() {
+  status=0
+  setsid npx jest --ci "$@" &
+  JEST=$!
+  watchdog "$JEST" &
+  WATCHDOG=$!
+  wait "$JEST" || status=$?
+  kill "$WATCHDOG" 2>/dev/null || true
+  wait "$WATCHDOG" 2>/dev/null || true
+  WATCHDOG=
+}
 
+run_jest --json --outputFile="$RESULTS" "$@"
 [ "$status" -ne 0 ] || exit 0
 if [ ! -s "$RESTARTS" ]; then
   exit "$status"
@@ -171,12 +174,6 @@ fi
 remove_stranded
 log "running the failed files again:"
 printf '  %s\n' $failed >&2
-: > "$RESTARTS"
-status=0
 # shellcheck disable=SC2086
-setsid npx jest --ci $failed &
-JEST=$!
-watchdog "$JEST" &
-WATCHDOG=$!
-wait "$JEST" || status=$?
+run_jest $failed
 exit "$status"
