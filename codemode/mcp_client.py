@@ -16,6 +16,7 @@ import asyncio
 import base64
 import json
 import os
+import socket
 import sys
 
 __all__ = ["call_tool", "list_tools", "CodeModeError"]
@@ -71,15 +72,35 @@ def _check_allowed(server, tool):
 
 
 async def _exchange(path, data):
-    reader, writer = await asyncio.open_unix_connection(path)
+    # The socket itself rather than asyncio's streams, and the request with its end written
+    # right after the connect: the relay, woken by the connect, then finds the whole request.
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        writer.write(data)
-        await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-        return await reader.read()
+        sock.setblocking(False)
+        while True:
+            try:
+                sock.connect(path)
+                break
+            except (BlockingIOError, InterruptedError):
+                # The relay's backlog is full: it is accepting others (the caller's timeout
+                # bounds the wait).
+                await asyncio.sleep(0.005)
+        try:
+            sent = sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < len(data):
+            await loop.sock_sendall(sock, memoryview(data)[sent:])
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while True:
+            chunk = await loop.sock_recv(sock, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
     finally:
-        writer.close()
+        sock.close()
 
 
 async def _request(payload):

@@ -8,17 +8,20 @@
 //! are fed in. Only for engines on a local Unix socket; elsewhere the agent's own connection
 //! carries the calls (`by_agent`).
 
+use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bollard::exec::{CreateExecOptions, StartExecResults};
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use futures_util::StreamExt;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::OwnedReadHalf;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -76,8 +79,6 @@ pub struct Lane {
   closing: CancellationToken,
   /// The stream's descriptor for the JavaScript side, until taken.
   js: Mutex<Option<OwnedFd>>,
-  /// Keeps the stream open; it is read through the JavaScript side's descriptor.
-  _read: OwnedReadHalf,
   /// The stream again, to see whether it has ended without reading it (the JavaScript side
   /// hears of that only when its thread is free).
   probe: OwnedFd,
@@ -132,13 +133,13 @@ impl Lane {
     let Some(relay_id) = self.inflight.finish(seq) else {
       return false;
     };
-    let mut head = BytesMut::with_capacity(9);
-    head.extend_from_slice(&[KIND_REPLY]);
-    head.extend_from_slice(&relay_id.to_be_bytes());
-    head.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    self
-      .out
-      .send([head.freeze(), Bytes::copy_from_slice(payload)]);
+    // Header and payload in one buffer: one write, one wake-up of the engine and the lane.
+    let mut frame = BytesMut::with_capacity(9 + payload.len());
+    frame.extend_from_slice(&[KIND_REPLY]);
+    frame.extend_from_slice(&relay_id.to_be_bytes());
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(payload);
+    self.out.send([frame.freeze()]);
     true
   }
 
@@ -382,16 +383,17 @@ pub async fn open(
   .await
   .map_err(|_| format!("the lane did not start within {} s", limit.as_secs_f64()))?;
   let ((stream, pid), feed) = started?;
-  let (read, write) = stream.into_split();
+  let stream = stream
+    .into_std()
+    .map_err(|e| format!("cannot take the lane's stream: {e}"))?;
   let share = || {
-    read
-      .as_ref()
+    stream
       .as_fd()
       .try_clone_to_owned()
       .map_err(|e| format!("cannot share the lane's stream: {e}"))
   };
   let (js, probe) = (share()?, share()?);
-  let out = Arc::new(Outbox::new(write));
+  let out = Arc::new(Outbox::new(Unpolled::new(stream)));
   let alive = Arc::new(AtomicBool::new(true));
   let closing = CancellationToken::new();
   let inflight = Arc::new(Inflight::default());
@@ -411,7 +413,6 @@ pub async fn open(
     alive,
     closing,
     js: Mutex::new(Some(js)),
-    _read: read,
     probe,
     pid,
     exec_id,
@@ -423,6 +424,96 @@ pub async fn open(
     engine: engine.clone(),
     log: log.clone(),
   })
+}
+
+/// The lane's stream for writing, kept out of the runtime's poller: registered there, every
+/// frame that comes in (read by the JavaScript side) and every write the engine takes would wake
+/// a runtime thread for nothing. Only a write the stream cannot take waits there, registered
+/// for room alone, and only until the stream takes writes again.
+struct Unpolled {
+  /// `None` only while moving between the two states.
+  stream: Option<Stream>,
+  runtime: tokio::runtime::Handle,
+}
+
+enum Stream {
+  Plain(std::os::unix::net::UnixStream),
+  /// Registered with the poller, waiting for room.
+  Waiting(AsyncFd<std::os::unix::net::UnixStream>),
+}
+
+impl Unpolled {
+  /// Needs the runtime's context: it keeps the runtime to wait for room from any thread.
+  fn new(stream: std::os::unix::net::UnixStream) -> Unpolled {
+    Unpolled {
+      stream: Some(Stream::Plain(stream)),
+      runtime: tokio::runtime::Handle::current(),
+    }
+  }
+
+  fn get(&self) -> &std::os::unix::net::UnixStream {
+    match self.stream.as_ref().expect("a stream") {
+      Stream::Plain(s) => s,
+      Stream::Waiting(w) => w.get_ref(),
+    }
+  }
+}
+
+impl AsyncWrite for Unpolled {
+  fn poll_write(
+    mut self: Pin<&mut Self>,
+    cx: &mut Context<'_>,
+    buf: &[u8],
+  ) -> Poll<std::io::Result<usize>> {
+    let me = &mut *self;
+    loop {
+      match me.get().write(buf) {
+        Ok(n) => {
+          // The stream takes writes again: out of the poller, no more wake-ups for room.
+          let waiting = me.stream.take_if(|s| matches!(s, Stream::Waiting(_)));
+          if let Some(Stream::Waiting(w)) = waiting {
+            me.stream = Some(Stream::Plain(w.into_inner()));
+          }
+          return Poll::Ready(Ok(n));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+          let plain = me.stream.take_if(|s| matches!(s, Stream::Plain(_)));
+          if let Some(Stream::Plain(s)) = plain {
+            let _in = me.runtime.enter();
+            // SAFETY: the registration owns the stream, so its descriptor stays open and the
+            // same while registered. Registered after the full write: the poller reports room
+            // that came since.
+            match unsafe { AsyncFd::register_with_interest(s, Interest::WRITABLE) } {
+              Ok(w) => me.stream = Some(Stream::Waiting(w)),
+              Err(e) => {
+                let (s, e) = e.into_parts();
+                me.stream = Some(Stream::Plain(s));
+                return Poll::Ready(Err(e));
+              }
+            }
+          }
+          let Some(Stream::Waiting(w)) = me.stream.as_ref() else {
+            unreachable!("registered above");
+          };
+          match w.poll_write_ready(cx) {
+            Poll::Ready(Ok(mut ready)) => ready.clear_ready(),
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+          }
+        }
+        Err(e) => return Poll::Ready(Err(e)),
+      }
+    }
+  }
+
+  fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+    Poll::Ready(Ok(()))
+  }
+
+  fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+    Poll::Ready(self.get().shutdown(std::net::Shutdown::Write))
+  }
 }
 
 /// Starts exec `exec_id` on a connection of our own to the engine and takes the connection over
@@ -629,5 +720,42 @@ mod tests {
       assert_eq!(out, b"hello world", "cut {cut}");
       assert_eq!(err, b"oops", "cut {cut}");
     }
+  }
+
+  #[tokio::test]
+  async fn a_write_the_stream_cannot_take_waits_for_room_then_leaves_the_poller() {
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    let mut w = Unpolled::new(a);
+    w.write_all(b"small").await.unwrap();
+    assert!(
+      matches!(w.stream, Some(Stream::Plain(_))),
+      "a write taken at once registers nothing"
+    );
+    // Far more than the socket holds, read slowly by another thread.
+    let data: Vec<u8> = (0..8 << 20).map(|i| (i % 251) as u8).collect();
+    let reader = std::thread::spawn(move || {
+      let mut got = Vec::new();
+      let mut buf = [0u8; 64 * 1024];
+      loop {
+        std::thread::sleep(Duration::from_millis(1));
+        match std::io::Read::read(&mut &b, &mut buf).unwrap() {
+          0 => return got,
+          n => got.extend_from_slice(&buf[..n]),
+        }
+      }
+    });
+    tokio::time::timeout(Duration::from_secs(30), w.write_all(&data))
+      .await
+      .expect("room comes as the reader reads")
+      .unwrap();
+    assert!(
+      matches!(w.stream, Some(Stream::Plain(_))),
+      "out of the poller once written"
+    );
+    w.shutdown().await.unwrap();
+    let got = reader.join().unwrap();
+    assert_eq!(&got[..5], b"small");
+    assert!(got[5..] == data[..], "every byte, in order");
   }
 }

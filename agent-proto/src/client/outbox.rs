@@ -18,6 +18,10 @@ use tokio::sync::Notify;
 /// A write of queued frames gathers small ones up to this many bytes.
 const GATHER: usize = 256 * 1024;
 
+/// The parts of one message up to this many bytes in all are joined before they are written:
+/// one write, so the engine and the agent on the other side wake once for it, not per part.
+const JOIN: usize = 64 * 1024;
+
 type Writer = Pin<Box<dyn AsyncWrite + Send>>;
 
 /// The outgoing stream, shared by every sender and the flusher.
@@ -64,10 +68,21 @@ impl Outbox {
   /// now when nothing waits before them and the stream has room, else queued for the flusher.
   /// Dropped once the stream is closing or failed.
   pub fn send<const N: usize>(&self, parts: [Bytes; N]) {
-    let mut parts = parts.into_iter().filter(|b| !b.is_empty()).peekable();
-    if parts.peek().is_none() {
+    let total: usize = parts.iter().map(Bytes::len).sum();
+    if total == 0 {
       return;
     }
+    let joined = (N > 1 && total <= JOIN).then(|| {
+      let mut b = BytesMut::with_capacity(total);
+      parts.iter().for_each(|p| b.extend_from_slice(p));
+      b.freeze()
+    });
+    // Joined, the parts themselves are not sent.
+    let rest = if joined.is_some() { 0 } else { N };
+    let mut parts = joined
+      .into_iter()
+      .chain(parts.into_iter().take(rest))
+      .filter(|b| !b.is_empty());
     let mut st = self.st.lock().expect("outbox");
     if st.closing || st.failed.is_some() || st.writer.is_none() {
       return;
@@ -310,6 +325,33 @@ mod tests {
     assert_eq!(next[1..], [N, N, N]);
     out.close();
     assert!(flusher.await.unwrap(), "the flusher ends cleanly at close");
+  }
+
+  /// A stream that takes everything and keeps the size of each write.
+  struct Writes(Arc<Mutex<Vec<usize>>>);
+
+  impl AsyncWrite for Writes {
+    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+      self.0.lock().unwrap().push(b.len());
+      Poll::Ready(Ok(b.len()))
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+      Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+      Poll::Ready(Ok(()))
+    }
+  }
+
+  #[test]
+  fn a_small_message_leaves_in_one_write_a_large_one_as_its_parts() {
+    let writes = Arc::new(Mutex::new(Vec::new()));
+    let out = Outbox::new(Writes(writes.clone()));
+    let head = Bytes::from_static(&[7; 9]);
+    out.send([head.clone(), Bytes::from(vec![1u8; 77])]);
+    out.send([head.clone(), Bytes::new(), Bytes::from(vec![2u8; JOIN - 9])]);
+    out.send([head, Bytes::from(vec![3u8; JOIN])]);
+    assert_eq!(*writes.lock().unwrap(), [86, JOIN, 9, JOIN]);
   }
 
   #[tokio::test]
