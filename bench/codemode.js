@@ -9,7 +9,7 @@
 // serves, `mcp-client-python` beside it). Prints p50/p99 as JSON.
 // Also measured: the engine's own round trip on an attached exec stream (a small write to `cat`
 // in a container and back), the hop the relay's design adds to the floor and cannot avoid.
-// Usage: node bench/codemode.js [apiCalls=300] [cliCalls=60] [rounds=3]
+// Usage: node bench/codemode.js [apiCalls=300] [cliCalls=60] [rounds=5]
 
 const { execFile, execFileSync } = require('node:child_process')
 const { promisify } = require('node:util')
@@ -25,7 +25,7 @@ const { DockerSandboxProvider } = require('..')
 const IMAGE = process.env.BENCH_IMAGE || 'trueforge-sandbox-debian:12'
 const API_CALLS = Number(process.argv[2] || 300)
 const CLI_CALLS = Number(process.argv[3] || 60)
-const ROUNDS = Number(process.argv[4] || 3)
+const ROUNDS = Number(process.argv[4] || 5)
 
 const dispatcher = {
   close() {},
@@ -254,6 +254,14 @@ async function main() {
       floor,
       engine_exec_echo: echo,
       design_floor_api_p50_ms: designFloor,
+      // Each round's API p50s, in the order run: how much the machine moved between rounds.
+      api_p50_by_round: rounds.map((r) => ({
+        agent: r.agent.api_p50,
+        agent_connection: r.conn.api_p50,
+        relay: r.relay.api_p50,
+        floor: r.floor.api_p50,
+        echo: r.echo.p50,
+      })),
       ratio: {
         agent_api_p50_vs_design_floor: +(a.api_p50 / designFloor).toFixed(2),
         agent_connection_api_p50_vs_design_floor: +(conn.api_p50 / designFloor).toFixed(2),

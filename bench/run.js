@@ -833,7 +833,7 @@ function codeModeBench() {
     path.join(__dirname, 'codemode.js'),
     process.env.BENCH_CM_API || '300',
     process.env.BENCH_CM_CLI || '60',
-    process.env.BENCH_CM_ROUNDS || '3',
+    process.env.BENCH_CM_ROUNDS || '5',
   ]
   return new Promise((resolve) => {
     execFile(process.execPath, args, { maxBuffer: 16 * MiB, timeout: 600_000 }, (err, stdout, stderr) => {
