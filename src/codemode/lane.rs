@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use trueforge_agent_proto::client::outbox::Outbox;
 
 use crate::codemode::budget::{Budget, Claim};
-use crate::codemode::frame::{Decoder, Event, Head, KIND_READY, KIND_REPLY, KIND_REQUEST};
+use crate::codemode::frame::{encode, Decoder, Event, Head, KIND_READY, KIND_REPLY, KIND_REQUEST};
 use crate::codemode::reader::{error_reply, Inflight};
 use crate::codemode::relay::next_generation;
 use crate::codemode::session::Intake;
@@ -134,12 +134,7 @@ impl Lane {
       return false;
     };
     // Header and payload in one buffer: one write, one wake-up of the engine and the lane.
-    let mut frame = BytesMut::with_capacity(9 + payload.len());
-    frame.extend_from_slice(&[KIND_REPLY]);
-    frame.extend_from_slice(&relay_id.to_be_bytes());
-    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    frame.extend_from_slice(payload);
-    self.out.send([frame.freeze()]);
+    self.out.send([encode(KIND_REPLY, relay_id, payload)]);
     true
   }
 
