@@ -29,9 +29,17 @@ export declare class NativeCodeModeSession {
   start(sandboxId: string, requestTimeoutSeconds?: number | undefined | null): Promise<void>
   /**
    * Answers request `id` of relay `generation`; false when that relay is gone or no longer
-   * awaits it (it timed out).
+   * awaits it (it timed out). `watched`: the request's values are watched for collection,
+   * which gives its room back (`collected`); otherwise the reply does.
    */
-  reply(generation: number, id: number, payload: Buffer): boolean
+  reply(generation: number, id: number, payload: Buffer, watched?: boolean | undefined | null): boolean
+  /**
+   * Nothing of ours holds the values of watched request `id` any more: V8 is asked for a
+   * collection (by external memory pressure) when one is due, so that their room comes back.
+   */
+  letGo(generation: number, id: number): void
+  /** The values of request `id` of relay `generation` were collected: its room is given back. */
+  collected(generation: number, id: number): void
   /**
    * The current relay's lane, once: the JavaScript side reads its stream (`fd`, which it
    * then owns) and hands what it reads to `feed`. Null when there is none to take.
@@ -90,15 +98,24 @@ export declare class NativeProvider {
   /** Starts filling the warm pool (a no-op without `warmPool`). */
   warmUp(): Promise<void>
   /**
-   * A Code Mode session for one transport. `on_request(generation, id, payload)` receives each
-   * request from the sandbox; the answer goes back through `reply` with the same numbers.
+   * A Code Mode session for one transport. `on_request(cost, generation, id, payload, plan)`
+   * receives each request from the sandbox; the answer goes back through `reply` with the same
+   * numbers.
    */
-  codeModeSession(onRequest: (cost: ExternalObject<undefined> | null, generation: number, id: number, payload: string) => void): NativeCodeModeSession
+  codeModeSession(onRequest: (cost: ExternalObject<undefined> | null, generation: number, id: number, payload: string | Buffer, plan: Uint32Array | null) => void): NativeCodeModeSession
   buildImage(): Promise<NativeBuild>
   getImageBuildStatus(): Promise<NativeBuild>
 }
 
 export declare function codeModeClient(): NativeCodeModeClient
+
+/**
+ * Measures a Code Mode request as the host does before any JavaScript sees it; `small_steps`
+ * makes plans of tiny steps (for tests of the builder).
+ */
+export declare function codeModeMeasure(payload: Uint8Array, smallSteps?: boolean | undefined | null): NativeMeasured
+
+export declare function codeModePlanOps(): NativePlanOps
 
 /** How the engine would be reached, without reaching it (DOCKER_HOST, contexts, TLS material). */
 export declare function describeEndpoint(dockerHost?: string | undefined | null): any
@@ -206,7 +223,10 @@ export interface NativeLane {
 /** One call read from a lane. */
 export interface NativeLaneCall {
   id: number
-  payload: string
+  /** Its text; a Buffer when it comes with a plan. */
+  payload: string | Buffer
+  /** The steps to build a large request by in slices (see `codemode::meter`). */
+  plan?: Uint32Array
   /** What the request's values hold, told to V8 while they live (large requests only). */
   cost?: ExternalObject<undefined> | null
 }
@@ -218,6 +238,32 @@ export interface NativeLayout {
   toolResultsDir: string
   gitDownloaderPath: string
   gitCredentialsPath: string
+}
+
+/** What the host makes of one Code Mode request (see `codemode::meter`). */
+export interface NativeMeasured {
+  /** Bytes its values take in V8's heap, estimated from above. */
+  heap: number
+  values: number
+  /** The steps to build it in slices, when it is too large to parse whole. */
+  plan?: Uint32Array
+  /** Why it is refused, when it is. */
+  unfit?: string
+}
+
+/**
+ * The steps of a large Code Mode request's plan (see `codemode::meter`), for the builder in
+ * transport.js.
+ */
+export interface NativePlanOps {
+  object: number
+  array: number
+  end: number
+  key: number
+  run: number
+  string: number
+  /** Set on a key or string step whose text holds escapes. */
+  escaped: number
 }
 
 /**

@@ -6,7 +6,7 @@
 
 const { Socket } = require('node:net')
 
-const { codeModeClient } = require('./loader.js')
+const { codeModeClient, codeModePlanOps } = require('./loader.js')
 const { argumentError, fromNative } = require('./errors.js')
 const { parseCodeModeRequest } = require('./validate.js')
 
@@ -16,10 +16,18 @@ const PYTHON_CLI_LINK = '/trueforge/codemode/bin/mcp-client-python'
 const MALFORMED_REQUEST = { ok: false, error: 'Malformed Code Mode request', source: 'caller' }
 
 // Each request's values live in V8's heap, where V8 collects them under its own heap limit,
-// far above what one sandbox may hold: a token per request reports their size to V8 as external
-// memory until they are collected, so that large requests are collected promptly instead of
+// far above what one sandbox may hold: a token per large request reports their size to V8 as
+// external memory until they are collected, so that they are collected promptly instead of
 // piling up.
 const COSTS = new WeakMap()
+// A large request's room in the host's budget comes back once its values are collected, not
+// when its dispatcher returns (which may keep them), nor when its caller stops waiting.
+const COLLECTED = new FinalizationRegistry(({ session, generation, id }) => {
+  session.deref()?.collected(generation, id)
+})
+// After its dispatcher returned, a large request's room comes back this late at the latest: a
+// collector that has not run by then (the room is asked for one) must not stall the sandbox.
+const COLLECTION_WAIT_MS = 1000
 
 function traceCarrierOf(v) {
   const out = {}
@@ -58,18 +66,18 @@ class DockerCodeModeTransport {
     this.#dispatcher = codeModeDispatcher
     let session = this.#session
     if (session === undefined) {
-      // The native session holds this callback strongly; a weak link back to the transport lets
-      // a transport nobody stopped be collected, and its relay end with it.
+      // The native session holds this callback strongly; weak links back to the transport and
+      // the session let a transport nobody stopped be collected, and its relay end with it.
       const self = new WeakRef(this)
-      session = this.#native.codeModeSession((cost, generation, id, payload) => {
+      /** @type {{ session?: WeakRef<any> }} */
+      const link = {}
+      session = this.#native.codeModeSession((cost, generation, id, payload, plan) => {
         const transport = self.deref()
-        if (transport === undefined) return
-        // Parsed here, at once, so the text is garbage while the dispatcher works.
-        const parsed = parseRequest(payload)
-        // `cost` tells V8 what a large request's values hold while they live (see COSTS).
-        if (parsed !== null && cost !== null) COSTS.set(parsed.request, cost)
-        void transport.#onRequest(generation, id, parsed)
+        const from = link.session?.deref()
+        if (transport === undefined || from === undefined) return
+        void transport.#take(from, generation, { id, payload, plan, cost })
       })
+      link.session = new WeakRef(session)
       this.#session = session
     }
     const timeout =
@@ -77,8 +85,8 @@ class DockerCodeModeTransport {
         ? requestTimeoutSeconds
         : undefined
     try {
-      // A request not answered within the timeout is answered with an error by the session,
-      // which then gives its bytes back (the client has stopped waiting by then).
+      // A request not answered within the timeout is answered with an error by the session (its
+      // room stays held while the dispatcher has it).
       await session.start(sandboxId, timeout)
     } catch (e) {
       throw fromNative(e, this.#errors)
@@ -95,15 +103,31 @@ class DockerCodeModeTransport {
     if (session !== undefined) await session.stop()
   }
 
-  /** A request read from a lane (see `readLane`). */
-  static onLaneRequest(transport, generation, call) {
-    const parsed = parseRequest(call.payload)
-    if (parsed !== null && call.cost !== null) COSTS.set(parsed.request, call.cost)
-    void transport.#onRequest(generation, call.id, parsed)
+  /** A request read from a lane of `session` (see `readLane`). */
+  static onLaneRequest(transport, session, generation, call) {
+    void transport.#take(session, generation, call)
   }
 
-  async #onRequest(generation, id, parsed) {
-    const session = this.#session
+  /**
+   * Parses a request `from` a session and dispatches it. A small one is parsed here, at once, so
+   * its text is garbage while the dispatcher works; a large one is built by its plan in slices.
+   */
+  async #take(from, generation, { id, payload, plan, cost }) {
+    const parsed = plan ? await parsePlanned(payload, plan) : parseRequest(payload)
+    // A large request's values are told to V8 (COSTS) and watched until collected (COLLECTED).
+    let watched = false
+    if (parsed !== null && cost) {
+      const r = parsed.request
+      const values = r.op === 'call_tool' && r.arguments !== undefined ? r.arguments : r
+      COSTS.set(values, cost)
+      COLLECTED.register(values, { session: new WeakRef(from), generation, id })
+      watched = true
+    }
+    return this.#onRequest(from, generation, id, parsed, watched)
+  }
+
+  /** Dispatches a request and answers it through the session it came `from`. */
+  async #onRequest(from, generation, id, parsed, watched) {
     let reply
     try {
       reply = await this.#dispatch(parsed)
@@ -127,7 +151,13 @@ class DockerCodeModeTransport {
       bytes = Buffer.from(JSON.stringify({ ok: false, error, source: 'transport' }))
     }
     // A reply for a relay that has since been replaced or stopped is dropped by the session.
-    ;(this.#session ?? session)?.reply(generation, id, bytes)
+    from.reply(generation, id, bytes, watched)
+    if (watched) {
+      // Once this call's frames are gone, nothing of ours holds the values: a collection
+      // started then can free them.
+      setImmediate(() => from.letGo(generation, id))
+      setTimeout(() => from.collected(generation, id), COLLECTION_WAIT_MS).unref()
+    }
   }
 
   // Not async: the dispatcher's own promise is awaited as it is (an async wrapper would add
@@ -167,7 +197,7 @@ function readLane(session, transport) {
     }
     const t = transport.deref()
     if (t !== undefined) {
-      for (const call of fed.calls) DockerCodeModeTransport.onLaneRequest(t, generation, call)
+      for (const call of fed.calls) DockerCodeModeTransport.onLaneRequest(t, s, generation, call)
     }
     if (!fed.paused) return true
     s.room(generation).then(
@@ -207,8 +237,124 @@ function parseRequest(payload) {
   } catch {
     return null
   }
+  return toDispatch(value)
+}
+
+function toDispatch(value) {
   const request = parseCodeModeRequest(value)
   return request === null ? null : { request, traceCarrier: traceCarrierOf(value) }
 }
 
-module.exports = { DockerCodeModeTransport }
+/** As `parseRequest`, for a large request: built from its bytes by its plan, in slices. */
+async function parsePlanned(bytes, plan) {
+  try {
+    return toDispatch(await buildByPlan(bytes, plan))
+  } catch {
+    return null
+  }
+}
+
+const OP = codeModePlanOps()
+/** The longest the builder holds the event loop before giving it back. */
+const SLICE_MS = 8
+
+/**
+ * Builds the value of a large request from its bytes by the plan the native side made while it
+ * checked and measured them (src/codemode/meter.rs): runs of small values are parsed by
+ * `JSON.parse` (each a few milliseconds at most), objects and arrays too large for that are put
+ * together here, and long strings decoded in pieces. Between steps, once a slice's time is up,
+ * the event loop runs: no request holds it for long, whatever its size.
+ */
+async function buildByPlan(bytes, plan) {
+  const open = []
+  // The key each open object or array goes under in its parent.
+  const keys = []
+  // How many elements each open array has so far (it is made as long as it will be).
+  const filled = []
+  let key
+  let root
+  let until = performance.now() + SLICE_MS
+  const yieldIfDue = async () => {
+    if (performance.now() < until) return
+    await new Promise((resolve) => setImmediate(resolve))
+    until = performance.now() + SLICE_MS
+  }
+  const put = (value, under) => {
+    const top = open.length - 1
+    if (top < 0) root = value
+    else if (Array.isArray(open[top])) open[top][filled[top]++] = value
+    else setMember(open[top], under, value)
+  }
+  const text = (from, to) => bytes.toString('utf8', from, to)
+  for (let i = 0; i < plan.length;) {
+    const op = plan[i] & 0xff
+    if (op === OP.object) {
+      open.push({})
+      keys.push(key)
+      filled.push(0)
+      i += 1
+    } else if (op === OP.array) {
+      const array = []
+      array.length = plan[i + 1]
+      open.push(array)
+      keys.push(key)
+      filled.push(0)
+      i += 2
+    } else if (op === OP.end) {
+      filled.pop()
+      put(open.pop(), keys.pop())
+      i += 1
+    } else if (op === OP.key) {
+      key = JSON.parse(text(plan[i + 1], plan[i + 2]))
+      i += 3
+    } else if (op === OP.run) {
+      const top = open.length - 1
+      filled[top] = addRun(open[top], filled[top], text(plan[i + 1], plan[i + 2]))
+      i += 3
+    } else if (op === OP.string) {
+      const escaped = (plan[i] & OP.escaped) !== 0
+      const cuts = plan[i + 3]
+      let value = ''
+      let from = plan[i + 1]
+      for (let c = 0; c <= cuts; c++) {
+        const to = c < cuts ? plan[i + 4 + c] : plan[i + 2]
+        value += escaped ? JSON.parse(`"${text(from, to)}"`) : text(from, to)
+        from = to
+        await yieldIfDue()
+      }
+      put(value, key)
+      i += 4 + cuts
+    } else {
+      throw new Error(`unknown Code Mode plan step ${op}`)
+    }
+    await yieldIfDue()
+  }
+  return root
+}
+
+/**
+ * Adds the members or elements `text` holds (a run, without its brackets) to `into`, an array
+ * filled up to `at` or an object. Returns how far the array is filled now.
+ */
+function addRun(into, at, text) {
+  if (Array.isArray(into)) {
+    const part = JSON.parse(`[${text}]`)
+    for (let j = 0; j < part.length; j++) into[at + j] = part[j]
+    return at + part.length
+  }
+  const part = JSON.parse(`{${text}}`)
+  for (const k of Object.keys(part)) setMember(into, k, part[k])
+  return at
+}
+
+/** As `JSON.parse` makes members: `__proto__` is a key like any other, not the prototype. */
+function setMember(object, key, value) {
+  if (key === '__proto__') {
+    Object.defineProperty(object, key, { value, writable: true, enumerable: true, configurable: true })
+  } else {
+    object[key] = value
+  }
+}
+
+// `buildByPlan` for the tests of the builder only.
+module.exports = { DockerCodeModeTransport, buildByPlan }

@@ -1,19 +1,36 @@
-//! How many Code Mode request bytes the host holds at once: per sandbox (every relay in it, from
-//! any provider of this process) and per provider. A request's bytes are claimed before its
-//! payload is read, so a sandbox that sends more waits (its relay stream is not read meanwhile,
-//! which holds the caller in the sandbox), and given back when its reply is sent, it times out,
-//! or its relay ends.
+//! How much of the host's memory Code Mode requests hold at once: per sandbox (every relay in it,
+//! from any provider of this process) and per provider. A request holds its bytes or what its
+//! values take in V8's heap (`meter`), whichever is more. Room for its bytes is claimed before
+//! they are read, so a sandbox that sends more waits (its stream is not read meanwhile, which
+//! holds the caller in the sandbox); once the request is measured, the claim grows to what its
+//! values take (waiting within the request's timeout when that room is not free), or the request
+//! is refused. The claim is given back when the dispatcher is done with the request, not when
+//! the caller stops waiting: a slow tool cannot make the host hold more than the bound.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::codemode::meter::{Measured, Unfit};
 use crate::engine::Engine;
 
-/// What holding a request costs besides its payload (the JavaScript values made from it, the
-/// bookkeeping), so that many tiny requests are bounded too.
+/// What holding a request costs besides its payload and values (the bookkeeping, the dispatcher's
+/// promise), so that many tiny requests are bounded too.
 pub const REQUEST_OVERHEAD: usize = 16 * 1024;
+
+/// The room a request of `len` bytes takes while it is read.
+pub fn reading(len: usize) -> usize {
+  len.saturating_add(REQUEST_OVERHEAD)
+}
+
+/// The room a measured request holds: its bytes (while they are alive) or its values, whichever
+/// is more. Both live at once only while the JavaScript side builds the values, which is why the
+/// host's memory stays within twice the bound.
+pub fn holding(len: usize, heap: u64) -> usize {
+  let values = usize::try_from(heap).unwrap_or(usize::MAX);
+  len.max(values).saturating_add(REQUEST_OVERHEAD)
+}
 
 /// One bound: its bytes, and the option that sets it (for messages).
 pub struct Pool {
@@ -36,25 +53,81 @@ impl Pool {
     self.sem.available_permits()
   }
 
-  /// What a request of `len` payload bytes holds: never more than the whole pool, so a request
-  /// that fits its limit is never stuck.
-  fn cost(&self, len: usize) -> u32 {
-    (len + REQUEST_OVERHEAD).min(self.limit) as u32
+  /// What `room` takes of this pool: never more than the whole pool, so a request that fits
+  /// its limit is never stuck.
+  fn cost(&self, room: usize) -> u32 {
+    room.min(self.limit) as u32
   }
 
-  fn try_take(&self, len: usize) -> Option<OwnedSemaphorePermit> {
-    self.sem.clone().try_acquire_many_owned(self.cost(len)).ok()
-  }
-
-  async fn take(&self, len: usize) -> OwnedSemaphorePermit {
-    let n = self.cost(len);
+  fn try_take(&self, room: usize) -> Option<OwnedSemaphorePermit> {
     self
       .sem
       .clone()
-      .acquire_many_owned(n)
+      .try_acquire_many_owned(self.cost(room))
+      .ok()
+  }
+
+  async fn take(&self, room: usize) -> OwnedSemaphorePermit {
+    self.take_permits(self.cost(room) as usize).await
+  }
+
+  /// Gives back what `held` has beyond what `room` takes of this pool, or takes the shortfall
+  /// if it is free now; false when it is not (`held` is then as it was).
+  fn fit_now(&self, held: &mut OwnedSemaphorePermit, room: usize) -> bool {
+    let (want, have) = (self.cost(room) as usize, held.num_permits());
+    if want <= have {
+      drop(held.split(have - want));
+      return true;
+    }
+    match self
+      .sem
+      .clone()
+      .try_acquire_many_owned((want - have) as u32)
+    {
+      Ok(more) => {
+        held.merge(more);
+        true
+      }
+      Err(_) => false,
+    }
+  }
+
+  /// As `fit_now`, waiting for a shortfall.
+  async fn fit_wait(&self, held: &mut OwnedSemaphorePermit, room: usize) {
+    let (want, have) = (self.cost(room) as usize, held.num_permits());
+    if want <= have {
+      drop(held.split(have - want));
+      return;
+    }
+    held.merge(self.take_permits(want - have).await);
+  }
+
+  async fn take_permits(&self, n: usize) -> OwnedSemaphorePermit {
+    self
+      .sem
+      .clone()
+      .acquire_many_owned(n as u32)
       .await
       .expect("the semaphore is never closed")
   }
+}
+
+/// What becomes of a request once it is measured.
+pub enum Admission {
+  /// Its claim holds what it needs: hand it on.
+  Ready(Claim),
+  /// It needs this much room, more than is free now: wait for it (or give up).
+  Wait(Claim, usize),
+  /// It can never be held; the message is for the caller.
+  Refused(String),
+}
+
+/// The caller's message when a request found no room within its timeout.
+pub fn no_room(timeout: std::time::Duration) -> String {
+  format!(
+    "Code Mode request found no room in the host's in-flight limit within {} s (other requests hold it); try again",
+    timeout.as_secs_f64()
+  )
 }
 
 /// The two bounds one relay's requests are held under.
@@ -64,10 +137,17 @@ pub struct Budget {
   provider: Arc<Pool>,
 }
 
-/// Bytes held for one request; given back when dropped.
+/// Room held for one request; given back when dropped.
 pub struct Claim {
-  _sandbox: OwnedSemaphorePermit,
-  _provider: OwnedSemaphorePermit,
+  sandbox: OwnedSemaphorePermit,
+  provider: OwnedSemaphorePermit,
+}
+
+impl Claim {
+  /// Bytes held of the sandbox's bound.
+  pub fn held(&self) -> usize {
+    self.sandbox.num_permits()
+  }
 }
 
 /// Each sandbox's pool on one engine, while some relay uses it.
@@ -100,38 +180,92 @@ impl Budget {
   /// Why a request of `len` payload bytes can never be held, if it cannot: it alone is over a
   /// bound. The message is for the caller in the sandbox.
   pub fn refusal(&self, len: usize) -> Option<String> {
-    [&self.sandbox, &self.provider]
-      .into_iter()
-      .find(|p| len > p.limit)
-      .map(|p| {
-        format!(
-          "Code Mode request of {len} bytes exceeds the host's in-flight limit of {} bytes (option `{}`); send smaller requests, or ask the operator to raise the limit",
-          p.limit, p.option
-        )
-      })
-  }
-
-  /// Room for `len` payload bytes now, if both bounds have it (a request waiting for room
-  /// keeps what is given back, so this never overtakes it).
-  pub fn try_claim(&self, len: usize) -> Option<Claim> {
-    let sandbox = self.sandbox.try_take(len)?;
-    let provider = self.provider.try_take(len)?;
-    Some(Claim {
-      _sandbox: sandbox,
-      _provider: provider,
+    self.over(len).map(|p| {
+      format!(
+        "Code Mode request of {len} bytes exceeds the host's in-flight limit of {} bytes (option `{}`); send smaller requests, or ask the operator to raise the limit",
+        p.limit, p.option
+      )
     })
   }
 
-  /// Waits until `len` payload bytes fit under both bounds. Cancel-safe: a wait dropped early
-  /// holds nothing.
-  pub async fn claim(&self, len: usize) -> Claim {
+  /// Why a measured request can never be held: what its values take is over a bound.
+  pub fn refusal_measured(&self, len: usize, measured: &Measured) -> Option<String> {
+    let room = holding(len, measured.heap) - REQUEST_OVERHEAD;
+    self.over(room).map(|p| {
+      format!(
+        "Code Mode request of {len} bytes would take about {} bytes of the host's memory as {} JavaScript values, over the host's in-flight limit of {} bytes (option `{}`); send fewer values (long strings cost what they hold, many small objects and arrays cost tens of bytes each), or ask the operator to raise the limit",
+        measured.heap, measured.values, p.limit, p.option
+      )
+    })
+  }
+
+  fn over(&self, room: usize) -> Option<&Pool> {
+    [&self.sandbox, &self.provider]
+      .into_iter()
+      .find(|p| room > p.limit)
+      .map(|p| &**p)
+  }
+
+  /// `room` now, if both bounds have it (a request waiting for room keeps what is given back,
+  /// so this never overtakes it).
+  pub fn try_claim(&self, room: usize) -> Option<Claim> {
+    let sandbox = self.sandbox.try_take(room)?;
+    let provider = self.provider.try_take(room)?;
+    Some(Claim { sandbox, provider })
+  }
+
+  /// Waits until `room` fits under both bounds. Cancel-safe: a wait dropped early holds
+  /// nothing.
+  pub async fn claim(&self, room: usize) -> Claim {
     // Always the sandbox first, then the provider: one order, so waits never form a cycle.
-    let sandbox = self.sandbox.take(len).await;
-    let provider = self.provider.take(len).await;
-    Claim {
-      _sandbox: sandbox,
-      _provider: provider,
+    let sandbox = self.sandbox.take(room).await;
+    let provider = self.provider.take(room).await;
+    Claim { sandbox, provider }
+  }
+
+  /// Decides a measured request of `len` bytes, read under `claim` (`reading(len)`).
+  pub fn admit(
+    &self,
+    len: usize,
+    measured: &Result<Measured, Unfit>,
+    mut claim: Claim,
+  ) -> Admission {
+    let m = match measured {
+      Ok(m) => m,
+      Err(why) => return Admission::Refused(why.message()),
+    };
+    if let Some(why) = self.refusal_measured(len, m) {
+      return Admission::Refused(why);
     }
+    let room = holding(len, m.heap);
+    match self.try_fit(&mut claim, room) {
+      true => Admission::Ready(claim),
+      false => Admission::Wait(claim, room),
+    }
+  }
+
+  /// Makes `claim` hold exactly `room` if that needs no wait: surplus is given back, a
+  /// shortfall taken when free now. False, with `claim` as it was, otherwise.
+  pub fn try_fit(&self, claim: &mut Claim, room: usize) -> bool {
+    let before = claim.sandbox.num_permits();
+    if !self.sandbox.fit_now(&mut claim.sandbox, room) {
+      return false;
+    }
+    if self.provider.fit_now(&mut claim.provider, room) {
+      return true;
+    }
+    // Only a claim that grows can fail: the sandbox's share goes back to what it was.
+    let grown = claim.sandbox.num_permits() - before;
+    drop(claim.sandbox.split(grown));
+    false
+  }
+
+  /// Makes `claim` hold exactly `room`, waiting for a shortfall (the sandbox's first, then the
+  /// provider's, as `claim` does). Dropped early, the claim may hold part of it, still given
+  /// back when the claim is dropped.
+  pub async fn fit(&self, claim: &mut Claim, room: usize) {
+    self.sandbox.fit_wait(&mut claim.sandbox, room).await;
+    self.provider.fit_wait(&mut claim.provider, room).await;
   }
 }
 
@@ -161,10 +295,7 @@ mod tests {
       .await
       .expect("room was given back")
       .unwrap();
-    assert_eq!(
-      b.provider.available(),
-      (4 << 20) - 700 * 1024 - REQUEST_OVERHEAD
-    );
+    assert_eq!(b.provider.available(), (4 << 20) - 700 * 1024);
     drop(second);
     assert_eq!(b.sandbox.available(), 1 << 20);
     assert_eq!(b.provider.available(), 4 << 20);
@@ -196,10 +327,7 @@ mod tests {
     let big = b.claim(900 * 1024).await;
     // Both bounds or nothing: the provider has room, the sandbox does not.
     assert!(b.try_claim(200 * 1024).is_none());
-    assert_eq!(
-      b.provider.available(),
-      (4 << 20) - 901 * 1024 - 2 * REQUEST_OVERHEAD
-    );
+    assert_eq!(b.provider.available(), (4 << 20) - 901 * 1024);
     let waiting = tokio::spawn({
       let b = b.clone();
       async move { b.claim(500 * 1024).await }
@@ -215,5 +343,72 @@ mod tests {
       .unwrap();
     drop(held);
     assert_eq!(b.sandbox.available(), 1 << 20);
+  }
+
+  #[tokio::test]
+  async fn a_measured_claim_is_cut_or_grown_to_what_it_holds() {
+    let b = budget(1 << 20, 4 << 20);
+    let mut claim = b.claim(reading(100 * 1024)).await;
+    assert_eq!(claim.held(), 100 * 1024 + REQUEST_OVERHEAD);
+    // Text: its bytes, as read.
+    assert!(b.try_fit(&mut claim, holding(100 * 1024, 90 * 1024)));
+    assert_eq!(claim.held(), 100 * 1024 + REQUEST_OVERHEAD);
+    assert_eq!(b.sandbox.available(), (1 << 20) - claim.held());
+    assert_eq!(b.provider.available(), (4 << 20) - claim.held());
+    // Less than held: the surplus goes back at once.
+    let mut big = b.claim(300 * 1024).await;
+    assert!(b.try_fit(&mut big, 200 * 1024));
+    assert_eq!(b.sandbox.available(), (1 << 20) - claim.held() - 200 * 1024);
+    drop(big);
+    // Dense values: more than their bytes, taken when free.
+    let other = b.claim(700 * 1024).await;
+    assert!(!b.try_fit(&mut claim, 400 * 1024), "not free now");
+    assert_eq!(claim.held(), 100 * 1024 + REQUEST_OVERHEAD, "as it was");
+    assert_eq!(
+      b.provider.available(),
+      (4 << 20) - 800 * 1024 - REQUEST_OVERHEAD
+    );
+    let grown = tokio::spawn({
+      let b = b.clone();
+      async move {
+        b.fit(&mut claim, 400 * 1024).await;
+        claim
+      }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(!grown.is_finished(), "waits for room");
+    drop(other);
+    let claim = tokio::time::timeout(std::time::Duration::from_secs(5), grown)
+      .await
+      .expect("room was given back")
+      .unwrap();
+    assert_eq!(claim.held(), 400 * 1024);
+    drop(claim);
+    assert_eq!(b.sandbox.available(), 1 << 20);
+    assert_eq!(b.provider.available(), 4 << 20);
+  }
+
+  #[test]
+  fn values_over_a_bound_are_refused_naming_what_they_take() {
+    let b = budget(1 << 20, 4 << 20);
+    let dense = Measured {
+      heap: 2 << 20,
+      values: 40_000,
+      plan: None,
+    };
+    let why = b
+      .refusal_measured(100_000, &dense)
+      .expect("over the sandbox's bound");
+    assert!(
+      why.contains("2097152 bytes of the host's memory as 40000 JavaScript values"),
+      "{why}"
+    );
+    assert!(why.contains("codeModeSandboxInflightBytes"), "{why}");
+    let light = Measured {
+      heap: 1000,
+      values: 3,
+      plan: None,
+    };
+    assert!(b.refusal_measured(1000, &light).is_none());
   }
 }

@@ -16,9 +16,10 @@ use tokio::time::Instant;
 use trueforge_agent_proto::client::{CallHandler, CodeModeCall};
 use trueforge_agent_proto::msg::CodeModeListenSpec;
 
-use crate::codemode::budget::{Budget, Claim};
+use crate::codemode::budget::{self, Admission, Budget, Claim};
+use crate::codemode::meter::{self, Measured, Unfit};
 use crate::codemode::relay::{next_generation, Relay};
-use crate::codemode::session::Intake;
+use crate::codemode::session::{Intake, Request};
 use crate::codemode::MAX_MESSAGE_BYTES;
 use crate::engine::Engine;
 use crate::sandbox::agent::Conn;
@@ -84,8 +85,8 @@ impl Served {
   }
 }
 
-/// Calls handed to the JavaScript side and not answered yet, by id, with the room they hold and
-/// when they time out. One task per relay answers the late ones (`watch`): a timer task per call
+/// Calls handed to the JavaScript side and not answered yet, by id, with when they time out
+/// (their room is held by the session until the JavaScript side is done with them). One task per relay answers the late ones (`watch`): a timer task per call
 /// would outlive its call by the whole timeout (five minutes by default), so a busy turn would
 /// pile up hundreds of thousands of sleeping tasks.
 type Pending = Arc<Mutex<Waiting>>;
@@ -98,21 +99,13 @@ struct Waiting {
 
 struct Held {
   call: CodeModeCall,
-  room: Claim,
   deadline: Instant,
 }
 
 impl Waiting {
-  fn insert(&mut self, id: u32, call: CodeModeCall, room: Claim, deadline: Instant) {
+  fn insert(&mut self, id: u32, call: CodeModeCall, deadline: Instant) {
     self.deadlines.insert((deadline, id));
-    let old = self.calls.insert(
-      id,
-      Held {
-        call,
-        room,
-        deadline,
-      },
-    );
+    let old = self.calls.insert(id, Held { call, deadline });
     if let Some(old) = old {
       self.deadlines.remove(&(old.deadline, id));
     }
@@ -173,12 +166,11 @@ impl AgentRelay {
     let Some(held) = self.pending.lock().expect("pending").remove(id) else {
       return true; // answered already, or timed out
     };
-    let Held { mut call, room, .. } = held;
+    let Held { mut call, .. } = held;
     let bytes = Bytes::copy_from_slice(payload);
     if !call.reply_now(&bytes) {
       self.runtime.spawn(async move {
         let _ = call.reply(bytes).await;
-        drop(room);
       });
     }
     true
@@ -272,31 +264,37 @@ fn call_handler(
   Arc::new(move |mut call: CodeModeCall| {
     let id = next_id.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
     let size = announced(&call);
+    let on = Handed {
+      generation,
+      id,
+      intake: intake.clone(),
+      budget: budget.clone(),
+      pending: pending.clone(),
+    };
     if budget.refusal(size).is_none() {
-      if let Some(room) = budget.try_claim(size) {
+      if let Some(room) = budget.try_claim(budget::reading(size)) {
         if let Some(request) = call.take_request() {
           let Ok(request) = request else { return };
-          deliver(call, room, request, generation, id, &intake, &pending);
+          let measured = meter::measure(&request);
+          match budget.admit(request.len(), &measured, room) {
+            Admission::Ready(room) => on.deliver(call, room, request, measured),
+            other => {
+              runtime.spawn(on.settle(call, request, measured, other));
+            }
+          }
           return;
         }
       }
     }
-    runtime.spawn(hand_over(
-      call,
-      generation,
-      id,
-      intake.clone(),
-      budget.clone(),
-      pending.clone(),
-    ));
+    runtime.spawn(on.hand_over(call));
   })
 }
 
 /// Answers the calls whose time is up, until the relay ends; then calls nobody will answer now
-/// fail (dropping one fails it) and give their room back, and a relay dropped without `stop` has
-/// its socket closed here. It sleeps until the first deadline, or for one timeout when nothing
-/// waits (a call made meanwhile is due after that), woken early when the timeout is shortened:
-/// no wake-up per call.
+/// fail (dropping one fails it), and a relay dropped without `stop` has its socket closed here.
+/// It sleeps until the first deadline, or for one timeout when nothing waits (a call made
+/// meanwhile is due after that), woken early when the timeout is shortened: no wake-up per
+/// call.
 fn watch(
   engine: &Engine,
   conn: &Arc<Conn>,
@@ -345,9 +343,7 @@ fn watch(
       for held in late {
         let reply = error_reply(&message, "transport");
         tokio::spawn(async move {
-          let Held { call, room, .. } = held;
-          let _ = call.reply(reply).await;
-          drop(room);
+          let _ = held.call.reply(reply).await;
         });
       }
     }
@@ -372,46 +368,94 @@ fn announced(call: &CodeModeCall) -> usize {
   })
 }
 
-/// Takes room for one call, reads its request, and delivers it. A call over a bound is refused
-/// at once.
-async fn hand_over(
-  mut call: CodeModeCall,
+/// Requests from this size on are measured on a blocking thread, not on the runtime's.
+const MEASURE_APART: usize = 1 << 20;
+
+/// One call on its way to the sink.
+struct Handed {
   generation: u32,
   id: u32,
   intake: Intake,
   budget: Budget,
   pending: Pending,
-) {
-  let size = announced(&call);
-  if let Some(why) = budget.refusal(size) {
-    let _ = call.reply(error_reply(&why, "caller")).await;
-    return;
-  }
-  // Until there is room, the call's bytes wait in the agent under flow control.
-  let room = budget.claim(size).await;
-  // The claim holds the bytes; the sandbox's pool itself must not outlive its relays (the
-  // next relay there sizes a new one).
-  drop(budget);
-  let Ok(request) = call.read_request().await else {
-    return;
-  };
-  deliver(call, room, request, generation, id, &intake, &pending);
 }
 
-/// Hands the request to the sink, to be answered within the session's timeout.
-fn deliver(
-  call: CodeModeCall,
-  room: Claim,
-  request: Bytes,
-  generation: u32,
-  id: u32,
-  intake: &Intake,
-  pending: &Pending,
-) {
-  let deadline = Instant::now() + intake.timeout();
-  pending
-    .lock()
-    .expect("pending")
-    .insert(id, call, room, deadline);
-  (intake.sink)(generation, id, Vec::from(request));
+impl Handed {
+  /// Takes room for the call, reads and measures its request, and delivers it. A call over a
+  /// bound is refused at once.
+  async fn hand_over(self, mut call: CodeModeCall) {
+    let size = announced(&call);
+    if let Some(why) = self.budget.refusal(size) {
+      let _ = call.reply(error_reply(&why, "caller")).await;
+      return;
+    }
+    // Until there is room, the call's bytes wait in the agent under flow control.
+    let room = self.budget.claim(budget::reading(size)).await;
+    let Ok(request) = call.read_request().await else {
+      return;
+    };
+    let measured = match request.len() < MEASURE_APART {
+      true => meter::measure(&request),
+      false => {
+        let bytes = request.clone();
+        let apart = tokio::task::spawn_blocking(move || meter::measure(&bytes));
+        apart.await.unwrap_or(Err(Unfit::Malformed))
+      }
+    };
+    let admission = self.budget.admit(request.len(), &measured, room);
+    self.settle(call, request, measured, admission).await;
+  }
+
+  /// Delivers an admitted call, or answers why it cannot be, waiting for room within the
+  /// timeout when it needs more than is free.
+  async fn settle(
+    self,
+    call: CodeModeCall,
+    request: Bytes,
+    measured: Result<Measured, Unfit>,
+    admission: Admission,
+  ) {
+    let room = match admission {
+      Admission::Ready(room) => room,
+      Admission::Refused(why) => {
+        let _ = call.reply(error_reply(&why, "caller")).await;
+        return;
+      }
+      Admission::Wait(mut room, need) => {
+        let timeout = self.intake.timeout();
+        let fit = tokio::time::timeout(timeout, self.budget.fit(&mut room, need));
+        if fit.await.is_err() {
+          let why = budget::no_room(timeout);
+          let _ = call.reply(error_reply(&why, "transport")).await;
+          return;
+        }
+        room
+      }
+    };
+    self.deliver(call, room, request, measured);
+  }
+
+  /// Hands the request to the sink, to be answered within the session's timeout.
+  fn deliver(
+    self,
+    call: CodeModeCall,
+    room: Claim,
+    request: Bytes,
+    measured: Result<Measured, Unfit>,
+  ) {
+    let Ok(measured) = measured else {
+      unreachable!("only measured calls are admitted")
+    };
+    let deadline = Instant::now() + self.intake.timeout();
+    self
+      .pending
+      .lock()
+      .expect("pending")
+      .insert(self.id, call, deadline);
+    let request = Request {
+      payload: Vec::from(request),
+      measured,
+    };
+    self.intake.deliver(self.generation, self.id, request, room);
+  }
 }

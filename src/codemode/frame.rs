@@ -3,6 +3,7 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 
+use crate::codemode::meter::{Measured, Meter, Unfit};
 use crate::codemode::MAX_MESSAGE_BYTES;
 
 pub const HEADER_LEN: usize = 9;
@@ -19,6 +20,8 @@ pub struct Frame {
   pub kind: u8,
   pub id: u32,
   pub payload: Vec<u8>,
+  /// What the payload holds, when it was accepted to be measured.
+  pub measured: Option<Result<Measured, Unfit>>,
 }
 
 /// A frame's header, given before its payload is read so that room for it can be found first.
@@ -54,7 +57,7 @@ enum State {
   #[default]
   Header,
   Decide(Head),
-  Body(Head, Vec<u8>),
+  Body(Head, Vec<u8>, Option<Box<Meter>>),
   Skip(usize),
 }
 
@@ -71,9 +74,9 @@ impl Decoder {
     // Payload bytes go straight where they belong, not through the buffer.
     if self.buf.is_empty() {
       match &mut self.state {
-        State::Body(h, payload) => {
+        State::Body(h, payload, meter) => {
           let n = (h.len - payload.len()).min(chunk.len());
-          payload.extend_from_slice(&chunk[..n]);
+          take(payload, meter, &chunk[..n]);
           chunk = &chunk[n..];
         }
         State::Skip(left) => {
@@ -110,20 +113,21 @@ impl Decoder {
           return Ok(Some(Event::Head(head)));
         }
         State::Decide(_) => return Err("a frame header was neither accepted nor skipped".into()),
-        State::Body(h, payload) => {
+        State::Body(h, payload, meter) => {
           let n = (h.len - payload.len()).min(self.buf.len());
-          payload.extend_from_slice(&self.buf[..n]);
+          take(payload, meter, &self.buf[..n]);
           self.buf.advance(n);
           if payload.len() < h.len {
             return Ok(None);
           }
-          let State::Body(h, payload) = std::mem::take(&mut self.state) else {
+          let State::Body(h, payload, meter) = std::mem::take(&mut self.state) else {
             unreachable!("matched above")
           };
           return Ok(Some(Event::Frame(Frame {
             kind: h.kind,
             id: h.id,
             payload,
+            measured: meter.map(|m| m.finish()),
           })));
         }
         State::Skip(left) => {
@@ -143,7 +147,14 @@ impl Decoder {
   /// was found before).
   pub fn accept(&mut self) {
     if let State::Decide(h) = self.state {
-      self.state = State::Body(h, Vec::with_capacity(h.len));
+      self.state = State::Body(h, Vec::with_capacity(h.len), None);
+    }
+  }
+
+  /// As `accept`, measuring the payload (a request) as it arrives (`meter`).
+  pub fn accept_measured(&mut self) {
+    if let State::Decide(h) = self.state {
+      self.state = State::Body(h, Vec::with_capacity(h.len), Some(Box::default()));
     }
   }
 
@@ -152,6 +163,14 @@ impl Decoder {
     if let State::Decide(h) = self.state {
       self.state = State::Skip(h.len);
     }
+  }
+}
+
+/// Payload bytes arrived: kept, and measured when asked.
+fn take(payload: &mut Vec<u8>, meter: &mut Option<Box<Meter>>, bytes: &[u8]) {
+  payload.extend_from_slice(bytes);
+  if let Some(m) = meter {
+    m.push(bytes);
   }
 }
 
@@ -208,6 +227,31 @@ mod tests {
     };
     assert_eq!((h.id, h.len), (3, 100_000));
     assert!(d.next_event().is_err(), "a header must be decided first");
+  }
+
+  #[test]
+  fn measured_payloads_are_measured_across_any_split() {
+    let wire = encode(KIND_REQUEST, 1, br#"{"op":"list_tools","server":"s"}"#);
+    let bad = encode(KIND_REQUEST, 2, b"{\"op\":");
+    let all: Vec<u8> = [&wire[..], &bad[..]].concat();
+    for step in [1, 3, 10, 4096] {
+      let mut d = Decoder::default();
+      let mut got = Vec::new();
+      for chunk in all.chunks(step) {
+        d.push(chunk);
+        while let Some(e) = d.next_event().unwrap() {
+          match e {
+            Event::Head(_) => d.accept_measured(),
+            Event::Frame(f) => got.push(f.measured),
+          }
+        }
+      }
+      assert!(
+        matches!(&got[0], Some(Ok(m)) if m.values == 3),
+        "split {step}"
+      );
+      assert_eq!(got[1], Some(Err(Unfit::Malformed)), "split {step}");
+    }
   }
 
   #[test]

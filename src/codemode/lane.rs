@@ -27,11 +27,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use trueforge_agent_proto::client::outbox::Outbox;
 
-use crate::codemode::budget::{Budget, Claim};
-use crate::codemode::frame::{encode, Decoder, Event, Head, KIND_READY, KIND_REPLY, KIND_REQUEST};
+use crate::codemode::budget::{self, Admission, Budget, Claim};
+use crate::codemode::frame::{
+  encode, Decoder, Event, Frame, Head, KIND_READY, KIND_REPLY, KIND_REQUEST,
+};
+use crate::codemode::meter::Unfit;
 use crate::codemode::reader::{error_reply, Inflight};
 use crate::codemode::relay::next_generation;
-use crate::codemode::session::Intake;
+use crate::codemode::session::{Intake, Request};
 use crate::engine::Engine;
 use crate::sandbox::agent::Conn;
 use crate::sandbox::container::Target;
@@ -52,7 +55,7 @@ pub fn socket_of(engine: &Engine) -> Option<String> {
 /// Calls fed in, for the JavaScript side to dispatch.
 #[derive(Default)]
 pub struct Fed {
-  pub calls: Vec<(u32, Vec<u8>)>,
+  pub calls: Vec<(u32, Request)>,
   /// No room for the next call: stop reading until `room` returns.
   pub paused: bool,
 }
@@ -65,6 +68,17 @@ struct Feed {
   /// A request's head waits for room for its payload.
   waiting: Option<Head>,
   claim: Option<Claim>,
+  /// A request read and measured waits for room for its values.
+  admitting: Option<Admitting>,
+}
+
+struct Admitting {
+  frame: Frame,
+  claim: Claim,
+  room: usize,
+  deadline: Instant,
+  /// Its room is held: hand it on.
+  fitted: bool,
 }
 
 /// One socket served on a lane.
@@ -159,6 +173,7 @@ impl Lane {
       frames,
       waiting,
       claim,
+      admitting,
     } = &mut *st;
     let mut stderr = Vec::new();
     mux.push(chunk, |stream, bytes| match stream {
@@ -177,17 +192,26 @@ impl Lane {
       );
     }
     let mut fed = Fed::default();
+    // A call that waited for room for its values goes first.
+    if let Some(a) = admitting.take() {
+      if !a.fitted {
+        *admitting = Some(a);
+        fed.paused = true;
+        return Ok(fed);
+      }
+      self.hand_on(a.frame, a.claim, &mut fed);
+    }
     if let Some(h) = *waiting {
       match claim.is_some() {
         true => {
           *waiting = None;
-          frames.accept();
+          frames.accept_measured();
         }
-        false => match self.budget.try_claim(h.len) {
+        false => match self.budget.try_claim(budget::reading(h.len)) {
           Some(c) => {
             *claim = Some(c);
             *waiting = None;
-            frames.accept();
+            frames.accept_measured();
           }
           None => {
             fed.paused = true;
@@ -204,10 +228,10 @@ impl Lane {
             self.out.send([error_reply(h.id, &why, "caller")]);
             continue;
           }
-          match self.budget.try_claim(h.len) {
+          match self.budget.try_claim(budget::reading(h.len)) {
             Some(c) => {
               *claim = Some(c);
-              frames.accept();
+              frames.accept_measured();
             }
             None => {
               *waiting = Some(h);
@@ -218,10 +242,23 @@ impl Lane {
         }
         Some(Event::Head(_)) => frames.skip(),
         Some(Event::Frame(f)) => {
-          if let Some(c) = claim.take() {
-            let deadline = Instant::now() + self.intake.timeout();
-            let seq = self.inflight.hold(f.id, deadline, c);
-            fed.calls.push((seq, f.payload));
+          let Some(c) = claim.take() else { continue };
+          let measured = f.measured.clone().unwrap_or(Err(Unfit::Malformed));
+          match self.budget.admit(f.payload.len(), &measured, c) {
+            Admission::Ready(c) => self.hand_on(f, c, &mut fed),
+            Admission::Refused(why) => self.out.send([error_reply(f.id, &why, "caller")]),
+            Admission::Wait(claim, room) => {
+              let deadline = Instant::now() + self.intake.timeout();
+              *admitting = Some(Admitting {
+                frame: f,
+                claim,
+                room,
+                deadline,
+                fitted: false,
+              });
+              fed.paused = true;
+              return Ok(fed);
+            }
           }
         }
         None => return Ok(fed),
@@ -229,13 +266,38 @@ impl Lane {
     }
   }
 
+  /// A measured call whose room is held, for the JavaScript side.
+  fn hand_on(&self, f: Frame, claim: Claim, fed: &mut Fed) {
+    let Some(Ok(measured)) = f.measured else {
+      unreachable!("only measured calls are admitted")
+    };
+    let deadline = Instant::now() + self.intake.timeout();
+    let seq = self.inflight.hold(f.id, deadline);
+    self
+      .intake
+      .holds
+      .hold(self.generation, seq, claim, measured.heap);
+    let request = Request {
+      payload: f.payload,
+      measured,
+    };
+    fed.calls.push((seq, request));
+  }
+
   /// Waits until the budget has room for the call that paused the feed (or the lane closes).
   pub async fn room(&self) {
+    let admitting = {
+      let mut st = self.feed.lock().expect("lane feed");
+      st.admitting.take_if(|a| !a.fitted)
+    };
+    if let Some(a) = admitting {
+      return self.fit(a).await;
+    }
     let Some(head) = self.feed.lock().expect("lane feed").waiting else {
       return;
     };
     tokio::select! {
-      c = self.budget.claim(head.len) => {
+      c = self.budget.claim(budget::reading(head.len)) => {
         let mut st = self.feed.lock().expect("lane feed");
         // Only for the head it was made for (another wait may have been first).
         if st.waiting == Some(head) && st.claim.is_none() {
@@ -246,8 +308,26 @@ impl Lane {
     }
   }
 
+  /// Waits for the room a measured call needs, within its timeout; a call that finds none is
+  /// answered so.
+  async fn fit(&self, mut a: Admitting) {
+    let fit = tokio::time::timeout_at(a.deadline, self.budget.fit(&mut a.claim, a.room));
+    let fitted = tokio::select! {
+      r = fit => r.is_ok(),
+      _ = self.closing.cancelled() => return,
+    };
+    if !fitted {
+      let why = budget::no_room(self.intake.timeout());
+      self.out.send([error_reply(a.frame.id, &why, "transport")]);
+      return;
+    }
+    a.fitted = true;
+    self.feed.lock().expect("lane feed").admitting = Some(a);
+  }
+
   /// The stream ended (the JavaScript side saw it close, or it carried nonsense): calls not
-  /// answered yet give their room back; their clients see the connection closed.
+  /// answered yet are no longer awaited (their clients see the connection closed; their room
+  /// stays held until the JavaScript side is done with them).
   pub fn end(&self) {
     self.alive.store(false, Ordering::SeqCst);
     self.closing.cancel();

@@ -14,6 +14,7 @@ pub mod by_agent;
 pub mod frame;
 #[cfg(unix)]
 pub mod lane;
+pub mod meter;
 mod reader;
 pub mod relay;
 pub mod session;

@@ -1,6 +1,6 @@
 //! The relay stream's reader: requests out of the sandbox to the session's sink, each held under
-//! the budget from before its payload is read until its reply is sent, it times out, or the relay
-//! ends. What the relay writes on stderr goes to the logger, throttled per sandbox.
+//! the budget from before its payload is read until the JavaScript side hands its reply back
+//! (`Holds`). What the relay writes on stderr goes to the logger, throttled per sandbox.
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -17,9 +17,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::codemode::budget::{Budget, Claim};
+use crate::codemode::budget::{self, Admission, Budget, Claim};
 use crate::codemode::frame::{encode, Decoder, Event, Frame, KIND_REPLY, KIND_REQUEST};
-use crate::codemode::session::Intake;
+use crate::codemode::session::{Intake, Request};
 use crate::engine::Engine;
 use crate::util::logging::{Level, Logger};
 
@@ -39,16 +39,16 @@ struct Pending {
   next: u32,
 }
 
-/// One request handed on: the relay's id for it, when it times out, the bytes it holds.
+/// One request handed on: the relay's id for it, and when it times out. (Its room is held by
+/// the session until the JavaScript side is done with it.)
 struct Held {
   relay_id: u32,
   deadline: Instant,
-  _claim: Claim,
 }
 
 impl Inflight {
-  /// Request `seq` is answered: the relay's id for it, its bytes given back. `None` when it is
-  /// no longer awaited (it timed out, or the relay ended).
+  /// Request `seq` is answered: the relay's id for it. `None` when it is no longer awaited (it
+  /// timed out, or the relay ended).
   pub(crate) fn finish(&self, seq: u32) -> Option<u32> {
     let mut p = self.0.lock().expect("inflight");
     let held = p.held.remove(&seq)?;
@@ -56,21 +56,14 @@ impl Inflight {
     Some(held.relay_id)
   }
 
-  pub(crate) fn hold(&self, relay_id: u32, deadline: Instant, claim: Claim) -> u32 {
+  pub(crate) fn hold(&self, relay_id: u32, deadline: Instant) -> u32 {
     let mut p = self.0.lock().expect("inflight");
     let mut seq = p.next;
     while p.held.contains_key(&seq) {
       seq = seq.wrapping_add(1);
     }
     p.next = seq.wrapping_add(1);
-    p.held.insert(
-      seq,
-      Held {
-        relay_id,
-        deadline,
-        _claim: claim,
-      },
-    );
+    p.held.insert(seq, Held { relay_id, deadline });
     p.deadlines.insert((deadline, seq));
     seq
   }
@@ -80,7 +73,7 @@ impl Inflight {
     p.deadlines.first().map(|(d, _)| *d)
   }
 
-  /// The relay's ids of the requests whose time is up, their bytes given back.
+  /// The relay's ids of the requests whose time is up.
   pub(crate) fn expire(&self, now: Instant) -> Vec<u32> {
     let mut p = self.0.lock().expect("inflight");
     let mut out = Vec::new();
@@ -184,7 +177,7 @@ impl Waits {
     }
   }
 
-  /// Answers the requests whose time is up, so the caller hears why, and gives their bytes back.
+  /// Answers the requests whose time is up, so the caller hears why.
   fn expire(&self) {
     let late = self.inflight.expire(Instant::now());
     let Some(tx) = self.replies.upgrade() else {
@@ -219,17 +212,20 @@ impl Reader {
             }
             continue;
           }
-          // Nothing more is read from the stream until the bytes are there.
-          match waits.wait(stop, true, self.budget.claim(h.len)).await? {
+          // Nothing more is read from the stream until the room is there.
+          let room = budget::reading(h.len);
+          match waits.wait(stop, true, self.budget.claim(room)).await? {
             Some(c) => claim = Some(c),
             None => return Ok(()),
           }
-          self.decoder.accept();
+          self.decoder.accept_measured();
         }
         Some(Event::Head(_)) => self.decoder.skip(),
         Some(Event::Frame(f)) => {
           if let Some(c) = claim.take() {
-            self.hand_on(f, c, waits.timeout);
+            if !self.admit(f, c, &waits, stop).await? {
+              return Ok(());
+            }
           }
         }
         None => match waits.wait(stop, false, self.output.next()).await? {
@@ -250,8 +246,52 @@ impl Reader {
     }
   }
 
-  fn hand_on(&self, f: Frame, claim: Claim, timeout: Duration) {
-    let seq = self.inflight.hold(f.id, Instant::now() + timeout, claim);
-    (self.intake.sink)(self.generation, seq, f.payload);
+  /// Hands a measured request on once its room is held, or answers why it cannot be; false
+  /// when the relay closed meanwhile.
+  async fn admit(
+    &mut self,
+    f: Frame,
+    claim: Claim,
+    waits: &Waits,
+    stop: &CancellationToken,
+  ) -> Result<bool, String> {
+    let measured = f
+      .measured
+      .clone()
+      .unwrap_or(Err(crate::codemode::meter::Unfit::Malformed));
+    let claim = match self.budget.admit(f.payload.len(), &measured, claim) {
+      Admission::Ready(c) => c,
+      Admission::Refused(why) => {
+        self.answer(f.id, &why, "caller");
+        return Ok(true);
+      }
+      Admission::Wait(mut c, room) => {
+        let fit = tokio::time::timeout(waits.timeout, self.budget.fit(&mut c, room));
+        match waits.wait(stop, true, fit).await? {
+          None => return Ok(false),
+          Some(Err(_)) => {
+            self.answer(f.id, &budget::no_room(waits.timeout), "transport");
+            return Ok(true);
+          }
+          Some(Ok(())) => c,
+        }
+      }
+    };
+    let Ok(measured) = measured else {
+      unreachable!("admitted")
+    };
+    let seq = self.inflight.hold(f.id, Instant::now() + waits.timeout);
+    let request = Request {
+      payload: f.payload,
+      measured,
+    };
+    self.intake.deliver(self.generation, seq, request, claim);
+    Ok(true)
+  }
+
+  fn answer(&self, relay_id: u32, message: &str, source: &str) {
+    if let Some(tx) = self.replies.upgrade() {
+      let _ = tx.send(error_reply(relay_id, message, source));
+    }
   }
 }

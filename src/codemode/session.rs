@@ -1,6 +1,7 @@
 //! One Code Mode transport's session: its socket name, and the relay serving it in the sandbox
 //! it was last started for.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,15 +10,87 @@ use rand::Rng;
 use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
+use crate::codemode::budget::Claim;
 use crate::codemode::by_agent::Served;
 #[cfg(unix)]
 use crate::codemode::lane::Fed;
+use crate::codemode::meter::Measured;
 use crate::codemode::SOCKET_DIR;
 use crate::util::errors::Result;
 
-/// Receives each request: the relay's generation, the request's number and the raw JSON bytes.
-/// The answer goes back through `Session::reply` with the same generation and number.
-pub type RequestSink = Arc<dyn Fn(u32, u32, Vec<u8>) + Send + Sync>;
+/// One request for the JavaScript side: its JSON text, checked and measured.
+pub struct Request {
+  pub payload: Vec<u8>,
+  pub measured: Measured,
+}
+
+/// Receives each request: the relay's generation, the request's number and the request. The
+/// answer goes back through `Session::reply` with the same generation and number.
+pub type RequestSink = Arc<dyn Fn(u32, u32, Request) + Send + Sync>;
+
+/// The room of the requests handed to the JavaScript side, held until the dispatcher is done
+/// with them, whatever became of their relays or their callers meanwhile: until its reply is
+/// handed back, or, for a large request whose values the JavaScript side watches, until they
+/// are collected (`Session::collected`).
+#[derive(Default)]
+pub struct Holds(Mutex<HashMap<(u32, u32), Hold>>);
+
+struct Hold {
+  _claim: Claim,
+  heap: u64,
+}
+
+impl Holds {
+  /// Request `seq` of relay `generation` is handed over, holding `claim` for values of `heap`
+  /// bytes.
+  pub fn hold(&self, generation: u32, seq: u32, claim: Claim, heap: u64) {
+    let mut held = self.0.lock().expect("holds");
+    held.insert(
+      (generation, seq),
+      Hold {
+        _claim: claim,
+        heap,
+      },
+    );
+  }
+
+  fn release(&self, generation: u32, seq: u32) {
+    let hold = self.0.lock().expect("holds").remove(&(generation, seq));
+    drop(hold);
+  }
+
+  fn heap_of(&self, generation: u32, seq: u32) -> Option<u64> {
+    let held = self.0.lock().expect("holds");
+    held.get(&(generation, seq)).map(|h| h.heap)
+  }
+}
+
+/// A request whose values take this much is worth a collection when its dispatcher is done:
+/// its room comes back once they are collected, and other requests may be waiting for it.
+const COLLECT_FROM: u64 = 1 << 20;
+/// At most one collection asked for per this long, however many large requests end.
+const COLLECT_EVERY: Duration = Duration::from_millis(100);
+
+/// When a collection was last asked for.
+static LAST_COLLECTION: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+
+/// Whether to ask for a collection now for a request of `heap` bytes of values.
+fn collection_due(heap: u64) -> bool {
+  if heap < COLLECT_FROM {
+    return false;
+  }
+  let mut last = LAST_COLLECTION.lock().expect("last collection");
+  let now = std::time::Instant::now();
+  if last.is_some_and(|t| now.duration_since(t) < COLLECT_EVERY) {
+    return false;
+  }
+  *last = Some(now);
+  true
+}
+
+/// Past V8's allowance for external memory since its last collection (64 MiB), so that the
+/// pressure starts one.
+const COLLECTION_PRESSURE: i64 = 64 << 20;
 
 /// How long a request waits for its reply when `start` was given no timeout: the client's own
 /// default (`DEFAULT_TIMEOUT_SECONDS` in mcp_client.py), after which nobody waits for it.
@@ -28,6 +101,7 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 #[derive(Clone)]
 pub struct Intake {
   pub sink: RequestSink,
+  pub holds: Arc<Holds>,
   timeout_ms: Arc<AtomicU64>,
   /// Told when the timeout gets shorter: a relay waiting out the old one looks again.
   shorter: Arc<Notify>,
@@ -37,6 +111,7 @@ impl Intake {
   pub fn new(sink: RequestSink) -> Self {
     Self {
       sink,
+      holds: Arc::default(),
       timeout_ms: Arc::new(AtomicU64::new(DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)),
       shorter: Arc::new(Notify::new()),
     }
@@ -44,6 +119,15 @@ impl Intake {
 
   pub fn timeout(&self) -> Duration {
     Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+  }
+
+  /// Hands request `seq` of relay `generation` to the sink, its room held until the
+  /// dispatcher is done with it.
+  pub fn deliver(&self, generation: u32, seq: u32, request: Request, claim: Claim) {
+    self
+      .holds
+      .hold(generation, seq, claim, request.measured.heap);
+    (self.sink)(generation, seq, request);
   }
 
   /// Completes once the timeout is set shorter than it was.
@@ -128,14 +212,38 @@ impl Session {
     Ok(())
   }
 
-  /// Sends a reply to the relay generation that asked. False when that relay is gone or no
-  /// longer awaits it (it timed out).
-  pub fn reply(&self, generation: u32, id: u32, payload: &[u8]) -> bool {
+  /// Sends a reply to the relay generation that asked: the dispatcher is done with the
+  /// request. Its room is given back now, unless the JavaScript side `watched` its values (a
+  /// large request), whose room comes back when they are collected (`collected`). False when
+  /// that relay is gone or no longer awaits it (it timed out).
+  pub fn reply(&self, generation: u32, id: u32, payload: &[u8], watched: bool) -> bool {
     let relay = self.current.lock().expect("current").clone();
-    match relay {
+    let sent = match relay {
       Some(r) if r.generation() == generation => r.send(id, payload),
       _ => false,
+    };
+    if !watched {
+      self.intake.holds.release(generation, id);
     }
+    sent
+  }
+
+  /// The JavaScript side let go of a watched request's values (they are garbage unless the
+  /// dispatcher kept them): how much external memory pressure to put on V8, for a collection
+  /// that gives their room back, when one is worth it now.
+  pub fn let_go(&self, generation: u32, id: u32) -> Option<i64> {
+    let heap = self.intake.holds.heap_of(generation, id)?;
+    collection_due(heap).then(|| {
+      i64::try_from(heap)
+        .unwrap_or(i64::MAX)
+        .saturating_add(COLLECTION_PRESSURE)
+    })
+  }
+
+  /// The values of request `id` of relay `generation` were collected (or the JavaScript side
+  /// stopped waiting for that): its room is given back.
+  pub fn collected(&self, generation: u32, id: u32) {
+    self.intake.holds.release(generation, id);
   }
 
   /// The current relay when it is lane `generation`.
@@ -212,7 +320,7 @@ mod tests {
 
   #[test]
   fn sessions_have_distinct_owner_only_socket_paths() {
-    let sink: RequestSink = Arc::new(|_, _, _| {});
+    let sink: RequestSink = Arc::new(|_, _, _: Request| {});
     let a = Session::new(sink.clone());
     let b = Session::new(sink);
     assert_ne!(a.socket_path(), b.socket_path());

@@ -4,12 +4,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use napi::bindgen_prelude::{Buffer, External, FnArgs, Function, PromiseRaw};
+use napi::bindgen_prelude::{Buffer, Either, External, FnArgs, Function, PromiseRaw, Uint32Array};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::Env;
 use napi_derive::napi;
 use serde_json::Value;
 
+use crate::codemode::session::Request;
 use crate::codemode::{self, RequestSink, Session};
 use crate::config::ProviderConfig;
 use crate::images::Build;
@@ -67,12 +68,38 @@ pub struct NativeLayout {
 
 type LogFn = ThreadsafeFunction<String, (), String, napi::Status, false, true>;
 /// One Code Mode request for JavaScript: its cost token (see transport.js; none for a small
-/// one), the relay's generation, the request's number and its text.
-type RequestArgs = FnArgs<(Option<External<()>>, u32, u32, String)>;
+/// one), the relay's generation, the request's number, and its text with, for a large one, the
+/// plan to build it by in slices.
+type RequestArgs = FnArgs<(Option<External<()>>, u32, u32, Payload, Option<Uint32Array>)>;
+type Payload = Either<String, Buffer>;
 
-/// Requests from this size on carry a cost token: below it the token would cost more than the
-/// bytes it reports (V8 counts the values themselves in its heap anyway).
-const COSTED_REQUEST_BYTES: usize = 64 * 1024;
+/// Requests whose values take this much or more carry a cost token: below it the token would
+/// cost more than the bytes it reports (V8 counts the values themselves in its heap anyway).
+const COSTED_REQUEST_BYTES: u64 = 64 * 1024;
+
+/// A request as JavaScript takes it: its cost token, its text, its plan.
+fn for_js(request: Request) -> (Option<External<()>>, Payload, Option<Uint32Array>) {
+  let Request { payload, measured } = request;
+  let heap = measured.heap;
+  let cost = (heap >= COSTED_REQUEST_BYTES)
+    .then(|| External::new_with_size_hint((), usize::try_from(heap).unwrap_or(usize::MAX)));
+  match measured.plan {
+    // Built in slices from the bytes themselves, shared with JavaScript, not copied.
+    Some(plan) => (
+      cost,
+      Either::B(Buffer::from(payload)),
+      Some(Uint32Array::new(plan)),
+    ),
+    // Text, not a Buffer: the bytes are copied into a JavaScript string once and freed here at
+    // once, while a Buffer's would wait for a collection; JSON.parse needs a string anyway.
+    // Invalid UTF-8 becomes U+FFFD, as Buffer#toString does.
+    None => {
+      let text = String::from_utf8(payload)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+      (cost, Either::A(text), None)
+    }
+  }
+}
 type RequestFn = ThreadsafeFunction<RequestArgs, (), RequestArgs, napi::Status, false, true>;
 
 /// The native half of `DockerSandboxProvider`; `index.js` wraps it.
@@ -276,10 +303,11 @@ impl NativeProvider {
     promise(env, async move { inner.warm_up().await })
   }
 
-  /// A Code Mode session for one transport. `on_request(generation, id, payload)` receives each
-  /// request from the sandbox; the answer goes back through `reply` with the same numbers.
+  /// A Code Mode session for one transport. `on_request(cost, generation, id, payload, plan)`
+  /// receives each request from the sandbox; the answer goes back through `reply` with the same
+  /// numbers.
   #[napi(
-    ts_args_type = "onRequest: (cost: ExternalObject<undefined> | null, generation: number, id: number, payload: string) => void"
+    ts_args_type = "onRequest: (cost: ExternalObject<undefined> | null, generation: number, id: number, payload: string | Buffer, plan: Uint32Array | null) => void"
   )]
   pub fn code_mode_session(
     &self,
@@ -291,16 +319,10 @@ impl NativeProvider {
       .callee_handled::<false>()
       .build()?;
     let tsfn = Arc::new(tsfn);
-    let sink: RequestSink = Arc::new(move |generation, id, payload: Vec<u8>| {
-      // Text, not a Buffer: the bytes are copied into a JavaScript string once and freed here at
-      // once, while a Buffer's would wait for a collection; JSON.parse needs a string anyway.
-      // Invalid UTF-8 becomes U+FFFD, as Buffer#toString does.
-      let cost = (payload.len() >= COSTED_REQUEST_BYTES)
-        .then(|| External::new_with_size_hint((), 2 * payload.len()));
-      let text = String::from_utf8(payload)
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    let sink: RequestSink = Arc::new(move |generation, id, request: Request| {
+      let (cost, payload, plan) = for_js(request);
       tsfn.call(
-        FnArgs::from((cost, generation, id, text)),
+        FnArgs::from((cost, generation, id, payload, plan)),
         ThreadsafeFunctionCallMode::NonBlocking,
       );
     });
@@ -394,10 +416,30 @@ impl NativeCodeModeSession {
   }
 
   /// Answers request `id` of relay `generation`; false when that relay is gone or no longer
-  /// awaits it (it timed out).
+  /// awaits it (it timed out). `watched`: the request's values are watched for collection,
+  /// which gives its room back (`collected`); otherwise the reply does.
   #[napi]
-  pub fn reply(&self, generation: u32, id: u32, payload: Buffer) -> bool {
-    self.session.reply(generation, id, &payload)
+  pub fn reply(&self, generation: u32, id: u32, payload: Buffer, watched: Option<bool>) -> bool {
+    self
+      .session
+      .reply(generation, id, &payload, watched.unwrap_or(false))
+  }
+
+  /// Nothing of ours holds the values of watched request `id` any more: V8 is asked for a
+  /// collection (by external memory pressure) when one is due, so that their room comes back.
+  #[napi]
+  pub fn let_go(&self, env: &Env, generation: u32, id: u32) -> napi::Result<()> {
+    if let Some(pressure) = self.session.let_go(generation, id) {
+      env.adjust_external_memory(pressure)?;
+      env.adjust_external_memory(-pressure)?;
+    }
+    Ok(())
+  }
+
+  /// The values of request `id` of relay `generation` were collected: its room is given back.
+  #[napi]
+  pub fn collected(&self, generation: u32, id: u32) {
+    self.session.collected(generation, id)
   }
 
   /// The current relay's lane, once: the JavaScript side reads its stream (`fd`, which it
@@ -426,12 +468,14 @@ impl NativeCodeModeSession {
       let calls = fed
         .calls
         .into_iter()
-        .map(|(id, payload)| NativeLaneCall {
-          id,
-          cost: (payload.len() >= COSTED_REQUEST_BYTES)
-            .then(|| External::new_with_size_hint((), 2 * payload.len())),
-          payload: String::from_utf8(payload)
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        .map(|(id, request)| {
+          let (cost, payload, plan) = for_js(request);
+          NativeLaneCall {
+            id,
+            payload,
+            plan,
+            cost,
+          }
         })
         .collect();
       Some(NativeFed {
@@ -482,7 +526,11 @@ pub struct NativeLane {
 #[napi(object, object_from_js = false)]
 pub struct NativeLaneCall {
   pub id: u32,
-  pub payload: String,
+  /// Its text; a Buffer when it comes with a plan.
+  #[napi(ts_type = "string | Buffer")]
+  pub payload: Payload,
+  /// The steps to build a large request by in slices (see `codemode::meter`).
+  pub plan: Option<Uint32Array>,
   /// What the request's values hold, told to V8 while they live (large requests only).
   #[napi(ts_type = "ExternalObject<undefined> | null")]
   pub cost: Option<External<()>>,
@@ -493,6 +541,72 @@ pub struct NativeLaneCall {
 pub struct NativeFed {
   pub calls: Vec<NativeLaneCall>,
   pub paused: bool,
+}
+
+/// The steps of a large Code Mode request's plan (see `codemode::meter`), for the builder in
+/// transport.js.
+#[napi(object)]
+pub struct NativePlanOps {
+  pub object: u32,
+  pub array: u32,
+  pub end: u32,
+  pub key: u32,
+  pub run: u32,
+  pub string: u32,
+  /// Set on a key or string step whose text holds escapes.
+  pub escaped: u32,
+}
+
+#[napi]
+pub fn code_mode_plan_ops() -> NativePlanOps {
+  use codemode::meter::*;
+  NativePlanOps {
+    object: OP_OBJECT,
+    array: OP_ARRAY,
+    end: OP_END,
+    key: OP_KEY,
+    run: OP_RUN,
+    string: OP_STRING,
+    escaped: ESCAPED,
+  }
+}
+
+/// What the host makes of one Code Mode request (see `codemode::meter`).
+#[napi(object, object_from_js = false)]
+pub struct NativeMeasured {
+  /// Bytes its values take in V8's heap, estimated from above.
+  pub heap: f64,
+  pub values: f64,
+  /// The steps to build it in slices, when it is too large to parse whole.
+  pub plan: Option<Uint32Array>,
+  /// Why it is refused, when it is.
+  pub unfit: Option<String>,
+}
+
+/// Measures a Code Mode request as the host does before any JavaScript sees it; `small_steps`
+/// makes plans of tiny steps (for tests of the builder).
+#[napi]
+pub fn code_mode_measure(payload: &[u8], small_steps: Option<bool>) -> NativeMeasured {
+  use codemode::meter::Meter;
+  let mut meter = match small_steps.unwrap_or(false) {
+    true => Meter::with_steps(200, 16, 0),
+    false => Meter::default(),
+  };
+  meter.push(payload);
+  match meter.finish() {
+    Ok(m) => NativeMeasured {
+      heap: m.heap as f64,
+      values: m.values as f64,
+      plan: m.plan.map(Uint32Array::new),
+      unfit: None,
+    },
+    Err(why) => NativeMeasured {
+      heap: 0.0,
+      values: 0.0,
+      plan: None,
+      unfit: Some(why.message()),
+    },
+  }
 }
 
 /// The Code Mode client module TrueForge installs in the sandbox, and where.
