@@ -1,0 +1,90 @@
+// The agent under pressure from its own workload: a file rewritten in place while it is
+// downloaded (whole or FILE_CHANGED, never a mix), and more concurrent commands than the pids
+// limit holds (each finishes or says why; no command of the caller's is killed to make room).
+
+import { DockerSandboxProvider, SandboxFileChangedError } from '..'
+import { BUSYBOX, ok, SandboxTracker, uniqueNamespace } from './helpers'
+
+const namespace = uniqueNamespace('t-pressure')
+const tracker = new SandboxTracker(namespace)
+const provider = new DockerSandboxProvider({ image: BUSYBOX, namespace })
+
+afterAll(async () => {
+  await tracker.cleanup(provider)
+})
+
+describe('downloads of a file rewritten in place are whole or FILE_CHANGED', () => {
+  let id: string
+
+  beforeAll(async () => {
+    id = await tracker.create(provider)
+  })
+
+  // 4 MiB takes the splicing path, 256 KiB the copying one; /workspace is a volume, /tmp the
+  // container's own overlay.
+  const cases: [string, number, string][] = [
+    ['4 MiB in /workspace', 4 << 20, 'torn-4m.bin'],
+    ['4 MiB in /tmp', 4 << 20, '/tmp/torn-4m.bin'],
+    ['256 KiB in /workspace', 256 << 10, 'torn-256k.bin'],
+    ['256 KiB in /tmp', 256 << 10, '/tmp/torn-256k.bin'],
+  ]
+  const counts: Record<string, { writes: number; wholeA: number; wholeB: number; changed: number; mixed: number }> = {}
+
+  afterAll(() => {
+    console.log(
+      `downloads while a writer rewrote the file in place, 10 s per case:\n${JSON.stringify(counts, null, 1)}`,
+    )
+  })
+
+  test.each(cases)(
+    '%s, for 10 s: never a mix of the two versions',
+    async (label, size, path) => {
+      const a = Buffer.alloc(size, 'A')
+      const b = Buffer.alloc(size, 'B')
+      // Two versions of the same size; `dd conv=notrunc` writes one over the other in place, in
+      // one write(2) each (bs is the whole file).
+      await provider.uploadFile({ sandboxId: id, remotePath: '/tmp/pattern-a', content: a })
+      await provider.uploadFile({ sandboxId: id, remotePath: '/tmp/pattern-b', content: b })
+      await provider.uploadFile({ sandboxId: id, remotePath: path, content: a })
+      const stop = `/tmp/stop-${size}-${path.startsWith('/') ? 'tmp' : 'ws'}`
+      const dd = (from: string) => `dd if=${from} of=${path} bs=${size} conv=notrunc 2>/dev/null`
+      const writer = provider.exec({
+        sandboxId: id,
+        command: `n=0; while [ ! -e ${stop} ]; do ${dd('/tmp/pattern-b')}; ${dd('/tmp/pattern-a')}; n=$((n+2)); done; echo $n`,
+        timeoutSeconds: 60,
+      })
+      const c = { writes: 0, wholeA: 0, wholeB: 0, changed: 0, mixed: 0 }
+      counts[label] = c
+      const end = Date.now() + 10_000
+      try {
+        while (Date.now() < end) {
+          try {
+            const got = await provider.downloadFile({ sandboxId: id, path })
+            if (got.equals(a)) c.wholeA++
+            else if (got.equals(b)) c.wholeB++
+            else c.mixed++
+          } catch (e) {
+            if (!(e instanceof SandboxFileChangedError)) throw e
+            c.changed++
+          }
+        }
+      } finally {
+        await ok(provider, id, `touch ${stop}`)
+      }
+      const w = await writer
+      if (!w.success) throw new Error(`the writer did not run: ${w.error}`)
+      c.writes = Number(w.response.result.trim())
+      // The writer really raced the downloads, and they were many.
+      expect(c.writes).toBeGreaterThan(20)
+      expect(c.wholeA + c.wholeB + c.changed).toBeGreaterThanOrEqual(10)
+      expect(c.mixed).toBe(0)
+    },
+    60_000,
+  )
+
+  test('across the cases, downloads also came back whole: the check does not refuse everything', () => {
+    const whole = Object.values(counts).reduce((n, c) => n + c.wholeA + c.wholeB, 0)
+    expect(Object.keys(counts)).toHaveLength(cases.length)
+    expect(whole).toBeGreaterThan(0)
+  })
+})
