@@ -190,6 +190,23 @@ test('a named pipe is SandboxNotRegularFileError and does not block', async () =
   expect(e.message).toMatch(/named pipe/)
 })
 
+test('a link to a file of the kernel (/proc, /sys) is SandboxNotRegularFileError, not an internal error', async () => {
+  await ok(
+    provider,
+    id,
+    'ln -sf /proc/thread-self/attr/current to-attr && ln -sf /proc/self/status to-status && ln -sf /sys/kernel/uevent_seqnum to-sys',
+  )
+  for (const link of ['to-attr', 'to-status', 'to-sys']) {
+    const e = await rejection(provider.downloadFile({ sandboxId: id, path: link }))
+    expect(e).toBeInstanceOf(SandboxNotRegularFileError)
+    expect({ link, code: e.code, message: e.message }).toEqual({
+      link,
+      code: 'NOT_REGULAR_FILE',
+      message: expect.stringMatching(/^Not a regular file \(kernel file, as in \/proc or \/sys\)/),
+    })
+  }
+})
+
 test('symlinks are followed inside the container', async () => {
   await ok(
     provider,

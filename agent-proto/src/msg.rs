@@ -235,6 +235,9 @@ pub enum FileKind {
   BlockDevice,
   Fifo,
   Socket,
+  /// A file of one of the kernel's file systems (/proc, /sys …), reached through a link: shown
+  /// as regular, but empty or of a made-up size, and often refusing to be read.
+  KernelFile,
   Unknown,
 }
 
@@ -249,6 +252,7 @@ impl FileKind {
       FileKind::BlockDevice => "block device",
       FileKind::Fifo => "named pipe",
       FileKind::Socket => "socket",
+      FileKind::KernelFile => "kernel file, as in /proc or /sys",
       FileKind::Unknown => "irregular file",
     }
   }

@@ -219,13 +219,17 @@ async fn open_download(ctx: &Ctx, spec: &DownloadSpec) -> Result<(File, libc::st
   let shown = spec.path.as_str();
   let path = check_path(shown)?;
   let (me, creds) = who(ctx, spec.user.as_deref())?;
-  let (file, st) = as_user(ctx, me, creds, shown, move || {
+  let (file, st, kernel) = as_user(ctx, me, creds, shown, move || {
     let fd = resolve::open_read(&path)?;
     let st = sys::fstat(fd.as_raw_fd())?;
-    Ok((File::from(fd), st))
+    let kernel = sys::fs_magic(fd.as_raw_fd()).is_ok_and(kernel_fs);
+    Ok((File::from(fd), st, kernel))
   })
   .await?;
   match kind_of(st.st_mode) {
+    // /proc, /sys and their kin show their files as regular, empty or of a made-up size, and
+    // many refuse to be read: what a link there leads to is no file to download.
+    FileKind::File if kernel => Err(not_regular(shown, FileKind::KernelFile)),
     FileKind::File => Ok((file, st)),
     FileKind::Directory => Err(AgentError::new(
       ErrorKind::IsDirectory,
@@ -233,6 +237,31 @@ async fn open_download(ctx: &Ctx, spec: &DownloadSpec) -> Result<(File, libc::st
     )),
     other => Err(not_regular(shown, other)),
   }
+}
+
+/// File systems of the kernel's own (by `statfs` magic): proc, sysfs, debugfs, tracefs,
+/// securityfs, cgroup, cgroup2, bpf, configfs, pstore, efivarfs, selinuxfs, smackfs,
+/// binfmt_misc, fusectl, nsfs.
+fn kernel_fs(magic: u64) -> bool {
+  const KERNEL: [u64; 16] = [
+    0x9fa0,
+    0x6265_6572,
+    0x6462_6720,
+    0x7472_6163,
+    0x7363_6673,
+    0x0027_e0eb,
+    0x6367_7270,
+    0xcafe_4a11,
+    0x6265_6570,
+    0x6165_676c,
+    0xde5e_81e4,
+    0xf97c_ff8c,
+    0x4341_5d53,
+    0x4249_4e4d,
+    0x6573_5543,
+    0x6e73_6673,
+  ];
+  KERNEL.contains(&magic)
 }
 
 /// Whether the file is as it was when opened (`st`), once any write under way has ended. A

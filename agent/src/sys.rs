@@ -122,6 +122,14 @@ pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
   Ok(st)
 }
 
+/// The `statfs` magic number of the file system `fd` is on.
+pub fn fs_magic(fd: RawFd) -> io::Result<u64> {
+  let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+  cvt(unsafe { libc::fstatfs(fd, &mut st) })?;
+  // Signed on some targets: the magic is its low 32 bits.
+  Ok(st.f_type as u64 & 0xffff_ffff)
+}
+
 pub fn fstatat(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<libc::stat> {
   let mut st: libc::stat = unsafe { std::mem::zeroed() };
   cvt(unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, flags) })?;

@@ -571,6 +571,27 @@ async fn a_file_rewritten_in_place_downloads_whole_or_changed_never_mixed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_to_a_kernel_file_is_refused_with_its_kind() {
+  let a = start().await;
+  let t = sandbox();
+  for (name, target) in [
+    ("attr", "/proc/thread-self/attr/current"),
+    ("cpuinfo", "/proc/cpuinfo"),
+    ("uevent", "/sys/kernel/uevent_seqnum"),
+  ] {
+    std::os::unix::fs::symlink(target, t.path(name)).unwrap();
+    match a.client.download_bytes(down(&t.path(name), None)).await {
+      Err(ClientError::Agent(e)) => {
+        assert_eq!(e.kind, ErrorKind::NotRegularFile, "{name}: {e:?}");
+        assert_eq!(e.file_kind, Some(FileKind::KernelFile), "{name}");
+        assert!(e.message.contains("kernel file"), "{}", e.message);
+      }
+      other => panic!("{name}: {other:?}"),
+    }
+  }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caps_refuse_and_leave_nothing_behind() {
   let a = start().await;
   let t = sandbox();
