@@ -433,6 +433,9 @@ pub enum ErrorKind {
   UnknownUser,
   /// The command could not start (no shell, the user could not be switched to …).
   SpawnFailed,
+  /// The command's supervisor died before it reported how the command ended (the message says
+  /// whether the command had started): the command may or may not have run.
+  SupervisorLost,
   /// The sandbox is out of processes even after the agent killed the workload.
   OutOfProcesses,
   /// The timeout fired but not every process could be verified killed.

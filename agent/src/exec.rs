@@ -46,12 +46,7 @@ async fn run_inner(ctx: &Ctx, spec: ExecSpec, io: &StreamIo) -> Option<Outcome<E
     let out_of_processes = match shepherd::spawn(&plan) {
       Ok(sp) => match drive(sp, io).await {
         Driven::Cancelled => return None,
-        Driven::Lost => {
-          return Some(Outcome::Err(AgentError::new(
-            ErrorKind::Io,
-            "the command's supervisor died before it reported how the command ended",
-          )))
-        }
+        Driven::Lost { started } => return Some(Outcome::Err(lost(started))),
         Driven::Reported(r) if r.kind == shepherd::SPAWN_FAILED && r.b == libc::EAGAIN => true,
         Driven::Reported(r) => return Some(finish(r, &user, recovered)),
       },
@@ -138,9 +133,22 @@ fn plan(ctx: &Ctx, spec: &ExecSpec, user: &User) -> Result<Plan, String> {
 
 enum Driven {
   Reported(Report),
-  /// The shepherd ended without a report.
-  Lost,
+  /// The shepherd ended without a report; `started`: after it said the command started.
+  Lost {
+    started: bool,
+  },
   Cancelled,
+}
+
+/// The error for a shepherd that ended without saying how the command ended (something killed
+/// it: the command itself can, when it runs as root).
+fn lost(started: bool) -> AgentError {
+  let msg = if started {
+    "the command started, then its supervisor died before it could report how the command ended (was it killed, perhaps by the command itself?); the command may or may not have run to its end: check its effects before running it again"
+  } else {
+    "the command's supervisor died before it could confirm that the command started (was it killed?); the command may or may not have run: check its effects before running it again"
+  };
+  AgentError::new(ErrorKind::SupervisorLost, msg)
 }
 
 /// Streams the command's output until the shepherd reports, then what the command wrote before
@@ -153,11 +161,12 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo) -> Driven {
     control,
   } = sp;
   let (Ok(output), Ok(mut status)) = (receiver(output), receiver(status)) else {
-    return Driven::Lost;
+    return Driven::Lost { started: false };
   };
   let mut report = [0u8; 16];
   let mut got = 0;
   let mut open = true;
+  let mut started = false;
   let reported = loop {
     tokio::select! {
       biased;
@@ -172,7 +181,11 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo) -> Driven {
         Ok(n) => {
           got += n;
           if got == report.len() {
-            break Some(Report::parse(&report));
+            got = 0;
+            match Report::parse(&report) {
+              r if r.kind == shepherd::STARTED => started = true,
+              r => break Some(r),
+            }
           }
         }
       },
@@ -207,7 +220,7 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo) -> Driven {
   match reported {
     Some(r) => Driven::Reported(r),
     None if io.cancelled() => Driven::Cancelled,
-    None => Driven::Lost,
+    None => Driven::Lost { started },
   }
 }
 

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -86,6 +87,67 @@ async fn working_directory() {
     out.output,
     "cannot change directory to /no/such/dir: no such directory\n"
   );
+  // A file, and a directory the user may not enter: the real reason, not "no such directory".
+  let t = TempDir::new("cwd");
+  std::fs::write(t.0.join("file"), b"").unwrap();
+  std::fs::create_dir(t.0.join("closed")).unwrap();
+  std::fs::set_permissions(t.0.join("closed"), std::fs::Permissions::from_mode(0o700)).unwrap();
+  for (cwd, user, why) in [
+    ("file", None, "not a directory (it, or a parent, is a file)"),
+    (
+      "file/sub",
+      None,
+      "not a directory (it, or a parent, is a file)",
+    ),
+    (
+      "closed",
+      Some("nobody"),
+      "permission denied (the user may not enter it)",
+    ),
+  ] {
+    r.cwd = t.path(cwd);
+    r.user = user.map(str::to_string);
+    let out = a.client.exec(&r).await.unwrap();
+    assert_eq!(out.exit_code, 1, "{cwd}");
+    assert_eq!(
+      out.output,
+      format!("cannot change directory to {}: {why}\n", t.path(cwd))
+    );
+  }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_kills_its_supervisor_may_or_may_not_have_run() {
+  // As root the command may kill its shepherd (its parent): the command ran, so the error must
+  // not say it could not be started.
+  let a = start().await;
+  let t = TempDir::new("lost");
+  let before = t.path("before");
+  let err = a
+    .client
+    .exec(&req(&format!(
+      "echo ran > {before}; kill -9 $PPID; sleep 1"
+    )))
+    .await
+    .unwrap_err();
+  match err {
+    ClientError::Agent(e) => {
+      assert_eq!(e.kind, ErrorKind::SupervisorLost, "{e:?}");
+      assert!(
+        e.message.starts_with("the command started"),
+        "{}",
+        e.message
+      );
+      assert!(
+        e.message.contains("may or may not have run"),
+        "{}",
+        e.message
+      );
+    }
+    other => panic!("{other:?}"),
+  }
+  assert_eq!(std::fs::read_to_string(&before).unwrap(), "ran\n");
+  assert_eq!(a.run("echo next").await.output, "next\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

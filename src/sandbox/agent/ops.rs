@@ -73,6 +73,8 @@ fn exec_error(e: ClientError, timeout: Duration) -> SandboxError {
       ErrorKind::OutOfProcesses => SandboxError::Internal(format!(
         "the sandbox is out of processes even after its workload was killed ({message}); remove it or raise `resources.pidsLimit`"
       )),
+      // The agent's sentence says whether it started and that it may or may not have run.
+      ErrorKind::SupervisorLost => SandboxError::Internal(message),
       _ => SandboxError::Internal(format!("the command could not be started: {message}")),
     },
     ClientError::RequestTooLarge { bytes, max } => SandboxError::InvalidArgument {
