@@ -3,7 +3,7 @@
 // limit holds (each finishes or says why; no command of the caller's is killed to make room).
 
 import { DockerSandboxProvider, SandboxFileChangedError } from '..'
-import { BUSYBOX, ok, SandboxTracker, uniqueNamespace } from './helpers'
+import { BUSYBOX, DEBIAN, ok, SandboxTracker, uniqueNamespace } from './helpers'
 
 const namespace = uniqueNamespace('t-pressure')
 const tracker = new SandboxTracker(namespace)
@@ -87,4 +87,47 @@ describe('downloads of a file rewritten in place are whole or FILE_CHANGED', () 
     expect(Object.keys(counts)).toHaveLength(cases.length)
     expect(whole).toBeGreaterThan(0)
   })
+})
+
+describe('more concurrent commands than the pids limit holds', () => {
+  // bash forks `sleep`: each command needs its shepherd, its shell and the sleep, so 200 of them
+  // want 600 pids of 300.
+  const crowded = new DockerSandboxProvider({ image: DEBIAN, namespace, resources: { pidsLimit: 300 } })
+
+  afterAll(async () => {
+    await crowded.dispose()
+  })
+
+  test('200 at once over pidsLimit 300: each finishes or says why, none is killed to make room', async () => {
+    const id = await tracker.create(crowded)
+    const results = await Promise.all(
+      Array.from({ length: 200 }, () =>
+        crowded.exec({ sandboxId: id, command: 'sleep 3; echo done', timeoutSeconds: 120 }),
+      ),
+    )
+    const outcomes: Record<string, number> = {}
+    const silent: unknown[] = []
+    for (const r of results) {
+      let what: string
+      if (r.success && r.response.exitCode === 0 && r.response.result.endsWith('done\n')) {
+        // bash's own retries of a fork it could not make show in the output; it then finished.
+        what = /fork: retry/.test(r.response.result) ? 'finished after fork retries' : 'finished'
+      } else if (!r.success && /out of processes/.test(r.error)) {
+        what = 'error: out of processes'
+      } else if (r.success && /fork: .*(Resource temporarily unavailable|retry)/.test(r.response.result)) {
+        what = `exit ${r.response.exitCode}: the shell could not fork`
+      } else {
+        what = 'silent'
+        silent.push(r)
+      }
+      outcomes[what] = (outcomes[what] ?? 0) + 1
+    }
+    console.log(`200 concurrent \`sleep 3; echo done\` with pidsLimit 300:\n${JSON.stringify(outcomes, null, 1)}`)
+    expect(silent).toEqual([])
+    // The agent killed none of them: no 137 with the agent's recovery note or without a word.
+    expect(results.filter((r) => r.success && r.response.exitCode === 137)).toEqual([])
+    expect(outcomes.finished ?? 0).toBeGreaterThan(0)
+    // The sandbox still runs commands.
+    expect(await ok(crowded, id, 'echo fine')).toBe('fine\n')
+  }, 180_000)
 })

@@ -3,6 +3,7 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
@@ -18,8 +19,15 @@ use crate::shepherd::{self, Plan, Report};
 use crate::users::User;
 use crate::{recover, sys};
 
-/// How many times a spawn that failed for lack of processes is retried after a recovery.
-const SPAWN_ATTEMPTS: usize = 4;
+/// The longest a command waits for processes that running commands hold (and never past its
+/// own timeout, which the wait counts against).
+const PIDS_WAIT: Duration = Duration::from_secs(30);
+/// After a recovery found nothing to kill, how long until another may scan /proc (many
+/// commands may be waiting at once).
+const RECOVERY_GAP: Duration = Duration::from_millis(250);
+/// The longest pause between tries while waiting for processes (a reaped child wakes one
+/// waiter at once).
+const MAX_PAUSE: Duration = Duration::from_millis(500);
 
 /// Runs one command to its end and answers its stream (nothing when the host cancelled it).
 pub async fn run(ctx: Rc<Ctx>, spec: ExecSpec, mut io: StreamIo) {
@@ -32,43 +40,123 @@ pub async fn run(ctx: Rc<Ctx>, spec: ExecSpec, mut io: StreamIo) {
   }
 }
 
+/// Starts the command, waiting while the sandbox is out of processes: what no running command
+/// owns is killed (see `recover`); what running commands own is waited for, within the
+/// command's own timeout and `PIDS_WAIT`.
 async fn run_inner(ctx: &Ctx, spec: ExecSpec, io: &StreamIo) -> Option<Outcome<ExecDone>> {
   let user = match ctx.users.resolve(spec.user.as_deref()) {
     Ok(u) => u,
     Err(e) => return Some(Outcome::Err(AgentError::new(ErrorKind::UnknownUser, e))),
   };
-  let plan = match plan(ctx, &spec, &user) {
+  let mut plan = match plan(ctx, &spec, &user) {
     Ok(p) => p,
     Err(e) => return Some(Outcome::Err(AgentError::new(ErrorKind::InvalidRequest, e))),
   };
+  let timeout = (spec.timeout_ms > 0).then(|| Duration::from_millis(spec.timeout_ms));
+  let budget = timeout.map_or(PIDS_WAIT, |t| t.min(PIDS_WAIT));
+  let began = Instant::now();
   let mut recovered = None;
-  for attempt in 0..SPAWN_ATTEMPTS {
-    let out_of_processes = match shepherd::spawn(&plan) {
-      Ok(sp) => match drive(sp, io).await {
-        Driven::Cancelled => return None,
-        Driven::Lost { started } => return Some(Outcome::Err(lost(started))),
-        Driven::Reported(r) if r.kind == shepherd::SPAWN_FAILED && r.b == libc::EAGAIN => true,
-        Driven::Reported(r) => return Some(finish(r, &user, recovered)),
-      },
-      Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => true,
-      Err(e) => {
-        return Some(Outcome::Err(AgentError::new(
-          ErrorKind::SpawnFailed,
-          format!("cannot start the command: {e}"),
-        )))
-      }
-    };
-    if out_of_processes && attempt + 1 < SPAWN_ATTEMPTS {
-      recovered = Some(recover::kill_workload(&user, attempt).await);
+  let mut pause = Duration::from_millis(5);
+  loop {
+    if let Some(t) = timeout {
+      plan.set_timeout_ms(t.saturating_sub(began.elapsed()).as_millis().max(1) as u64);
     }
+    match start(ctx, &plan, io).await {
+      Start::Reported(r) => return Some(finish(r, &user, recovered)),
+      Start::Done(o) => return o,
+      Start::OutOfProcesses => {}
+    }
+    let r = match recover(ctx, &user).await {
+      Some(r) if r.killed > 0 => {
+        recovered = Some(recover::note(&user, r.killed));
+        continue;
+      }
+      Some(r) => r,
+      // Another command's recovery found nothing a moment ago: what it saw still holds.
+      None => ctx.last_recovery.get(),
+    };
+    let waited = began.elapsed();
+    if r.owned == 0 || waited >= budget {
+      return Some(Outcome::Err(out_of_processes(&user, r, waited)));
+    }
+    // A reaped child (a command that ended) wakes one waiter at once.
+    tokio::select! {
+      _ = ctx.reaped.notified() => {}
+      _ = tokio::time::sleep(pause.min(budget - waited)) => {}
+    }
+    pause = (pause * 2).min(MAX_PAUSE);
+    sys::reap_all();
   }
-  Some(Outcome::Err(AgentError::new(
-    ErrorKind::OutOfProcesses,
+}
+
+/// How one start went.
+enum Start {
+  Reported(Report),
+  /// Answered (or cancelled: `None`) without a report to read.
+  Done(Option<Outcome<ExecDone>>),
+  /// A fork failed with `EAGAIN`: the pids cgroup is full.
+  OutOfProcesses,
+}
+
+/// Forks a shepherd and drives the command, its shepherd counted as a running command's while
+/// it runs (a recovery spares its processes).
+async fn start(ctx: &Ctx, plan: &Plan, io: &StreamIo) -> Start {
+  let sp = match shepherd::spawn(plan) {
+    Ok(sp) => sp,
+    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Start::OutOfProcesses,
+    Err(e) => {
+      return Start::Done(Some(Outcome::Err(AgentError::new(
+        ErrorKind::SpawnFailed,
+        format!("cannot start the command: {e}"),
+      ))))
+    }
+  };
+  let pid = sp.pid;
+  ctx.shepherds.borrow_mut().insert(pid);
+  let driven = drive(sp, io).await;
+  ctx.shepherds.borrow_mut().remove(&pid);
+  match driven {
+    Driven::Cancelled => Start::Done(None),
+    Driven::Lost { started } => Start::Done(Some(Outcome::Err(lost(started)))),
+    Driven::Reported(r) if r.kind == shepherd::SPAWN_FAILED && r.b == libc::EAGAIN => {
+      Start::OutOfProcesses
+    }
+    Driven::Reported(r) => Start::Reported(r),
+  }
+}
+
+/// Kills what no running command owns, unless a recovery found nothing to kill less than
+/// `RECOVERY_GAP` ago (`None` then).
+async fn recover(ctx: &Ctx, user: &User) -> Option<recover::Recovery> {
+  if ctx
+    .fruitless_since
+    .get()
+    .is_some_and(|t| t.elapsed() < RECOVERY_GAP)
+  {
+    return None;
+  }
+  let shepherds = ctx.shepherds.borrow().clone();
+  let r = recover::kill_leftovers(user, &shepherds).await;
+  ctx.last_recovery.set(r);
+  ctx.fruitless_since.set((r.killed == 0).then(Instant::now));
+  Some(r)
+}
+
+/// Why a command could not start for lack of processes.
+fn out_of_processes(user: &User, r: recover::Recovery, waited: Duration) -> AgentError {
+  let msg = if r.owned > 0 {
     format!(
-      "the sandbox is out of processes even after the agent killed every process of {}; restart the sandbox",
+      "the sandbox is out of processes: {} of them belong to commands still running, and not enough ended in the {:.1} s this command waited (the agent kills only processes that no running command owns); run fewer commands at once, wait for them, or raise resources.pidsLimit",
+      r.owned,
+      waited.as_secs_f64()
+    )
+  } else {
+    format!(
+      "the sandbox is out of processes, and none the agent may kill for it is left (what holds them belongs to the container's init, its main process, the agent or another user than {}); restart the sandbox or raise resources.pidsLimit",
       user.describe()
-    ),
-  )))
+    )
+  };
+  AgentError::new(ErrorKind::OutOfProcesses, msg)
 }
 
 /// The command's environment and shepherd plan.
@@ -159,6 +247,7 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo) -> Driven {
     output,
     status,
     control,
+    ..
   } = sp;
   let (Ok(output), Ok(mut status)) = (receiver(output), receiver(status)) else {
     return Driven::Lost { started: false };

@@ -114,6 +114,10 @@ async fn serve(
     pool,
     activity: Activity::default(),
     running: Default::default(),
+    shepherds: Default::default(),
+    reaped: Default::default(),
+    last_recovery: Default::default(),
+    fruitless_since: Default::default(),
     started: Instant::now(),
     relays: Relays::new(),
     splice: std::env::var_os("TRUEFORGE_AGENT_NO_SPLICE").is_none_or(|v| v != "1"),
@@ -121,9 +125,13 @@ async fn serve(
   });
   tokio::task::spawn_local(write_loop(output, out_rx));
   let mut children = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
+  let c = ctx.clone();
   tokio::task::spawn_local(async move {
     while children.recv().await.is_some() {
-      sys::reap_all();
+      // Each pid freed may be what a command waiting for processes needs.
+      for _ in 0..sys::reap_all() {
+        c.reaped.notify_one();
+      }
     }
   });
   tokio::task::spawn_local(activity::ticker(ctx.clone()));

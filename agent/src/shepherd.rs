@@ -76,6 +76,13 @@ pub struct Plan {
 }
 
 impl Plan {
+  /// The command's timeout from now on (what is left of it after a wait for processes).
+  pub fn set_timeout_ms(&mut self, ms: u64) {
+    if self.timeout_ns.is_some() {
+      self.timeout_ns = Some(ms as i64 * 1_000_000);
+    }
+  }
+
   /// `env` holds the command's `NAME=value` entries; `path` its final `PATH` (searched for
   /// bash, then sh).
   pub fn new(
@@ -151,6 +158,8 @@ impl Plan {
 /// A started shepherd: the command's merged output, the status pipe, and the control pipe
 /// (dropping it kills the command).
 pub struct Spawned {
+  /// The shepherd's pid.
+  pub pid: u32,
   pub output: OwnedFd,
   pub status: OwnedFd,
   pub control: OwnedFd,
@@ -170,6 +179,7 @@ pub fn spawn(plan: &Plan) -> io::Result<Spawned> {
   }
   drop((out_w, st_w, ctl_r));
   Ok(Spawned {
+    pid: pid as u32,
     output: out_r,
     status: st_r,
     control: ctl_w,

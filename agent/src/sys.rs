@@ -297,14 +297,17 @@ fn restore(me: &Identity, groups_changed: bool) {
   }
 }
 
-/// Reaps every exited child (the agent is a subreaper: orphans of finished commands end here).
-pub fn reap_all() {
+/// Reaps every exited child (the agent is a subreaper: orphans of finished commands end here);
+/// how many.
+pub fn reap_all() -> usize {
+  let mut n = 0;
   loop {
     let mut status = 0;
     let r = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
     if r <= 0 {
-      break;
+      return n;
     }
+    n += 1;
   }
 }
 
