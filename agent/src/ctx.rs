@@ -1,11 +1,8 @@
 //! What every request handler shares.
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashSet;
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Instant;
-
-use tokio::sync::Notify;
 
 use crate::activity::Activity;
 use crate::codemode::Relays;
@@ -29,13 +26,8 @@ pub struct Ctx {
   pub activity: Activity,
   /// Commands running now.
   pub running: Cell<u32>,
-  /// The shepherds of commands running now: a recovery spares their processes.
-  pub shepherds: RefCell<HashSet<u32>>,
-  /// Notified once per child reaped: its pid is free again.
-  pub reaped: Notify,
-  /// What the last recovery found, and since when it found nothing to kill.
-  pub last_recovery: Cell<crate::recover::Recovery>,
-  pub fruitless_since: Cell<Option<Instant>>,
+  /// Running commands' shepherds, reaped children and recoveries (see `recover`).
+  pub procs: crate::recover::Pressure,
   pub started: Instant,
   pub relays: Relays,
   /// Whether downloads move file pages pipe to pipe (`TRUEFORGE_AGENT_NO_SPLICE=1` copies them

@@ -22,9 +22,6 @@ use crate::{recover, sys};
 /// The longest a command waits for processes that running commands hold (and never past its
 /// own timeout, which the wait counts against).
 const PIDS_WAIT: Duration = Duration::from_secs(30);
-/// After a recovery found nothing to kill, how long until another may scan /proc (many
-/// commands may be waiting at once).
-const RECOVERY_GAP: Duration = Duration::from_millis(250);
 /// The longest pause between tries while waiting for processes (a reaped child wakes one
 /// waiter at once).
 const MAX_PAUSE: Duration = Duration::from_millis(500);
@@ -66,24 +63,19 @@ async fn run_inner(ctx: &Ctx, spec: ExecSpec, io: &StreamIo) -> Option<Outcome<E
       Start::Done(o) => return o,
       Start::OutOfProcesses => {}
     }
-    let r = match recover(ctx, &user).await {
-      Some(r) if r.killed > 0 => {
-        recovered = Some(recover::note(&user, r.killed));
-        continue;
-      }
-      Some(r) => r,
-      // Another command's recovery found nothing a moment ago: what it saw still holds.
-      None => ctx.last_recovery.get(),
-    };
+    let r = ctx.procs.recover(&user).await;
+    if r.killed > 0 {
+      recovered = Some(recover::note(&user, r.killed));
+    }
     let waited = began.elapsed();
-    if r.owned == 0 || waited >= budget {
+    if waited >= budget || r.killed + r.owned == 0 {
       return Some(Outcome::Err(out_of_processes(&user, r, waited)));
     }
-    // A reaped child (a command that ended) wakes one waiter at once.
-    tokio::select! {
-      _ = ctx.reaped.notified() => {}
-      _ = tokio::time::sleep(pause.min(budget - waited)) => {}
+    if r.killed > 0 {
+      continue;
     }
+    // A reaped child (a command that ended) wakes one waiter at once.
+    ctx.procs.until_reaped(pause.min(budget - waited)).await;
     pause = (pause * 2).min(MAX_PAUSE);
     sys::reap_all();
   }
@@ -112,9 +104,9 @@ async fn start(ctx: &Ctx, plan: &Plan, io: &StreamIo) -> Start {
     }
   };
   let pid = sp.pid;
-  ctx.shepherds.borrow_mut().insert(pid);
+  ctx.procs.running(pid);
   let driven = drive(sp, io).await;
-  ctx.shepherds.borrow_mut().remove(&pid);
+  ctx.procs.ended(pid);
   match driven {
     Driven::Cancelled => Start::Done(None),
     Driven::Lost { started } => Start::Done(Some(Outcome::Err(lost(started)))),
@@ -123,23 +115,6 @@ async fn start(ctx: &Ctx, plan: &Plan, io: &StreamIo) -> Start {
     }
     Driven::Reported(r) => Start::Reported(r),
   }
-}
-
-/// Kills what no running command owns, unless a recovery found nothing to kill less than
-/// `RECOVERY_GAP` ago (`None` then).
-async fn recover(ctx: &Ctx, user: &User) -> Option<recover::Recovery> {
-  if ctx
-    .fruitless_since
-    .get()
-    .is_some_and(|t| t.elapsed() < RECOVERY_GAP)
-  {
-    return None;
-  }
-  let shepherds = ctx.shepherds.borrow().clone();
-  let r = recover::kill_leftovers(user, &shepherds).await;
-  ctx.last_recovery.set(r);
-  ctx.fruitless_since.set((r.killed == 0).then(Instant::now));
-  Some(r)
 }
 
 /// Why a command could not start for lack of processes.

@@ -114,10 +114,7 @@ async fn serve(
     pool,
     activity: Activity::default(),
     running: Default::default(),
-    shepherds: Default::default(),
-    reaped: Default::default(),
-    last_recovery: Default::default(),
-    fruitless_since: Default::default(),
+    procs: Default::default(),
     started: Instant::now(),
     relays: Relays::new(),
     splice: std::env::var_os("TRUEFORGE_AGENT_NO_SPLICE").is_none_or(|v| v != "1"),
@@ -129,9 +126,7 @@ async fn serve(
   tokio::task::spawn_local(async move {
     while children.recv().await.is_some() {
       // Each pid freed may be what a command waiting for processes needs.
-      for _ in 0..sys::reap_all() {
-        c.reaped.notify_one();
-      }
+      c.procs.reaped(sys::reap_all());
     }
   });
   tokio::task::spawn_local(activity::ticker(ctx.clone()));
