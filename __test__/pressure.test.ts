@@ -3,7 +3,7 @@
 // limit holds (each finishes or says why; no command of the caller's is killed to make room).
 
 import { DockerSandboxProvider, SandboxFileChangedError } from '..'
-import { BUSYBOX, DEBIAN, ok, SandboxTracker, uniqueNamespace } from './helpers'
+import { BUSYBOX, DEBIAN, ok, SandboxTracker, uniqueNamespace, waitFor } from './helpers'
 
 const namespace = uniqueNamespace('t-pressure')
 const tracker = new SandboxTracker(namespace)
@@ -130,4 +130,37 @@ describe('more concurrent commands than the pids limit holds', () => {
     // The sandbox still runs commands.
     expect(await ok(crowded, id, 'echo fine')).toBe('fine\n')
   }, 180_000)
+
+  test('a command finding every pid held by a running one fails saying so; the running one is not killed', async () => {
+    const tight = new DockerSandboxProvider({ image: DEBIAN, namespace, resources: { pidsLimit: 48 } })
+    try {
+      const id = await tracker.create(tight)
+      // More sleeps than the limit holds, all the call's own while it runs.
+      const holder = tight.exec({
+        sandboxId: id,
+        command: 'for i in $(seq 60); do sleep 12 & done; wait; echo held',
+        timeoutSeconds: 90,
+      })
+      await waitFor(
+        async () => !(await tight.exec({ sandboxId: id, command: 'true', timeoutSeconds: 1 })).success,
+        20_000,
+        'the sandbox to fill up',
+      )
+      const late = await tight.exec({ sandboxId: id, command: 'echo late', timeoutSeconds: 2 })
+      expect(late).toEqual({
+        success: false,
+        error: expect.stringMatching(
+          /^the sandbox is out of processes: \d+ of them belong to commands still running, .* raise resources\.pidsLimit$/,
+        ),
+      })
+      // It ran to its end: all its sleeps, or until bash itself gave up a fork (and said why).
+      const held = await holder
+      if (!held.success) throw new Error(`the holder did not run: ${held.error}`)
+      expect(held.response.exitCode).not.toBe(137)
+      expect(held.response.result).toMatch(/held\n$|bash: fork: (?!retry)/)
+      expect(await ok(tight, id, 'echo fine')).toBe('fine\n')
+    } finally {
+      await tight.dispose()
+    }
+  }, 120_000)
 })
