@@ -245,6 +245,40 @@ describe('exit codes and working directories', () => {
     expect((await run(busybox, bb, 'test -e ran-anyway')).exitCode).toBe(1)
   })
 
+  test('a cwd that is a file, or that the user may not enter, says which (not "no such directory")', async () => {
+    await ok(busybox, bb, 'touch a-file')
+    const file = await run(busybox, bb, 'touch ran-anyway', { cwd: 'a-file' })
+    expect(file).toEqual({
+      exitCode: 1,
+      result: `cannot change directory to ${bb}/a-file: not a directory (it, or a parent, is a file)\n`,
+    })
+    const asUser = new DockerSandboxProvider({ image: BUSYBOX, namespace, user: '1000:1000' })
+    try {
+      const id = await tracker.create(asUser)
+      // Its own directory, with no permission bits: the user may not enter it (root could).
+      await ok(asUser, id, 'mkdir closed && chmod 000 closed')
+      const closed = await run(asUser, id, 'touch ran-anyway', { cwd: 'closed' })
+      expect(closed).toEqual({
+        exitCode: 1,
+        result: `cannot change directory to ${id}/closed: permission denied (the user may not enter it)\n`,
+      })
+    } finally {
+      await asUser.dispose()
+    }
+    expect((await run(busybox, bb, 'test -e ran-anyway')).exitCode).toBe(1)
+  })
+
+  test('a command that kills its own supervisor: it ran, and the error says it may or may not have finished', async () => {
+    // As root the command may kill its parent, the agent's shepherd, which would have reported
+    // how it ended.
+    const r = await busybox.exec({ sandboxId: bb, command: 'echo ran > lost.txt; kill -9 $PPID; sleep 1' })
+    expect(r).toEqual({
+      success: false,
+      error: expect.stringMatching(/^the command started, then its supervisor died .* may or may not have run/),
+    })
+    expect(await ok(busybox, bb, 'cat lost.txt')).toBe('ran\n')
+  })
+
   test('a cwd with spaces and shell characters is taken literally', async () => {
     await ok(busybox, bb, "mkdir -p 'we ird/$(x)'")
     expect(await ok(busybox, bb, 'pwd', { cwd: 'we ird/$(x)' })).toBe(`${bb}/we ird/$(x)\n`)

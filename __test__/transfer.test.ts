@@ -17,6 +17,7 @@ import {
   containerNameFor,
   DEBIAN,
   dockerTry,
+  inspectContainer,
   ok,
   rejection,
   run,
@@ -26,6 +27,27 @@ import {
 } from './helpers'
 
 const namespace = uniqueNamespace('t-transfer')
+
+/**
+ * A root workload (python3, in the sandbox) that swaps /.trueforge-staging and a link to
+ * /tmp/redir with renameat2(RENAME_EXCHANGE) in a tight loop until /tmp/stop-swap exists,
+ * leaves the directory in place and prints how many swaps it made.
+ */
+const SWAP_STAGING = [
+  'import ctypes, os, time',
+  'libc = ctypes.CDLL(None, use_errno=True)',
+  'nr = {"x86_64": 316, "aarch64": 276}[os.uname().machine]',
+  'os.makedirs("/tmp/redir", exist_ok=True)',
+  'os.path.lexists("/.tf-swap") and os.unlink("/.tf-swap")',
+  'os.symlink("/tmp/redir", "/.tf-swap")',
+  'swap = lambda: libc.syscall(nr, -100, b"/.trueforge-staging", -100, b"/.tf-swap", 2)',
+  'n = 0',
+  'while not os.path.exists("/tmp/stop-swap"):',
+  '  n += swap() == 0',
+  '  time.sleep(0.0005)',
+  'os.path.islink("/.trueforge-staging") and swap()',
+  'print(n)',
+].join('\n')
 const tracker = new SandboxTracker(namespace)
 const provider = new DockerSandboxProvider({ image: BUSYBOX, namespace })
 const small = new DockerSandboxProvider({ image: BUSYBOX, namespace, fileMaxBytes: 1024, uploadMaxBytes: 1024 })
@@ -188,6 +210,23 @@ test('a named pipe is SandboxNotRegularFileError and does not block', async () =
   expect(ms).toBeLessThan(3000)
   expect(e).toBeInstanceOf(SandboxNotRegularFileError)
   expect(e.message).toMatch(/named pipe/)
+})
+
+test('a link to a file of the kernel (/proc, /sys) is SandboxNotRegularFileError, not an internal error', async () => {
+  await ok(
+    provider,
+    id,
+    'ln -sf /proc/thread-self/attr/current to-attr && ln -sf /proc/self/status to-status && ln -sf /sys/kernel/uevent_seqnum to-sys',
+  )
+  for (const link of ['to-attr', 'to-status', 'to-sys']) {
+    const e = await rejection(provider.downloadFile({ sandboxId: id, path: link }))
+    expect(e).toBeInstanceOf(SandboxNotRegularFileError)
+    expect({ link, code: e.code, message: e.message }).toEqual({
+      link,
+      code: 'NOT_REGULAR_FILE',
+      message: expect.stringMatching(/^Not a regular file \(kernel file, as in \/proc or \/sys\)/),
+    })
+  }
 })
 
 test('symlinks are followed inside the container', async () => {
@@ -389,6 +428,70 @@ describe('large uploads: the engine writes them into a root-only staging directo
       `${md5(a)}  -\nfifo\n`,
     )
   })
+
+  test('a root workload swapping the staging dir for a link in a tight loop: each upload is whole, and staging goes on after', async () => {
+    // The engine follows a link it meets, so a swap between the agent's open and the engine's
+    // write sends that write elsewhere in the container. That write must go on the stream, and
+    // only that one: afterwards large uploads are staged again.
+    const deb = new DockerSandboxProvider({ image: DEBIAN, namespace })
+    try {
+      const id5 = await tracker.create(deb)
+      const containerId = inspectContainer(containerNameFor(namespace, id5)).Id as string
+      // A first large upload, staged as usual (it makes the staging dir).
+      await deb.uploadFile({ sandboxId: id5, remotePath: '/tmp/first.bin', content: randomBytes(LARGE) })
+      const swapper = deb.exec({
+        sandboxId: id5,
+        timeoutSeconds: 120,
+        command: `python3 -c '${SWAP_STAGING}'`,
+      })
+      const sent: Buffer[] = []
+      let redirected = 0
+      // Until enough engine writes were sent elsewhere (each swap lands about half the time).
+      while (sent.length < 40 && redirected < 3) {
+        const content = randomBytes(LARGE)
+        await deb.uploadFile({ sandboxId: id5, remotePath: `/tmp/swapped-${sent.length}.bin`, content })
+        sent.push(content)
+        redirected = Number((await ok(deb, id5, 'ls /tmp/redir | wc -l')).trim())
+      }
+      await ok(deb, id5, 'touch /tmp/stop-swap')
+      const swaps = await swapper
+      if (!swaps.success) throw new Error(`the swapper did not run: ${swaps.error}`)
+      expect(Number(swaps.response.result.trim())).toBeGreaterThan(100)
+      // The engine really followed the link, and each upload still holds exactly its bytes.
+      expect(redirected).toBeGreaterThan(0)
+      const sums = await ok(
+        deb,
+        id5,
+        `cd /tmp && md5sum ${sent.map((_, i) => `swapped-${i}.bin`).join(' ')} | cut -d' ' -f1`,
+      )
+      expect(sums).toBe(sent.map((c) => `${md5(c)}\n`).join(''))
+      // Staging goes on: the next large upload is written by the engine (an archive extract).
+      const since = (Date.now() / 1000).toFixed(3)
+      const last = randomBytes(LARGE)
+      await deb.uploadFile({ sandboxId: id5, remotePath: '/tmp/after.bin', content: last })
+      const until = (Date.now() / 1000 + 0.5).toFixed(3)
+      const extracts = dockerTry([
+        'events',
+        '--since',
+        since,
+        '--until',
+        until,
+        '--filter',
+        `container=${containerId}`,
+        '--filter',
+        'event=extract-to-dir',
+        '--format',
+        '{{.Action}}',
+      ])
+      expect({ extracts: extracts.stdout.split('\n').filter(Boolean).length, status: extracts.status }).toEqual({
+        extracts: 1,
+        status: 0,
+      })
+      expect(await ok(deb, id5, `md5sum < /tmp/after.bin; ls -A ${STAGING} | wc -l`)).toBe(`${md5(last)}  -\n0\n`)
+    } finally {
+      await deb.dispose()
+    }
+  }, 180_000)
 
   test("what a gone agent staged is swept by the next large upload; another live agent's is kept", async () => {
     await ok(

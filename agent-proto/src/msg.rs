@@ -235,6 +235,9 @@ pub enum FileKind {
   BlockDevice,
   Fifo,
   Socket,
+  /// A file of one of the kernel's file systems (/proc, /sys …), reached through a link: shown
+  /// as regular, but empty or of a made-up size, and often refusing to be read.
+  KernelFile,
   Unknown,
 }
 
@@ -249,6 +252,7 @@ impl FileKind {
       FileKind::BlockDevice => "block device",
       FileKind::Fifo => "named pipe",
       FileKind::Socket => "socket",
+      FileKind::KernelFile => "kernel file, as in /proc or /sys",
       FileKind::Unknown => "irregular file",
     }
   }
@@ -429,6 +433,9 @@ pub enum ErrorKind {
   UnknownUser,
   /// The command could not start (no shell, the user could not be switched to …).
   SpawnFailed,
+  /// The command's supervisor died before it reported how the command ended (the message says
+  /// whether the command had started): the command may or may not have run.
+  SupervisorLost,
   /// The sandbox is out of processes even after the agent killed the workload.
   OutOfProcesses,
   /// The timeout fired but not every process could be verified killed.

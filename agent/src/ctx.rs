@@ -10,6 +10,7 @@ use crate::conn::Conn;
 use crate::pool::Pool;
 use crate::sys::{Creds, Identity};
 use crate::users::{User, Users};
+use crate::watch::Watcher;
 
 pub struct Ctx {
   pub conn: Rc<Conn>,
@@ -25,11 +26,16 @@ pub struct Ctx {
   pub activity: Activity,
   /// Commands running now.
   pub running: Cell<u32>,
+  /// Running commands' shepherds, reaped children and recoveries (see `recover`).
+  pub procs: crate::recover::Pressure,
   pub started: Instant,
   pub relays: Relays,
   /// Whether downloads move file pages pipe to pipe (`TRUEFORGE_AGENT_NO_SPLICE=1` copies them
   /// instead, so tests cover the path taken where a file system takes no splice).
   pub splice: bool,
+  /// Writes to files being downloaded (`TRUEFORGE_AGENT_NO_INOTIFY=1`: none watched, so tests
+  /// cover the path taken where inotify is not to be had).
+  pub watcher: Watcher,
 }
 
 impl Ctx {

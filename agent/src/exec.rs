@@ -3,6 +3,7 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
@@ -18,8 +19,12 @@ use crate::shepherd::{self, Plan, Report};
 use crate::users::User;
 use crate::{recover, sys};
 
-/// How many times a spawn that failed for lack of processes is retried after a recovery.
-const SPAWN_ATTEMPTS: usize = 4;
+/// The longest a command waits for processes that running commands hold (and never past its
+/// own timeout, which the wait counts against).
+const PIDS_WAIT: Duration = Duration::from_secs(30);
+/// The longest pause between tries while waiting for processes (a reaped child wakes one
+/// waiter at once).
+const MAX_PAUSE: Duration = Duration::from_millis(500);
 
 /// Runs one command to its end and answers its stream (nothing when the host cancelled it).
 pub async fn run(ctx: Rc<Ctx>, spec: ExecSpec, mut io: StreamIo) {
@@ -32,48 +37,101 @@ pub async fn run(ctx: Rc<Ctx>, spec: ExecSpec, mut io: StreamIo) {
   }
 }
 
+/// Starts the command, waiting while the sandbox is out of processes: what no running command
+/// owns is killed (see `recover`); what running commands own is waited for, within the
+/// command's own timeout and `PIDS_WAIT`.
 async fn run_inner(ctx: &Ctx, spec: ExecSpec, io: &StreamIo) -> Option<Outcome<ExecDone>> {
   let user = match ctx.users.resolve(spec.user.as_deref()) {
     Ok(u) => u,
     Err(e) => return Some(Outcome::Err(AgentError::new(ErrorKind::UnknownUser, e))),
   };
-  let plan = match plan(ctx, &spec, &user) {
+  let mut plan = match plan(ctx, &spec, &user) {
     Ok(p) => p,
     Err(e) => return Some(Outcome::Err(AgentError::new(ErrorKind::InvalidRequest, e))),
   };
+  let timeout = (spec.timeout_ms > 0).then(|| Duration::from_millis(spec.timeout_ms));
+  let budget = timeout.map_or(PIDS_WAIT, |t| t.min(PIDS_WAIT));
+  let began = Instant::now();
   let mut recovered = None;
-  for attempt in 0..SPAWN_ATTEMPTS {
-    let out_of_processes = match shepherd::spawn(&plan) {
-      Ok(sp) => match drive(sp, io).await {
-        Driven::Cancelled => return None,
-        Driven::Lost => {
-          return Some(Outcome::Err(AgentError::new(
-            ErrorKind::Io,
-            "the command's supervisor died before it reported how the command ended",
-          )))
-        }
-        Driven::Reported(r) if r.kind == shepherd::SPAWN_FAILED && r.b == libc::EAGAIN => true,
-        Driven::Reported(r) => return Some(finish(r, &user, recovered)),
-      },
-      Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => true,
-      Err(e) => {
-        return Some(Outcome::Err(AgentError::new(
-          ErrorKind::SpawnFailed,
-          format!("cannot start the command: {e}"),
-        )))
-      }
-    };
-    if out_of_processes && attempt + 1 < SPAWN_ATTEMPTS {
-      recovered = Some(recover::kill_workload(&user, attempt).await);
+  let mut pause = Duration::from_millis(5);
+  loop {
+    if let Some(t) = timeout {
+      plan.set_timeout_ms(t.saturating_sub(began.elapsed()).as_millis().max(1) as u64);
     }
+    match start(ctx, &plan, io).await {
+      Start::Reported(r) => return Some(finish(r, &user, recovered)),
+      Start::Done(o) => return o,
+      Start::OutOfProcesses => {}
+    }
+    let r = ctx.procs.recover(&user).await;
+    if r.killed > 0 {
+      recovered = Some(recover::note(&user, r.killed));
+    }
+    let waited = began.elapsed();
+    if waited >= budget || r.killed + r.owned == 0 {
+      return Some(Outcome::Err(out_of_processes(&user, r, waited)));
+    }
+    if r.killed > 0 {
+      continue;
+    }
+    // A reaped child (a command that ended) wakes one waiter at once.
+    ctx.procs.until_reaped(pause.min(budget - waited)).await;
+    pause = (pause * 2).min(MAX_PAUSE);
+    sys::reap_all();
   }
-  Some(Outcome::Err(AgentError::new(
-    ErrorKind::OutOfProcesses,
+}
+
+/// How one start went.
+enum Start {
+  Reported(Report),
+  /// Answered (or cancelled: `None`) without a report to read.
+  Done(Option<Outcome<ExecDone>>),
+  /// A fork failed with `EAGAIN`: the pids cgroup is full.
+  OutOfProcesses,
+}
+
+/// Forks a shepherd and drives the command, its shepherd counted as a running command's while
+/// it runs (a recovery spares its processes).
+async fn start(ctx: &Ctx, plan: &Plan, io: &StreamIo) -> Start {
+  let sp = match shepherd::spawn(plan) {
+    Ok(sp) => sp,
+    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Start::OutOfProcesses,
+    Err(e) => {
+      return Start::Done(Some(Outcome::Err(AgentError::new(
+        ErrorKind::SpawnFailed,
+        format!("cannot start the command: {e}"),
+      ))))
+    }
+  };
+  let pid = sp.pid;
+  ctx.procs.running(pid);
+  let driven = drive(sp, io).await;
+  ctx.procs.ended(pid);
+  match driven {
+    Driven::Cancelled => Start::Done(None),
+    Driven::Lost { started } => Start::Done(Some(Outcome::Err(lost(started)))),
+    Driven::Reported(r) if r.kind == shepherd::SPAWN_FAILED && r.b == libc::EAGAIN => {
+      Start::OutOfProcesses
+    }
+    Driven::Reported(r) => Start::Reported(r),
+  }
+}
+
+/// Why a command could not start for lack of processes.
+fn out_of_processes(user: &User, r: recover::Recovery, waited: Duration) -> AgentError {
+  let msg = if r.owned > 0 {
     format!(
-      "the sandbox is out of processes even after the agent killed every process of {}; restart the sandbox",
+      "the sandbox is out of processes: {} of them belong to commands still running, and not enough ended in the {:.1} s this command waited (the agent kills only processes that no running command owns); run fewer commands at once, wait for them, or raise resources.pidsLimit",
+      r.owned,
+      waited.as_secs_f64()
+    )
+  } else {
+    format!(
+      "the sandbox is out of processes, and none the agent may kill for it is left (what holds them belongs to the container's init, its main process, the agent or another user than {}); restart the sandbox or raise resources.pidsLimit",
       user.describe()
-    ),
-  )))
+    )
+  };
+  AgentError::new(ErrorKind::OutOfProcesses, msg)
 }
 
 /// The command's environment and shepherd plan.
@@ -138,9 +196,22 @@ fn plan(ctx: &Ctx, spec: &ExecSpec, user: &User) -> Result<Plan, String> {
 
 enum Driven {
   Reported(Report),
-  /// The shepherd ended without a report.
-  Lost,
+  /// The shepherd ended without a report; `started`: after it said the command started.
+  Lost {
+    started: bool,
+  },
   Cancelled,
+}
+
+/// The error for a shepherd that ended without saying how the command ended (something killed
+/// it: the command itself can, when it runs as root).
+fn lost(started: bool) -> AgentError {
+  let msg = if started {
+    "the command started, then its supervisor died before it could report how the command ended (was it killed, perhaps by the command itself?); the command may or may not have run to its end: check its effects before running it again"
+  } else {
+    "the command's supervisor died before it could confirm that the command started (was it killed?); the command may or may not have run: check its effects before running it again"
+  };
+  AgentError::new(ErrorKind::SupervisorLost, msg)
 }
 
 /// Streams the command's output until the shepherd reports, then what the command wrote before
@@ -151,13 +222,15 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo) -> Driven {
     output,
     status,
     control,
+    ..
   } = sp;
   let (Ok(output), Ok(mut status)) = (receiver(output), receiver(status)) else {
-    return Driven::Lost;
+    return Driven::Lost { started: false };
   };
   let mut report = [0u8; 16];
   let mut got = 0;
   let mut open = true;
+  let mut started = false;
   let reported = loop {
     tokio::select! {
       biased;
@@ -172,7 +245,11 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo) -> Driven {
         Ok(n) => {
           got += n;
           if got == report.len() {
-            break Some(Report::parse(&report));
+            got = 0;
+            match Report::parse(&report) {
+              r if r.kind == shepherd::STARTED => started = true,
+              r => break Some(r),
+            }
           }
         }
       },
@@ -207,7 +284,7 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo) -> Driven {
   match reported {
     Some(r) => Driven::Reported(r),
     None if io.cancelled() => Driven::Cancelled,
-    None => Driven::Lost,
+    None => Driven::Lost { started },
   }
 }
 

@@ -3,10 +3,13 @@
 //! block on a FIFO or device (opened non-blocking, refused unless regular); writes go to a
 //! temporary file in the target directory that is renamed into place.
 
+use std::collections::hash_map::RandomState;
 use std::ffi::{CStr, CString};
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::hash::{BuildHasher, Hasher};
+use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -167,62 +170,158 @@ async fn download_inner(
   io: &StreamIo,
 ) -> Option<Outcome<DownloadDone>> {
   let shown = spec.path.as_str();
-  let r = async {
-    let path = check_path(shown)?;
-    let (me, creds) = who(ctx, spec.user.as_deref())?;
-    as_user(ctx, me, creds, shown, move || {
-      let fd = resolve::open_read(&path)?;
-      let st = sys::fstat(fd.as_raw_fd())?;
-      Ok((File::from(fd), st))
-    })
-    .await
-  }
-  .await;
-  let (file, st) = match r {
+  let (file, st) = match open_download(ctx, spec).await {
     Ok(v) => v,
     Err(e) => return Some(Outcome::Err(e)),
   };
-  match kind_of(st.st_mode) {
-    FileKind::File => {}
-    FileKind::Directory => {
-      return Some(Outcome::Err(AgentError::new(
-        ErrorKind::IsDirectory,
-        format!("{shown} is a directory"),
-      )))
-    }
-    other => return Some(Outcome::Err(not_regular(shown, other))),
-  }
   let size = st.st_size as u64;
   if size > spec.max_bytes {
     return Some(Outcome::Err(too_large(shown, size, spec.max_bytes)));
   }
+  // Placed before the first byte is read (see `watch`). Without it, what was sent is hashed
+  // and compared with the file read again.
+  let watching = ctx.watcher.watch(file.as_raw_fd());
+  let keys = watching.is_none().then(RandomState::new);
   io.send_head(&DownloadHead {
     size,
     mode: st.st_mode & 0o7777,
     mtime_ms: sys::mtime_ms(&st),
   });
   let file = Arc::new(file);
-  let sent = match send_spliced(ctx, io, &file, size).await {
+  let spliced = match keys {
+    Some(_) => Sent::NoSplice,
+    None => send_spliced(ctx, io, &file, size).await,
+  };
+  let (sent, digest) = match spliced {
+    Sent::NoSplice => send_copied(ctx, io, &file, size, keys.clone()).await,
+    other => (other, None),
+  };
+  let sent = match sent {
     Sent::All(n) => n,
-    Sent::Cancelled => return None,
+    Sent::Cancelled | Sent::NoSplice => return None,
     Sent::Failed(e) => return Some(Outcome::Err(io_error(shown, &e))),
     Sent::Grew => return Some(Outcome::Err(changed(shown))),
-    Sent::NoSplice => match send_copied(ctx, io, &file, size).await {
-      Sent::All(n) => n,
-      Sent::Cancelled | Sent::NoSplice => return None,
-      Sent::Failed(e) => return Some(Outcome::Err(io_error(shown, &e))),
-      Sent::Grew => return Some(Outcome::Err(changed(shown))),
-    },
   };
-  let f = file.clone();
-  let after = ctx.pool.run(move || sys::fstat(f.as_raw_fd())).await;
-  let same = after.is_ok_and(|a| {
-    a.st_size == st.st_size && a.st_mtime == st.st_mtime && a.st_mtime_nsec == st.st_mtime_nsec
-  });
-  if sent != size || !same {
+  let mut whole = sent == size && settled(ctx, &file, &st).await;
+  whole &= match (&watching, keys, digest) {
+    (Some(w), _, _) => !w.written(),
+    (None, Some(keys), Some(d)) => read_digest(ctx, &file, size, keys).await == Some(d),
+    _ => false,
+  };
+  if !whole {
     return Some(Outcome::Err(changed(shown)));
   }
   Some(Outcome::Ok(DownloadDone { size: sent }))
+}
+
+/// Opens a download's file as its user: a regular file, or a typed error.
+async fn open_download(ctx: &Ctx, spec: &DownloadSpec) -> Result<(File, libc::stat), AgentError> {
+  let shown = spec.path.as_str();
+  let path = check_path(shown)?;
+  let (me, creds) = who(ctx, spec.user.as_deref())?;
+  let (file, st, kernel) = as_user(ctx, me, creds, shown, move || {
+    let fd = resolve::open_read(&path)?;
+    let st = sys::fstat(fd.as_raw_fd())?;
+    let kernel = sys::fs_magic(fd.as_raw_fd()).is_ok_and(kernel_fs);
+    Ok((File::from(fd), st, kernel))
+  })
+  .await?;
+  match kind_of(st.st_mode) {
+    // /proc, /sys and their kin show their files as regular, empty or of a made-up size, and
+    // many refuse to be read: what a link there leads to is no file to download.
+    FileKind::File if kernel => Err(not_regular(shown, FileKind::KernelFile)),
+    FileKind::File => Ok((file, st)),
+    FileKind::Directory => Err(AgentError::new(
+      ErrorKind::IsDirectory,
+      format!("{shown} is a directory"),
+    )),
+    other => Err(not_regular(shown, other)),
+  }
+}
+
+/// File systems of the kernel's own (by `statfs` magic): proc, sysfs, debugfs, tracefs,
+/// securityfs, cgroup, cgroup2, bpf, configfs, pstore, efivarfs, selinuxfs, smackfs,
+/// binfmt_misc, fusectl, nsfs.
+fn kernel_fs(magic: u64) -> bool {
+  const KERNEL: [u64; 16] = [
+    0x9fa0,
+    0x6265_6572,
+    0x6462_6720,
+    0x7472_6163,
+    0x7363_6673,
+    0x0027_e0eb,
+    0x6367_7270,
+    0xcafe_4a11,
+    0x6265_6570,
+    0x6165_676c,
+    0xde5e_81e4,
+    0xf97c_ff8c,
+    0x4341_5d53,
+    0x4249_4e4d,
+    0x6573_5543,
+    0x6e73_6673,
+  ];
+  KERNEL.contains(&magic)
+}
+
+/// Whether the file is as it was when opened (`st`), once any write under way has ended. A
+/// write sets the file's times before it copies its bytes: asking for the start of its data
+/// takes the inode's lock on the common file systems (ext4, tmpfs, overlayfs over them), so it
+/// waits out a write still copying, whose event `watch` then sees. A write begun after `st`
+/// shows in the change time (file systems with fine-grained times give a new one to a change
+/// made after the time was read).
+async fn settled(ctx: &Ctx, file: &Arc<File>, st: &libc::stat) -> bool {
+  let f = file.clone();
+  let after = ctx
+    .pool
+    .run(move || {
+      unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_DATA) };
+      sys::fstat(f.as_raw_fd())
+    })
+    .await;
+  after.is_ok_and(|a| same_version(st, &a))
+}
+
+/// Size, inode, and modification and change times alike.
+fn same_version(a: &libc::stat, b: &libc::stat) -> bool {
+  (a.st_dev, a.st_ino, a.st_size) == (b.st_dev, b.st_ino, b.st_size)
+    && (a.st_mtime, a.st_mtime_nsec) == (b.st_mtime, b.st_mtime_nsec)
+    && (a.st_ctime, a.st_ctime_nsec) == (b.st_ctime, b.st_ctime_nsec)
+}
+
+/// The file's first `size` bytes hashed with `keys`, read again; `None` if it is shorter or
+/// cannot be read. In pool jobs of `READ_BLOCK` bytes, so a large file holds no thread long.
+async fn read_digest(ctx: &Ctx, file: &Arc<File>, size: u64, keys: RandomState) -> Option<u64> {
+  let mut hasher = Some(keys.build_hasher());
+  let mut offset = 0u64;
+  while offset < size {
+    let (f, mut h) = (file.clone(), hasher.take()?);
+    let want = (size - offset).min(READ_BLOCK as u64) as usize;
+    let (h, n) = ctx
+      .pool
+      .run(move || {
+        let mut buf = vec![0u8; want.min(READ_CHUNK)];
+        let mut got = 0;
+        while got < want {
+          let take = (want - got).min(buf.len());
+          match f.read_at(&mut buf[..take], offset + got as u64) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+              h.write(&buf[..n]);
+              got += n;
+            }
+          }
+        }
+        (h, got)
+      })
+      .await;
+    if n == 0 {
+      return None;
+    }
+    offset += n as u64;
+    hasher = Some(h);
+  }
+  hasher.map(|h| h.finish())
 }
 
 /// How a download's bytes went.
@@ -305,6 +404,9 @@ async fn send_spliced(ctx: &Ctx, io: &StreamIo, file: &Arc<File>, size: u64) -> 
       break Sent::Grew;
     }
     in_flight.push_back(io.send_spliced(pipe, n));
+    if sent == size {
+      break Sent::All(sent);
+    }
   };
   // Whatever was handed to the writer goes out before the answer. Until the engine's end of
   // stdout has read it, what sits in the pipes is the file's pages, not copies: a write to the
@@ -348,20 +450,31 @@ fn fill(file: &File, offset: i64, pipe: &Pipe, want: usize) -> io::Result<usize>
   Ok(got)
 }
 
-/// Sends the file through a buffer of ours (a file system that takes no splice).
-async fn send_copied(ctx: &Ctx, io: &StreamIo, file: &Arc<File>, size: u64) -> Sent {
+/// Sends the file through a buffer of ours (a file system that takes no splice, small files,
+/// and downloads with no watch). With `keys`, also the hash of what was sent.
+async fn send_copied(
+  ctx: &Ctx,
+  io: &StreamIo,
+  file: &Arc<File>,
+  size: u64,
+  keys: Option<RandomState>,
+) -> (Sent, Option<u64>) {
   let mut sent = 0u64;
+  let mut hasher = keys.map(|k| k.build_hasher());
   // Read into one block, reused once the pieces sent from it are written (a fresh buffer per
   // read costs a mapping and its page faults each time).
   let mut block = BytesMut::new();
   loop {
+    // Growth shows in the size checked after (no read to the end of the file needed).
+    if sent == size {
+      return (Sent::All(sent), hasher.map(|h| h.finish()));
+    }
     let avail = io.credit().await;
     if avail == 0 {
-      return Sent::Cancelled;
+      return (Sent::Cancelled, None);
     }
     let want = (avail as usize).min(READ_CHUNK);
-    let f = file.clone();
-    let mut b = std::mem::take(&mut block);
+    let (f, mut b, mut h) = (file.clone(), std::mem::take(&mut block), hasher.take());
     let read = ctx
       .pool
       .run(move || {
@@ -369,25 +482,29 @@ async fn send_copied(ctx: &Ctx, io: &StreamIo, file: &Arc<File>, size: u64) -> S
           b.reserve(READ_BLOCK);
         }
         b.resize(want, 0);
-        let n = (&*f).read(&mut b)?;
+        // At explicit offsets: the file's position is left alone.
+        let n = f.read_at(&mut b, sent)?;
         b.truncate(n);
+        if let Some(h) = h.as_mut() {
+          h.write(&b);
+        }
         let chunk = b.split().freeze();
-        Ok::<_, io::Error>((chunk, b))
+        Ok::<_, io::Error>((chunk, b, h))
       })
       .await;
     let mut chunk = match read {
-      Ok((c, b)) => {
-        block = b;
+      Ok((c, b, h)) => {
+        (block, hasher) = (b, h);
         c
       }
-      Err(e) => return Sent::Failed(e),
+      Err(e) => return (Sent::Failed(e), None),
     };
     if chunk.is_empty() {
-      return Sent::All(sent);
+      return (Sent::All(sent), hasher.map(|h| h.finish()));
     }
     sent += chunk.len() as u64;
     if sent > size {
-      return Sent::Grew;
+      return (Sent::Grew, None);
     }
     while !chunk.is_empty() {
       let n = chunk.len().min(MAX_DATA);

@@ -19,6 +19,7 @@ mod shepherd;
 mod staged;
 mod sys;
 mod users;
+mod watch;
 
 fn main() {
   let mut args = std::env::args_os();

@@ -23,6 +23,7 @@ use crate::ctx::Ctx;
 use crate::pool::Pool;
 use crate::sys::{self, Identity};
 use crate::users::Users;
+use crate::watch::Watcher;
 use crate::{exec, files, resolve, staged};
 
 /// Bytes of stdin buffer taken at a time.
@@ -113,15 +114,19 @@ async fn serve(
     pool,
     activity: Activity::default(),
     running: Default::default(),
+    procs: Default::default(),
     started: Instant::now(),
     relays: Relays::new(),
     splice: std::env::var_os("TRUEFORGE_AGENT_NO_SPLICE").is_none_or(|v| v != "1"),
+    watcher: Watcher::new(std::env::var_os("TRUEFORGE_AGENT_NO_INOTIFY").is_none_or(|v| v != "1")),
   });
   tokio::task::spawn_local(write_loop(output, out_rx));
   let mut children = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
+  let c = ctx.clone();
   tokio::task::spawn_local(async move {
     while children.recv().await.is_some() {
-      sys::reap_all();
+      // Each pid freed may be what a command waiting for processes needs.
+      c.procs.reaped(sys::reap_all());
     }
   });
   tokio::task::spawn_local(activity::ticker(ctx.clone()));

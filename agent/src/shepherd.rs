@@ -22,6 +22,9 @@ pub const EXITED: u32 = 1;
 pub const TIMED_OUT: u32 = 2;
 pub const CANCELLED: u32 = 3;
 pub const SPAWN_FAILED: u32 = 4;
+/// Sent by the command's process just before it execs its shell, so before any of the
+/// command's own code runs: a shepherd that dies after it leaves a command that may have run.
+pub const STARTED: u32 = 5;
 
 /// Where a spawn failed (`SPAWN_FAILED`'s first value).
 pub const STAGE_FORK: i32 = 1;
@@ -63,6 +66,7 @@ pub struct Plan {
   _env_strings: Vec<CString>,
   envp: Vec<*const libc::c_char>,
   cwd: CString,
+  /// `cannot change directory to <cwd>: `, the reason then follows (see `cwd_reason`).
   cwd_message: Vec<u8>,
   /// uid, gid, supplementary groups; `None`: keep the agent's.
   ids: Option<(u32, u32, Vec<libc::gid_t>)>,
@@ -72,6 +76,13 @@ pub struct Plan {
 }
 
 impl Plan {
+  /// The command's timeout from now on (what is left of it after a wait for processes).
+  pub fn set_timeout_ms(&mut self, ms: u64) {
+    if self.timeout_ns.is_some() {
+      self.timeout_ns = Some(ms as i64 * 1_000_000);
+    }
+  }
+
   /// `env` holds the command's `NAME=value` entries; `path` its final `PATH` (searched for
   /// bash, then sh).
   pub fn new(
@@ -136,7 +147,7 @@ impl Plan {
       _env_strings: env_strings,
       envp,
       cwd: c(cwd, "the working directory")?,
-      cwd_message: format!("cannot change directory to {cwd}: no such directory\n").into_bytes(),
+      cwd_message: format!("cannot change directory to {cwd}: ").into_bytes(),
       ids,
       timeout_ns: (timeout_ms > 0).then(|| timeout_ms as i64 * 1_000_000),
       oom_score: command_oom_score(),
@@ -147,6 +158,8 @@ impl Plan {
 /// A started shepherd: the command's merged output, the status pipe, and the control pipe
 /// (dropping it kills the command).
 pub struct Spawned {
+  /// The shepherd's pid.
+  pub pid: u32,
   pub output: OwnedFd,
   pub status: OwnedFd,
   pub control: OwnedFd,
@@ -166,6 +179,7 @@ pub fn spawn(plan: &Plan) -> io::Result<Spawned> {
   }
   drop((out_w, st_w, ctl_r));
   Ok(Spawned {
+    pid: pid as u32,
     output: out_r,
     status: st_r,
     control: ctl_w,
@@ -173,12 +187,17 @@ pub fn spawn(plan: &Plan) -> io::Result<Spawned> {
 }
 
 fn report(kind: u32, a: i32, b: i32, c: i32) {
+  report_on(1, kind, a, b, c);
+}
+
+/// One 16-byte report on `fd` (atomic: under PIPE_BUF).
+fn report_on(fd: libc::c_int, kind: u32, a: i32, b: i32, c: i32) {
   let mut buf = [0u8; 16];
   buf[0..4].copy_from_slice(&kind.to_le_bytes());
   buf[4..8].copy_from_slice(&a.to_le_bytes());
   buf[8..12].copy_from_slice(&b.to_le_bytes());
   buf[12..16].copy_from_slice(&c.to_le_bytes());
-  unsafe { libc::write(1, buf.as_ptr() as *const libc::c_void, 16) };
+  unsafe { libc::write(fd, buf.as_ptr() as *const libc::c_void, 16) };
 }
 
 fn errno() -> i32 {
@@ -353,6 +372,8 @@ unsafe fn command(plan: &Plan, errfd: libc::c_int) -> ! {
     libc::write(errfd, b.as_ptr() as *const libc::c_void, 8);
     libc::_exit(127);
   };
+  // The status pipe (fd 1 until the output takes it), kept for `STARTED`; closed by the exec.
+  let status = libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3);
   let mut none: libc::sigset_t = std::mem::zeroed();
   libc::sigemptyset(&mut none);
   libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
@@ -393,12 +414,14 @@ unsafe fn command(plan: &Plan, errfd: libc::c_int) -> ! {
     }
   }
   if libc::chdir(plan.cwd.as_ptr()) != 0 {
-    libc::write(
-      1,
-      plan.cwd_message.as_ptr() as *const libc::c_void,
-      plan.cwd_message.len(),
-    );
+    let reason = cwd_reason(errno());
+    for part in [&plan.cwd_message[..], reason.as_bytes(), b"\n"] {
+      libc::write(1, part.as_ptr() as *const libc::c_void, part.len());
+    }
     libc::_exit(1);
+  }
+  if status >= 0 {
+    report_on(status, STARTED, 0, 0, 0);
   }
   let mut last = libc::ENOENT;
   let mut denied = false;
@@ -412,6 +435,18 @@ unsafe fn command(plan: &Plan, errfd: libc::c_int) -> ! {
     denied |= last == libc::EACCES;
   }
   fail(STAGE_EXEC, if denied { libc::EACCES } else { last });
+}
+
+/// Why the working directory could not be entered, for the command's output.
+fn cwd_reason(errno: i32) -> &'static str {
+  match errno {
+    libc::ENOENT => "no such directory",
+    libc::ENOTDIR => "not a directory (it, or a parent, is a file)",
+    libc::EACCES | libc::EPERM => "permission denied (the user may not enter it)",
+    libc::ELOOP => "too many levels of symbolic links",
+    libc::ENAMETOOLONG => "a name in the path is too long",
+    _ => "the system refused it",
+  }
 }
 
 /// How much a command's `oom_score_adj` is raised over the agent's.
@@ -644,6 +679,14 @@ unsafe fn read_stat(pid: &[u8]) -> Option<(u32, u32, u8)> {
 #[cfg(test)]
 mod tests {
   use super::*;
+
+  #[test]
+  fn working_directory_failures_say_why() {
+    assert_eq!(cwd_reason(libc::ENOENT), "no such directory");
+    assert!(cwd_reason(libc::ENOTDIR).starts_with("not a directory"));
+    assert!(cwd_reason(libc::EACCES).starts_with("permission denied"));
+    assert_eq!(cwd_reason(libc::EIO), "the system refused it");
+  }
 
   #[test]
   fn oom_scores_are_raised_and_capped() {

@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -142,6 +142,7 @@ async fn stage_and_place(
     Ok(Err(why)) => return Step::Declined(why),
     Err(e) => return Step::Declined(format!("the staging directory: {e}")),
   };
+  let staging = path.clone();
   io.send_head(&StagedHead {
     dir: path,
     name: entry.name.to_string_lossy().into_owned(),
@@ -164,26 +165,64 @@ async fn stage_and_place(
     .pool
     .run(move || {
       let mut entry = entry;
-      place(&mut entry, &s, size, &creds, mode)
+      let placed = place(&mut entry, &s, size, &creds, mode);
+      let intact = matches!(placed, Err(Unplaced::Missing)) && still_there(&staging, &entry.dir);
+      (placed, intact)
     })
     .await;
   match placed {
-    Ok(()) => Step::Placed { size },
-    Err(Unplaced::Missing) => {
-      // The engine said it wrote the file, yet it is not there: a runtime with a root file
-      // system of its own (gVisor's overlay keeps host writes out). Not worth trying again.
-      UNSEEN.store(true, Ordering::Relaxed);
-      Step::Declined(UNSEEN_WHY.into())
+    (Ok(()), _) => {
+      PLACED.store(true, Ordering::Relaxed);
+      Step::Placed { size }
     }
-    Err(Unplaced::Io(e)) => Step::Failed(files::io_error(&spec.path, &e)),
-    Err(Unplaced::NotAsPut) => Step::Failed(files::changed(&spec.path)),
+    (Err(Unplaced::Missing), false) => Step::Declined(
+      "the staging directory was replaced while the engine wrote into it (by a root workload?); this write goes on the stream"
+        .into(),
+    ),
+    (Err(Unplaced::Missing), true) => Step::Declined(missed()),
+    (Err(Unplaced::Io(e)), _) => Step::Failed(files::io_error(&spec.path, &e)),
+    // Not what the host put (a link, a second link, another size): that attempt only.
+    (Err(Unplaced::NotAsPut), _) => Step::Declined(
+      "what arrived in the staging directory is not what the host put (a link, or another size); this write goes on the stream"
+        .into(),
+    ),
   }
 }
 
-/// Set once a staged file the engine reported written was not there.
+/// Set once the engine's write of a staged file was not there, twice, while none had ever been
+/// placed: a runtime with a root file system of its own (gVisor's overlay keeps the host's writes
+/// out). One miss alone could be a root workload's doing (the staging directory swapped for a
+/// link and back), and once a staged write was placed the runtime plainly can stage.
 static UNSEEN: AtomicBool = AtomicBool::new(false);
+/// Misses with the staging directory in place, and whether a staged write was ever placed.
+static MISSES: AtomicU32 = AtomicU32::new(0);
+static PLACED: AtomicBool = AtomicBool::new(false);
+/// Misses, with none placed, that show the runtime cannot stage.
+const MISSES_TO_GIVE_UP: u32 = 2;
 const UNSEEN_WHY: &str =
   "what the engine writes into the root file system does not appear in the container";
+
+/// Counts a miss with the staging directory in place; why this write goes on the stream.
+fn missed() -> String {
+  let misses = MISSES.fetch_add(1, Ordering::Relaxed) + 1;
+  if !PLACED.load(Ordering::Relaxed) && misses >= MISSES_TO_GIVE_UP {
+    UNSEEN.store(true, Ordering::Relaxed);
+    return UNSEEN_WHY.into();
+  }
+  "what the engine reported writing is not in the staging directory; this write goes on the stream"
+    .into()
+}
+
+/// Whether `path` still names the directory `dir` (and no link to it).
+fn still_there(path: &str, dir: &OwnedFd) -> bool {
+  let (Ok(c), Ok(opened)) = (CString::new(path), sys::fstat(dir.as_raw_fd())) else {
+    return false;
+  };
+  sys::fstatat(libc::AT_FDCWD, &c, libc::AT_SYMLINK_NOFOLLOW).is_ok_and(|now| {
+    now.st_mode & libc::S_IFMT == libc::S_IFDIR
+      && (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
+  })
+}
 
 /// Why a staged file was not placed.
 enum Unplaced {

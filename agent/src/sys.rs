@@ -122,6 +122,14 @@ pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
   Ok(st)
 }
 
+/// The `statfs` magic number of the file system `fd` is on.
+pub fn fs_magic(fd: RawFd) -> io::Result<u64> {
+  let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+  cvt(unsafe { libc::fstatfs(fd, &mut st) })?;
+  // Signed on some targets: the magic is its low 32 bits.
+  Ok(st.f_type as u64 & 0xffff_ffff)
+}
+
 pub fn fstatat(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<libc::stat> {
   let mut st: libc::stat = unsafe { std::mem::zeroed() };
   cvt(unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, flags) })?;
@@ -289,14 +297,17 @@ fn restore(me: &Identity, groups_changed: bool) {
   }
 }
 
-/// Reaps every exited child (the agent is a subreaper: orphans of finished commands end here).
-pub fn reap_all() {
+/// Reaps every exited child (the agent is a subreaper: orphans of finished commands end here);
+/// how many.
+pub fn reap_all() -> usize {
+  let mut n = 0;
   loop {
     let mut status = 0;
     let r = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
     if r <= 0 {
-      break;
+      return n;
     }
+    n += 1;
   }
 }
 

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -86,6 +87,67 @@ async fn working_directory() {
     out.output,
     "cannot change directory to /no/such/dir: no such directory\n"
   );
+  // A file, and a directory the user may not enter: the real reason, not "no such directory".
+  let t = TempDir::new("cwd");
+  std::fs::write(t.0.join("file"), b"").unwrap();
+  std::fs::create_dir(t.0.join("closed")).unwrap();
+  std::fs::set_permissions(t.0.join("closed"), std::fs::Permissions::from_mode(0o700)).unwrap();
+  for (cwd, user, why) in [
+    ("file", None, "not a directory (it, or a parent, is a file)"),
+    (
+      "file/sub",
+      None,
+      "not a directory (it, or a parent, is a file)",
+    ),
+    (
+      "closed",
+      Some("nobody"),
+      "permission denied (the user may not enter it)",
+    ),
+  ] {
+    r.cwd = t.path(cwd);
+    r.user = user.map(str::to_string);
+    let out = a.client.exec(&r).await.unwrap();
+    assert_eq!(out.exit_code, 1, "{cwd}");
+    assert_eq!(
+      out.output,
+      format!("cannot change directory to {}: {why}\n", t.path(cwd))
+    );
+  }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_kills_its_supervisor_may_or_may_not_have_run() {
+  // As root the command may kill its shepherd (its parent): the command ran, so the error must
+  // not say it could not be started.
+  let a = start().await;
+  let t = TempDir::new("lost");
+  let before = t.path("before");
+  let err = a
+    .client
+    .exec(&req(&format!(
+      "echo ran > {before}; kill -9 $PPID; sleep 1"
+    )))
+    .await
+    .unwrap_err();
+  match err {
+    ClientError::Agent(e) => {
+      assert_eq!(e.kind, ErrorKind::SupervisorLost, "{e:?}");
+      assert!(
+        e.message.starts_with("the command started"),
+        "{}",
+        e.message
+      );
+      assert!(
+        e.message.contains("may or may not have run"),
+        "{}",
+        e.message
+      );
+    }
+    other => panic!("{other:?}"),
+  }
+  assert_eq!(std::fs::read_to_string(&before).unwrap(), "ran\n");
+  assert_eq!(a.run("echo next").await.output, "next\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -387,7 +449,9 @@ struct PidsCgroup(std::path::PathBuf);
 impl PidsCgroup {
   fn new(max: u32, pid: u32) -> Option<PidsCgroup> {
     for base in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"] {
-      let dir = std::path::Path::new(base).join(format!("tf-agent-test-{}", std::process::id()));
+      // Tests run side by side in this process: each agent gets its own.
+      let dir =
+        std::path::Path::new(base).join(format!("tf-agent-test-{}-{pid}", std::process::id()));
       if std::fs::create_dir(&dir).is_err() {
         continue;
       }
@@ -459,5 +523,97 @@ async fn a_sandbox_out_of_processes_is_recovered() {
   assert!(procs_with(&m).is_empty());
   a.client.close();
   let _ = a.child.wait().await;
+  drop(cg);
+}
+
+/// An agent in a pids cgroup of `max`, or `None` (with why) where the test cannot run.
+async fn crowded(max: u32) -> Option<(Agent, PidsCgroup)> {
+  let a = start().await;
+  if !a.client.hello().subreaper {
+    eprintln!("skipped: the agent is no subreaper here (qemu-user), so nothing reaps leftovers");
+    return None;
+  }
+  let Some(cg) = PidsCgroup::new(max, a.pid) else {
+    eprintln!("skipped: no pids cgroup can be made here");
+    return None;
+  };
+  Some((a, cg))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_commands_than_processes_each_finish_or_say_why_and_none_is_killed() {
+  // 30 commands that need three pids each (shepherd, shell, sleep) in a cgroup of 40: the agent
+  // must not kill running commands to make room, only wait for them or say why it could not.
+  let Some((a, cg)) = crowded(40).await else {
+    return;
+  };
+  let mut tasks = Vec::new();
+  for _ in 0..30 {
+    let c = a.client.clone();
+    let mut r = req("sleep 1; echo done");
+    r.timeout = Some(Duration::from_secs(60));
+    tasks.push(tokio::spawn(async move { c.exec(&r).await }));
+  }
+  let (mut finished, mut told) = (0, 0);
+  for t in tasks {
+    match t.await.unwrap() {
+      Ok(out) if out.exit_code == 0 && out.output.ends_with("done\n") => finished += 1,
+      // The shell's own fork failed and it said so (bash retries first).
+      Ok(out) if out.exit_code != 0 && out.output.contains("fork") => told += 1,
+      Err(ClientError::Agent(e)) if e.kind == ErrorKind::OutOfProcesses => {
+        assert!(
+          e.message.contains("commands still running"),
+          "{}",
+          e.message
+        );
+        told += 1;
+      }
+      other => panic!("neither finished nor said why: {other:?}"),
+    }
+  }
+  eprintln!("{finished} finished, {told} said why they did not");
+  assert!(finished > 0);
+  assert_eq!(finished + told, 30);
+  drop(a);
+  drop(cg);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_kills_what_was_left_behind_not_a_command_still_running() {
+  let Some((a, cg)) = crowded(24).await else {
+    return;
+  };
+  let user = "64124:64124";
+  let m = marker(15);
+  let running = {
+    let c = a.client.clone();
+    let mut r = req("sleep 2; echo survived");
+    r.user = Some(user.into());
+    tokio::spawn(async move { c.exec(&r).await })
+  };
+  let out = a
+    .run_as(
+      user,
+      &format!("(while :; do sleep {m} & done) >/dev/null 2>&1 & echo started"),
+    )
+    .await;
+  assert_eq!(out.output, "started\n");
+  let current = || std::fs::read_to_string(cg.0.join("pids.current")).unwrap_or_default();
+  for _ in 0..100 {
+    if current().trim() == "24" {
+      break;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+  }
+  assert_eq!(current().trim(), "24");
+  let out = a.run_as(user, "echo after").await;
+  assert_eq!(out.output, "after\n");
+  let note = out.recovered.unwrap_or_default();
+  assert!(note.contains("that no running command owned"), "{note}");
+  // The command that was running when the sandbox filled up was spared, and ended as it would.
+  let still = running.await.unwrap().unwrap();
+  assert_eq!((still.exit_code, still.output.as_str()), (0, "survived\n"));
+  assert!(procs_with(&m).is_empty());
+  drop(a);
   drop(cg);
 }

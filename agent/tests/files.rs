@@ -502,6 +502,95 @@ async fn a_file_fifo_swap_racing_downloads_never_hangs() {
   assert_eq!(a.run("echo alive").await.output, "alive\n");
 }
 
+/// How downloads of a file rewritten in place went: (whole first version, whole second,
+/// changed, a mix of the two).
+async fn downloads_while_rewritten(a: &Agent, size: usize, for_how_long: Duration) -> [u32; 4] {
+  let t = sandbox();
+  let path = t.path("rewritten");
+  let (one, two) = (vec![b'A'; size], vec![b'B'; size]);
+  std::fs::write(&path, &one).unwrap();
+  let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+  let writer = {
+    let (stop, path, one, two) = (stop.clone(), path.clone(), one.clone(), two.clone());
+    // In place and whole, one write(2) per version, as `dd conv=notrunc bs=<size>` does.
+    std::thread::spawn(move || {
+      let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+      let mut n = 0u32;
+      while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let v = if n.is_multiple_of(2) { &two } else { &one };
+        assert_eq!(
+          std::os::unix::fs::FileExt::write_at(&f, v, 0).unwrap(),
+          size
+        );
+        n += 1;
+      }
+      n
+    })
+  };
+  let mut counts = [0u32; 4];
+  let started = Instant::now();
+  while started.elapsed() < for_how_long {
+    match a.client.download_bytes(down(&path, Some(NOBODY))).await {
+      Ok(b) if b == one => counts[0] += 1,
+      Ok(b) if b == two => counts[1] += 1,
+      Ok(_) => counts[3] += 1,
+      Err(ClientError::Agent(e)) if e.kind == ErrorKind::Changed => counts[2] += 1,
+      Err(e) => panic!("{e:?}"),
+    }
+  }
+  stop.store(true, std::sync::atomic::Ordering::Relaxed);
+  assert!(writer.join().unwrap() > 10);
+  counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_rewritten_in_place_downloads_whole_or_changed_never_mixed() {
+  // Spliced (4 MiB) and copied (256 KiB); with a watch, and without one (the copy then hashed
+  // and compared with the file read again).
+  let no_inotify = start_with(Options {
+    env: vec![("TRUEFORGE_AGENT_NO_INOTIFY".into(), "1".into())],
+    ..Default::default()
+  })
+  .await;
+  let mut agents = agents().await;
+  agents.push(("no inotify", no_inotify));
+  for (mode, a) in &agents {
+    for size in [4 << 20, 256 << 10] {
+      let [one, two, changed, mixed] =
+        downloads_while_rewritten(a, size, Duration::from_millis(1500)).await;
+      eprintln!("{mode}, {size} bytes: whole {one} + {two}, changed {changed}, mixed {mixed}");
+      assert_eq!(mixed, 0, "{mode}, {size} bytes");
+      assert!(one + two + changed > 0);
+    }
+    // Nothing left watched, nothing stuck: an unchanged file downloads whole.
+    let t = sandbox();
+    std::fs::write(t.path("still"), data(5 << 20)).unwrap();
+    let got = a.client.download_bytes(down(&t.path("still"), None)).await;
+    assert!(got.unwrap() == data(5 << 20), "{mode}");
+  }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_to_a_kernel_file_is_refused_with_its_kind() {
+  let a = start().await;
+  let t = sandbox();
+  for (name, target) in [
+    ("attr", "/proc/thread-self/attr/current"),
+    ("cpuinfo", "/proc/cpuinfo"),
+    ("uevent", "/sys/kernel/uevent_seqnum"),
+  ] {
+    std::os::unix::fs::symlink(target, t.path(name)).unwrap();
+    match a.client.download_bytes(down(&t.path(name), None)).await {
+      Err(ClientError::Agent(e)) => {
+        assert_eq!(e.kind, ErrorKind::NotRegularFile, "{name}: {e:?}");
+        assert_eq!(e.file_kind, Some(FileKind::KernelFile), "{name}");
+        assert!(e.message.contains("kernel file"), "{}", e.message);
+      }
+      other => panic!("{name}: {other:?}"),
+    }
+  }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caps_refuse_and_leave_nothing_behind() {
   let a = start().await;

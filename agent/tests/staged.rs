@@ -1,7 +1,7 @@
 //! Staged uploads through the real agent, the test playing the engine (it writes the staged file
 //! as root where the agent's `Head` says): checked, given to the user and moved into place;
-//! declined where staging would not be safe or could not work; refused when what arrived is not
-//! what the host put; nothing left behind on any path.
+//! declined where staging would not be safe or could not work, and (that write only) when what
+//! arrived is not what the host put or went elsewhere; nothing left behind on any path.
 
 mod common;
 
@@ -9,8 +9,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
 use common::*;
-use trueforge_agent_proto::client::{ClientError, StagedUpload, Staging};
-use trueforge_agent_proto::msg::{ErrorKind, StagedUploadSpec};
+use trueforge_agent_proto::client::{StagedUpload, Staging};
+use trueforge_agent_proto::msg::StagedUploadSpec;
 
 const NOBODY_UID: u32 = 65534;
 
@@ -150,14 +150,17 @@ async fn declined_where_staging_is_not_safe_or_would_copy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_the_agent_cannot_see_is_declined_and_so_is_every_later_one() {
+async fn writes_the_agent_cannot_see_are_declined_and_after_two_so_is_every_later_one() {
   // What a runtime with a root file system of its own (gVisor) does: the engine reports the
-  // write, the file is not there.
+  // write, the file is not there. Once could be a root workload's doing; twice with none ever
+  // placed, the runtime cannot stage.
   let a = start().await;
   let (t, staging) = place();
   let target = t.path("work/f.bin");
-  let s = ready(&a, spec(&target, 10, &staging)).await;
-  assert_eq!(s.commit().await.unwrap(), None);
+  for _ in 0..2 {
+    let s = ready(&a, spec(&target, 10, &staging)).await;
+    assert_eq!(s.commit().await.unwrap(), None);
+  }
   let why = declined(&a, spec(&target, 10, &staging)).await;
   assert!(why.contains("does not appear"), "{why}");
   assert_eq!(entries(&t.path("work")), Vec::<String>::new());
@@ -179,7 +182,8 @@ async fn a_write_the_agent_cannot_see_is_declined_and_so_is_every_later_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn what_was_not_put_by_the_host_is_refused_and_removed() {
+async fn what_was_not_put_by_the_host_is_declined_and_removed() {
+  // Declined, that write only: the host then sends the bytes on the stream.
   let a = start().await;
   let (t, staging) = place();
   let target = t.path("work/f.bin");
@@ -187,19 +191,15 @@ async fn what_was_not_put_by_the_host_is_refused_and_removed() {
   // The wrong size.
   let s = ready(&a, spec(&target, 10, &staging)).await;
   put(&s, b"short");
-  let kind = match s.commit().await {
-    Err(ClientError::Agent(e)) => e.kind,
-    other => panic!("{other:?}"),
-  };
-  assert_eq!(kind, ErrorKind::Changed);
+  assert_eq!(s.commit().await.unwrap(), None);
   // A link instead of a file, a second link to it.
   let s = ready(&a, spec(&target, 6, &staging)).await;
   std::os::unix::fs::symlink(&target, format!("{}/{}", s.head.dir, s.head.name)).unwrap();
-  assert!(matches!(s.commit().await, Err(ClientError::Agent(e)) if e.kind == ErrorKind::Changed));
+  assert_eq!(s.commit().await.unwrap(), None);
   let s = ready(&a, spec(&target, 6, &staging)).await;
   std::fs::write(t.path("other"), b"linked").unwrap();
   std::fs::hard_link(t.path("other"), format!("{}/{}", s.head.dir, s.head.name)).unwrap();
-  assert!(matches!(s.commit().await, Err(ClientError::Agent(e)) if e.kind == ErrorKind::Changed));
+  assert_eq!(s.commit().await.unwrap(), None);
   assert_eq!(std::fs::read(&target).unwrap(), b"before");
   assert_eq!(std::fs::read(t.path("other")).unwrap(), b"linked");
   assert_eq!(entries(&staging), Vec::<String>::new());
@@ -231,4 +231,57 @@ async fn cancelled_uploads_and_what_gone_agents_left_are_removed() {
   let mut left = entries(&staging);
   left.retain(|n| n != &s.head.name);
   assert_eq!(left, vec!["1.alive".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staging_directory_swapped_for_a_link_fails_that_write_only() {
+  // A root workload swaps the staging directory for a link between the agent's open and the
+  // engine's write: the engine follows it. That write is declined (the stream carries it);
+  // staging goes on for the next ones, whether the directory is back by then or not.
+  let a = start().await;
+  let (t, staging) = place();
+  let target = t.path("work/f.bin");
+  std::fs::create_dir(t.path("elsewhere")).unwrap();
+  let aside = t.path("stage.aside");
+  for back_in_place in [false, true, false, true] {
+    let s = ready(&a, spec(&target, 4, &staging)).await;
+    std::fs::rename(&staging, &aside).unwrap();
+    std::os::unix::fs::symlink(t.path("elsewhere"), &staging).unwrap();
+    put(&s, b"lost");
+    if back_in_place {
+      std::fs::remove_file(&staging).unwrap();
+      std::fs::rename(&aside, &staging).unwrap();
+    }
+    assert_eq!(s.commit().await.unwrap(), None, "back: {back_in_place}");
+    if !back_in_place {
+      std::fs::remove_file(&staging).unwrap();
+      std::fs::rename(&aside, &staging).unwrap();
+    }
+    // The next staged write is placed.
+    let s = ready(&a, spec(&target, 6, &staging)).await;
+    put(&s, b"staged");
+    assert!(s.commit().await.unwrap().is_some(), "back: {back_in_place}");
+    assert_eq!(std::fs::read(&target).unwrap(), b"staged");
+    std::fs::remove_file(&target).unwrap();
+  }
+  assert_eq!(entries(&staging), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_miss_after_a_write_was_placed_never_gives_staging_up() {
+  let a = start().await;
+  let (t, staging) = place();
+  let target = t.path("work/f.bin");
+  let s = ready(&a, spec(&target, 2, &staging)).await;
+  put(&s, b"ok");
+  assert!(s.commit().await.unwrap().is_some());
+  // Missing, with the directory in place, again and again (a root workload removing it).
+  for _ in 0..3 {
+    let s = ready(&a, spec(&target, 4, &staging)).await;
+    assert_eq!(s.commit().await.unwrap(), None);
+  }
+  let s = ready(&a, spec(&target, 6, &staging)).await;
+  put(&s, b"staged");
+  assert!(s.commit().await.unwrap().is_some());
+  assert_eq!(std::fs::read(&target).unwrap(), b"staged");
 }

@@ -34,7 +34,10 @@ printf '\036TFX%s:p:%s\036' "$3" "$$"
 TRUEFORGE_EXEC_ID=$3; export TRUEFORGE_EXEC_ID
 PATH="/trueforge/codemode/bin:${PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}"; export PATH
 if ! cd "$1" 2>/dev/null; then
-  printf 'cannot change directory to %s: no such directory\n' "$1"
+  if [ ! -e "$1" ]; then why='no such directory'
+  elif [ ! -d "$1" ]; then why='not a directory (it, or a parent, is a file)'
+  else why='permission denied (the user may not enter it)'; fi
+  printf 'cannot change directory to %s: %s\n' "$1" "$why"
   printf '\036TFX%s:x:1\036' "$3"; exit 1
 fi
 if command -v bash >/dev/null 2>&1; then bash -c "$2"; else sh -c "$2"; fi

@@ -70,9 +70,9 @@ fn exec_error(e: ClientError, timeout: Duration) -> SandboxError {
       ErrorKind::KillUnverified => SandboxError::Internal(format!(
         "the command ran past its {secs} s timeout and was killed, but not every process it started could be verified gone ({message}); some may still be running"
       )),
-      ErrorKind::OutOfProcesses => SandboxError::Internal(format!(
-        "the sandbox is out of processes even after its workload was killed ({message}); remove it or raise `resources.pidsLimit`"
-      )),
+      // The agent's sentences say what holds the processes, or whether the command started
+      // and that it may or may not have run, and what to do.
+      ErrorKind::OutOfProcesses | ErrorKind::SupervisorLost => SandboxError::Internal(message),
       _ => SandboxError::Internal(format!("the command could not be started: {message}")),
     },
     ClientError::RequestTooLarge { bytes, max } => SandboxError::InvalidArgument {
