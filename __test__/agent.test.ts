@@ -1,8 +1,8 @@
 // The in-sandbox agent, against a real engine: the hostile cases the issue lists (a workload
 // running as a non-root user that plants links, swaps a file for a FIFO, forges markers, escapes
 // timeouts, fork-bombs, fakes activity) are each refused or contained, the agent's own lifecycle
-// (killed mid-command, a second server process, sandboxes made without it, the fallback), and
-// the kinds of sandbox it must serve. Network traffic stays on loopback.
+// (killed or stopped mid-command, a second server process, sandboxes made without it, the
+// fallback), and the kinds of sandbox it must serve. Network traffic stays on loopback.
 
 import { spawn } from 'node:child_process'
 import { readFileSync } from 'node:fs'
@@ -255,6 +255,66 @@ describe('the agent itself', () => {
     expect(asRoot(id, 'cat /workspace/*/finished.txt 2>&1').status).not.toBe(0)
     expect(await ok(p, id, 'echo back')).toBe('back\n')
     expect((await agentOf(p, id)).pid).not.toBe(before.pid)
+  })
+
+  test('stopped (SIGSTOP) by a root workload: an exec returns by its timeout plus a few seconds and says what it could not verify; the next call gets a new agent; the stopped ones, continued, run nothing late', async () => {
+    const first = await agentOf(p, id)
+    // Busybox sandboxes run commands as root, so a command can stop the agent serving it.
+    const inFlight = await timed(() =>
+      p.exec({ sandboxId: id, command: `kill -STOP ${first.pid}; sleep 3011`, timeoutSeconds: 3 }),
+    )
+    expect(inFlight.ms).toBeLessThan(3000 + 8000)
+    expect(inFlight.value).toEqual({
+      success: false,
+      error: expect.stringMatching(/agent ended while the call was in flight/),
+    })
+    const error = (inFlight.value as { error: string }).error
+    expect(error).toMatch(/answered nothing .* past the command's 3 s timeout/)
+    expect(error).toMatch(/not verified.*may still be running/)
+    expect(asRoot(id, `cat /proc/${first.pid}/stat`).stdout).toMatch(/^\d+ \(.*\) T /)
+    // The command's supervisor is not the agent: it killed the command at its timeout.
+    await waitFor(() => processes(id, /sleep 3011/).length === 0, 10_000, 'the timed-out command to be killed')
+    expect(await ok(p, id, 'echo back')).toBe('back\n')
+    const second = await agentOf(p, id)
+    expect(second.pid).not.toBe(first.pid)
+
+    // Stopped between calls: the call sent to it fails by its deadline too.
+    expect(asRoot(id, `kill -STOP ${second.pid}`).status).toBe(0)
+    const sent = await timed(() => p.exec({ sandboxId: id, command: 'echo late > late.txt', timeoutSeconds: 3 }))
+    expect(sent.ms).toBeLessThan(3000 + 8000)
+    expect(sent.value).toEqual({ success: false, error: expect.stringMatching(/not verified/) })
+    expect(await ok(p, id, 'echo served')).toBe('served\n')
+    // Continued, each reads the request it was sent, its cancel and its closed stdin, and exits.
+    expect(asRoot(id, `kill -CONT ${first.pid} ${second.pid}`).status).toBe(0)
+    const gone = `test ! -e /proc/${first.pid} && test ! -e /proc/${second.pid}`
+    await waitFor(() => asRoot(id, gone).status === 0, 10_000, 'the continued agents to exit')
+    expect(asRoot(id, `ls ${id}/late.txt 2>&1`).status).not.toBe(0)
+    expect(await ok(p, id, 'echo again')).toBe('again\n')
+  })
+
+  test("its command's supervisor stopped by a root workload: the call is given up by the timeout plus 8 s and says so; the agent serves on; continued, the supervisor kills the command", async () => {
+    const stopped = await timed(() =>
+      p.exec({
+        sandboxId: id,
+        command: 'echo $PPID > supervisor.pid; kill -STOP $PPID; sleep 3021',
+        timeoutSeconds: 3,
+      }),
+    )
+    expect(stopped.ms).toBeLessThan(3000 + 8000 + 4000)
+    expect(stopped.value).toEqual({
+      success: false,
+      error: expect.stringMatching(
+        /agent still answers .* command cancelled, but its end is not verified: it may still be running/,
+      ),
+    })
+    expect(processes(id, /sleep 3021/)).toHaveLength(1)
+    expect(await ok(p, id, 'echo fine')).toBe('fine\n')
+    expect(asRoot(id, `kill -CONT $(cat ${id}/supervisor.pid)`).status).toBe(0)
+    await waitFor(
+      () => processes(id, /sleep 3021/).length === 0,
+      10_000,
+      'the continued supervisor to kill the command',
+    )
   })
 
   test('a second server process starts its own agent and reaches the sandbox as fast', async () => {

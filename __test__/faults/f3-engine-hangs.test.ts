@@ -2,13 +2,15 @@
 // with a clear error naming the engine instead of hanging, and works again after SIGCONT.
 // Deadlines: `engineTimeoutMs: 3000` bounds control requests (inspect, create, stat, exec
 // create); exec `timeoutSeconds: 3`; an upload is a transfer, bounded (as documented for
-// `engineTimeoutMs`) by the transfer deadline of 30 s plus 1 s per 8 MiB instead.
+// `engineTimeoutMs`) by the transfer deadline of 30 s plus 1 s per 8 MiB instead. The last test
+// keeps `engineTimeoutMs` at its default: there an exec's own timeout is its deadline.
 
 import {
   call,
   containersOf,
   describeFaults,
   dk,
+  dkTry,
   execCall,
   FAULT_HOST,
   faultEngine,
@@ -162,5 +164,58 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
       expect(o.status).toBe('error')
       expect(o.error).toContain(FAULT_HOST)
     }
+  })
+
+  test('with engineTimeoutMs at its default (30 s), an exec on the frozen engine returns by its own timeout plus a few seconds, through the agent and on the engine path; nothing sent late runs; both work after SIGCONT', async () => {
+    const viaAgent = faultProvider(namespace)
+    const viaEngine = faultProvider(namespace, { agent: false })
+    const a = await tracker.create(viaAgent)
+    const b = await tracker.create(viaEngine)
+    await mustRun(viaAgent, a, 'true')
+    await mustRun(viaEngine, b, 'true')
+    const bound = by(EXEC_TIMEOUT_S * 1000)
+    const exec = (p: typeof viaAgent, sandboxId: string, command: string, kind: string) =>
+      execCall(p, { sandboxId, command, timeoutSeconds: EXEC_TIMEOUT_S }, bound, kind)
+    const inFlight = [
+      exec(viaAgent, a, 'sleep 1831', 'exec in flight (agent)'),
+      exec(viaEngine, b, 'sleep 1832', 'exec in flight (engine exec)'),
+    ]
+    const running = (sandboxId: string, marker: string) =>
+      dk(['exec', nameOf(namespace, sandboxId), 'ps', '-o', 'pid,args']).includes(marker)
+    expect(await poll(() => running(a, 'sleep 1831') && running(b, 'sleep 1832'), 10_000, 100)).not.toBeNull()
+    injectFault('engine-freeze')
+    faultEngine('pause')
+    let outcomes: Outcome<unknown>[]
+    try {
+      outcomes = await Promise.all([
+        ...inFlight,
+        exec(viaAgent, a, 'echo late > late.txt', 'exec sent to the frozen engine (agent)'),
+        exec(viaEngine, b, 'true', 'exec sent to the frozen engine (engine exec)'),
+      ])
+    } finally {
+      faultEngine('resume')
+    }
+    for (const o of outcomes) {
+      expect({ kind: o.kind, status: o.status, reason: o.reason }).toEqual({ kind: o.kind, status: 'error', reason: undefined })
+      expect(o.ms).toBeLessThan(bound)
+      expect(o.error).toContain(FAULT_HOST)
+    }
+    // What ran when the engine froze is not claimed killed: the result says what is not verified.
+    for (const o of outcomes.slice(0, 3)) {
+      expect({ kind: o.kind, error: o.error }).toEqual({
+        kind: o.kind,
+        error: expect.stringMatching(/not verified.*may still be running/),
+      })
+    }
+
+    // After SIGCONT both work, the timed-out commands are gone (the agent's supervisor killed its
+    // command at the timeout; the engine path kills its own once the engine answers again), and
+    // the command sent to the frozen engine through the agent never ran: its cancel came with it.
+    expect(await mustRun(viaAgent, a, 'echo back')).toBe('back\n')
+    expect(await mustRun(viaEngine, b, 'echo back')).toBe('back\n')
+    const gone = await poll(() => !running(a, 'sleep 1831') && !running(b, 'sleep 1832'), 15_000, 200)
+    expect(gone).not.toBeNull()
+    await sleep(1000)
+    expect(dkTry(['exec', nameOf(namespace, a), 'test', '-e', `${a}/late.txt`]).status).toBe(1)
   })
 })

@@ -28,6 +28,11 @@ const MAX_PAUSE: Duration = Duration::from_millis(500);
 
 /// Runs one command to its end and answers its stream (nothing when the host cancelled it).
 pub async fn run(ctx: Rc<Ctx>, spec: ExecSpec, mut io: StreamIo) {
+  // Cancelled before it started: read together with its request by an agent that was stopped
+  // while the host gave the call up. The caller was told it may not have run; it does not.
+  if io.cancelled() {
+    return;
+  }
   ctx.running.set(ctx.running.get() + 1);
   ctx.activity.command_started();
   let outcome = run_inner(&ctx, spec, &io).await;

@@ -443,6 +443,28 @@ async fn closing_stdin_ends_the_agent() {
   assert!(procs_with(&m).is_empty());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cancelled_while_the_agent_was_stopped_never_starts() {
+  let a = start().await;
+  let dir = TempDir::new("late");
+  let late = dir.0.join("late.txt");
+  // The child itself (the agent, or qemu running it): SIGSTOP stops it as a root workload would.
+  let pid = a.child.id().unwrap() as i32;
+  assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+  let c = a.client.clone();
+  let cmd = format!("echo late > {}", late.display());
+  let task = tokio::spawn(async move { c.exec(&req(&cmd)).await });
+  tokio::time::sleep(Duration::from_millis(200)).await;
+  // The host gave the call up: its cancel waits in the pipe right behind the request.
+  task.abort();
+  let _ = task.await;
+  assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+  a.client.ping().await.unwrap();
+  tokio::time::sleep(Duration::from_millis(300)).await;
+  assert!(!late.exists(), "a request cancelled before it started ran");
+  assert_eq!(a.run("echo served").await.output, "served\n");
+}
+
 /// A pids cgroup (v1, as on this machine; v2 where mounted so) holding only the agent.
 struct PidsCgroup(std::path::PathBuf);
 

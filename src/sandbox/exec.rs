@@ -24,7 +24,8 @@ pub const TIMEOUT_EXIT_CODE: i32 = 124;
 /// The variable every process a command starts inherits; the timeout killer looks for it.
 pub const EXEC_ID_VAR: &str = "TRUEFORGE_EXEC_ID";
 
-/// Extra time the engine gets beyond a call's own timeout.
+/// Extra time the engine gets beyond a call's own timeout: to start the command, and once the
+/// timeout has passed, to kill it. A call returns by its timeout plus this (and `PID_GRACE`).
 pub const ENGINE_GRACE: Duration = Duration::from_secs(5);
 
 /// $1 = working directory, $2 = command, $3 = token.
@@ -197,7 +198,7 @@ async fn start(
         e,
         SandboxError::EngineTimeout { .. } | SandboxError::EngineUnreachable { .. }
       ) {
-        kill_when_answered(engine, container, token);
+        kill_when_answered(engine, container, None, token);
       }
       return Err(StartError::from_engine(e));
     }
@@ -237,23 +238,23 @@ async fn start(
   })
 }
 
-/// Kills, in the background, whatever carries `token` once the engine answers again. On
-/// dispose one last kill is tried within ENGINE_GRACE (dispose awaits it); a command that
-/// starts even later is left to the sandbox's own limits and idle stop.
-fn kill_when_answered(engine: &Engine, container: &str, token: &str) {
+/// Kills, in the background, the group of `pid` and whatever carries `token` once the engine
+/// answers again. On dispose one last kill is tried within ENGINE_GRACE (dispose awaits it); a
+/// command that starts even later is left to the sandbox's own limits and idle stop.
+fn kill_when_answered(engine: &Engine, container: &str, pid: Option<u32>, token: &str) {
   let (task_engine, container, token) = (engine.clone(), container.to_string(), token.to_string());
-  engine.shared.background.spawn(|stop| async move {
+  engine.shared.background.spawn(move |stop| async move {
     let engine = task_engine;
     let killing = async {
       for _ in 0..2 {
-        let _ = kill_tree(&engine, &container, None, &token, Duration::from_secs(600)).await;
+        let _ = kill_tree(&engine, &container, pid, &token, Duration::from_secs(600)).await;
         tokio::time::sleep(ENGINE_GRACE).await;
       }
     };
     tokio::select! {
       _ = killing => {}
       _ = stop.cancelled() => {
-        let _ = kill_tree(&engine, &container, None, &token, ENGINE_GRACE).await;
+        let _ = kill_tree(&engine, &container, pid, &token, ENGINE_GRACE).await;
       }
     }
   });
@@ -293,7 +294,8 @@ async fn complete(
   let read = reader.finish();
   match end {
     ReadEnd::Deadline => {
-      kill_after_timeout(engine, container, read.pid, token, req.timeout).await?;
+      let kill_by = deadline + ENGINE_GRACE;
+      kill_after_timeout(engine, container, read.pid, token, req.timeout, kill_by).await?;
       Ok(timed_out_output(read.output, req.timeout))
     }
     ReadEnd::Failed(e) => {
@@ -306,17 +308,21 @@ async fn complete(
 }
 
 /// Kills a command whose timeout ran out: its group and every process carrying its token, then
-/// a restart of the container if even the killer cannot start. Errs unless a kill is verified.
+/// a restart of the container if even the killer cannot start. Errs unless a kill is verified;
+/// then the kill is tried again in the background once the engine answers.
 async fn kill_after_timeout(
   engine: &Engine,
   container: &str,
   pid: Option<u32>,
   token: &str,
   timeout: Duration,
+  kill_by: Instant,
 ) -> Result<()> {
-  // All kill attempts share one engine timeout, so a hung engine cannot stretch the call.
-  let budget_end = Instant::now() + engine.control_timeout;
+  // All kill attempts share one budget, which ends a few seconds after the timeout (and never
+  // after the engine timeout), so a hung engine cannot stretch the call.
+  let budget_end = kill_by.min(Instant::now() + engine.control_timeout);
   let left = || budget_end.saturating_duration_since(Instant::now());
+  let budget = left();
   for attempt in 0..3 {
     if attempt > 0 {
       tokio::time::sleep(Duration::from_millis(300).min(left())).await;
@@ -334,14 +340,20 @@ async fn kill_after_timeout(
     return Ok(());
   }
   // Never claim a kill that did not happen.
-  Err(SandboxError::EngineTimeout {
-    host: engine.host.to_string(),
+  kill_when_answered(engine, container, pid, token);
+  Err(kill_unverified(&engine.host, timeout, budget))
+}
+
+/// The kill after a command's timeout found no engine to run it.
+fn kill_unverified(host: &str, timeout: Duration, waited: Duration) -> SandboxError {
+  SandboxError::EngineTimeout {
+    host: host.to_string(),
     operation: format!(
-      "kill the command after its {} s timeout (its processes may still be running)",
-      format_secs(timeout)
+      "a kill of the command after its {t} s timeout (that kill is not verified: the command may still be running, and is killed once the engine answers again)",
+      t = format_secs(timeout)
     ),
-    seconds: engine.control_timeout.as_secs().max(1),
-  })
+    seconds: waited.as_secs().max(1),
+  }
 }
 
 /// The result of a command killed by its timeout: its output so far and a line saying so.
@@ -626,6 +638,26 @@ mod tests {
       StartError::never_started("fork: Resource temporarily unavailable".into()),
       StartError::NeverStarted(_)
     ));
+  }
+
+  #[test]
+  fn a_kill_the_engine_never_answered_is_not_claimed() {
+    let e = kill_unverified(
+      "unix:///e.sock",
+      Duration::from_secs(3),
+      Duration::from_millis(4900),
+    );
+    let e = e.to_string();
+    assert!(
+      e.starts_with("Docker engine at unix:///e.sock did not answer a kill"),
+      "{e}"
+    );
+    assert!(e.contains("after its 3 s timeout"), "{e}");
+    assert!(
+      e.contains("not verified: the command may still be running"),
+      "{e}"
+    );
+    assert!(e.contains("within 4 s"), "{e}");
   }
 
   #[test]

@@ -631,12 +631,23 @@ impl AgentClient {
   }
 
   /// Closes the agent's stdin: it exits, killing commands still running. Requests in flight
-  /// fail with `StreamEnded`.
+  /// fail with `StreamEnded`, and each is cancelled first: an agent that was only stopped
+  /// (SIGSTOP) reads everything sent before the end when it continues, and then starts none of
+  /// them late.
   pub fn close(&self) {
-    self
-      .inner
-      .shared
-      .end("the host closed the connection".into());
+    let shared = &self.inner.shared;
+    let open: Vec<u32> = {
+      let st = shared.state.lock().expect("state");
+      st.streams
+        .keys()
+        .copied()
+        .filter(|id| id & AGENT_STREAM == 0)
+        .collect()
+    };
+    for id in open {
+      shared.send(&Frame::empty(Kind::Cancel, id));
+    }
+    shared.end("the host closed the connection".into());
   }
 
   /// Opens a stream for `req`.

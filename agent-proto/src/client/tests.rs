@@ -461,6 +461,25 @@ async fn a_dropped_exec_is_cancelled() {
 }
 
 #[tokio::test]
+async fn closing_cancels_each_request_in_flight_before_the_end() {
+  let (c, mut fake) = pair().await;
+  let task = tokio::spawn({
+    let c = c.clone();
+    async move { c.exec(&exec_req(10)).await }
+  });
+  let open = fake.recv().await.unwrap();
+  c.close();
+  // A stopped agent reads these only when it continues: the cancel must precede the end.
+  let f = fake.recv().await.unwrap();
+  assert_eq!((f.kind, f.id), (Kind::Cancel, open.id));
+  assert!(fake.recv().await.is_none());
+  assert!(matches!(
+    task.await.unwrap(),
+    Err(ClientError::StreamEnded { .. })
+  ));
+}
+
+#[tokio::test]
 async fn dropping_the_client_closes_the_agents_stdin() {
   let (c, mut fake) = pair().await;
   drop(c);
