@@ -5,6 +5,7 @@
 // (fixtures/codemode-host.js) so that jest's own heap does not count.
 
 import { spawn } from 'node:child_process'
+import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
 
@@ -17,53 +18,9 @@ const MiB = 1024 * 1024
 const namespace = uniqueNamespace('cmbounds')
 const tracker = new SandboxTracker(namespace)
 
-// Requests from inside the sandbox, each on its own connection and thread: `after` seconds in,
-// a call_tool of \`tool\` whose arguments carry a blob of \`size\` bytes (one blob shared by all,
-// so the client itself stays small), or with \`dense\`, that many empty objects in \`items\`.
-// Prints, per request, the reply and when it came, or the error (a relay that died closes the
-// connection unanswered).
-const CLIENT = `
-import json, os, socket, sys, threading, time
-spec = json.loads(sys.argv[1])
-blob = b"x" * max([r["size"] for r in spec] + [0])
-dense = b"{}," * max([r.get("dense", 0) for r in spec] + [0])
-t0 = time.time()
-out = [None] * len(spec)
-def one(i, r):
-    try:
-        out[i] = ask(i, r)
-    except Exception as e:
-        out[i] = {"error": repr(e)}
-def ask(i, r):
-    time.sleep(r.get("after", 0))
-    head = json.dumps({"op": "call_tool", "server": "demo", "tool": r["tool"], "arguments": {"n": i, "blob": ""}})
-    pre, post = head.encode().split(b'"blob": ""')
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(os.environ["TFY_CM_SOCK"])
-    sent = time.time() - t0
-    if r.get("dense"):
-        s.sendall(pre + b'"items": [')
-        s.sendall(memoryview(dense)[: 3 * r["dense"] - 1])
-        s.sendall(b']' + post)
-    else:
-        s.sendall(pre + b'"blob": "')
-        s.sendall(memoryview(blob)[: r["size"]])
-        s.sendall(b'"' + post)
-    s.shutdown(socket.SHUT_WR)
-    data = b""
-    while True:
-        b = s.recv(1 << 16)
-        if not b:
-            break
-        data += b
-    return {"reply": json.loads(data), "sent": sent, "answered": time.time() - t0}
-threads = [threading.Thread(target=one, args=(i, r)) for i, r in enumerate(spec)]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-print(json.dumps(out))
-`
+// Requests from inside the sandbox (fixtures/codemode-client.py): each on its own connection
+// and thread, a blob of text or that many empty objects; per request, the reply and when it came.
+const CLIENT = readFileSync(join(__dirname, 'fixtures', 'codemode-client.py'), 'utf8')
 
 interface Answer {
   /** Set when the connection failed instead (the relay died). */

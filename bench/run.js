@@ -18,6 +18,8 @@
 //   BENCH_OPS             comma list of operation keys to run a subset (see OPS below)
 //   BENCH_SKIP_MEM=1      skip the memory probes; BENCH_SKIP_REQS=1 skip the request count;
 //                         BENCH_SKIP_AGENT=1 the agent probe; BENCH_SKIP_CODEMODE=1 Code Mode
+//                         (its round trip and the pressure runs; BENCH_CM_PRESSURE: their
+//                         sandbox counts, default 1,4,16)
 //   BENCH_WARM_POOL_SIZE  pool size for the "addon (warm pool)" rows (default 2)
 //   BENCH_WARM_SETTLE_MS  pause after each warm-pool create so the refill does not load the
 //                         next measurement (default 1500)
@@ -847,6 +849,44 @@ function codeModeBench() {
   })
 }
 
+/** Runs bench/codemode-pressure.js in a child process and returns its JSON (or `{ error }`). */
+function codeModePressureBench() {
+  const args = [path.join(__dirname, 'codemode-pressure.js'), process.env.BENCH_CM_PRESSURE || '1,4,16']
+  return new Promise((resolve) => {
+    execFile(process.execPath, args, { maxBuffer: 16 * MiB, timeout: 1_200_000 }, (err, stdout, stderr) => {
+      if (err) return resolve({ error: (stderr || err.message).trim().split('\n').slice(-3).join(' ') })
+      try {
+        resolve(JSON.parse(stdout.trim().split('\n').pop()))
+      } catch (e) {
+        resolve({ error: `unreadable output: ${e.message}` })
+      }
+    })
+  })
+}
+
+/**
+ * What hostile Code Mode requests can make the host hold: resident memory within twice the
+ * in-flight bound, no event-loop stall over 100 ms.
+ */
+function codeModePressureTargets(p) {
+  const memory = 'Code Mode, dense requests from 1/4/16 sandboxes: host RSS growth ≤ 2 × the in-flight bound'
+  const stall = 'Code Mode, dense requests from 1/4/16 sandboxes: no event-loop stall over 100 ms'
+  if (p.error) return [{ name: memory, status: 'N/A', detail: p.error }]
+  const each = (f) => p.runs.map((r) => `${r.sandboxes}/${r.scenario} ${f(r)}`).join(', ')
+  return [
+    {
+      name: memory,
+      status: p.runs.every((r) => r.ratio <= 2) ? 'MET' : 'MISSED',
+      detail: each((r) => `${r.ratio}×`),
+    },
+    {
+      name: stall,
+      status: p.runs.every((r) => r.maxStallMs <= 100) ? 'MET' : 'MISSED',
+      detail: each((r) => `${r.maxStallMs} ms`),
+    },
+  ]
+}
+
 /**
  * The issue's bounds for Code Mode through the agent: the Python API within 1.2 × (the
  * bind-mounted socket's round trip + one round trip on the engine's exec stream, which any
@@ -874,7 +914,7 @@ function fmtLoad(l) {
   return l.map((x) => x.toFixed(2)).join(' / ')
 }
 
-function renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, targets, notes, wallMs }) {
+function renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, pressure, targets, notes, wallMs }) {
   const L = []
   L.push('# Benchmark results')
   L.push('')
@@ -982,6 +1022,52 @@ function renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, targ
     }
     L.push('')
   }
+  if (pressure) {
+    L.push('## Code Mode under pressure (requests dense in values, `bench/codemode-pressure.js`)')
+    L.push('')
+    if (pressure.error) L.push(`Could not run: ${pressure.error}`)
+    else {
+      L.push(
+        mdTable(
+          [
+            'sandboxes',
+            'scenario',
+            'bound MiB',
+            'RSS growth MiB',
+            '× bound',
+            'heap growth MiB',
+            'longest stall ms',
+            'longest GC pause ms',
+            'dispatched',
+            'refused',
+            'timed out',
+            'no room',
+          ],
+          pressure.runs.map((r) => [
+            r.sandboxes,
+            r.scenario,
+            r.boundMiB,
+            r.rssGrowthMiB,
+            r.ratio,
+            r.heapGrowthMiB,
+            r.maxStallMs,
+            `${r.stall.runMs} / ${r.stall.waitMs}`,
+            Math.max(0, ...Object.values(r.gcMs)),
+            r.dispatched,
+            r.refused,
+            r.timedOut,
+            r.unroomed,
+          ]),
+          [0, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12],
+        ),
+      )
+      L.push('')
+      L.push(
+        `Image ${pressure.image}; bounds ${pressure.bounds.sandboxMiB} MiB per sandbox, ${pressure.bounds.providerMiB} MiB per provider (the defaults); the bound of a run is the smaller of its sandboxes' sum and the provider's. Each sandbox sends 60 MiB of empty objects (about 1.3 GiB of V8 heap: refused) and two requests of 950,000 empty objects (2.7 MiB of text, about 61 MiB of values) to a tool that keeps each 3 s ("held"); then four of those at 1.2 s intervals with a 1 s timeout to a tool that keeps each 4 s ("timeouts"). The host runs in a child process sampled every 5 ms (resident memory, heap, how late a 5 ms timer fires, and for the longest delay the main thread's time on a CPU and waiting for one, from \`/proc/self/task/<pid>/schedstat\`: waiting is the machine's other load, not the host's work).`,
+      )
+    }
+    L.push('')
+  }
   L.push('## Targets')
   L.push('')
   for (const t of targets) L.push(`- **${t.status}** — ${t.name}: ${t.detail}`)
@@ -1068,6 +1154,7 @@ async function bench() {
   let mem = null
   let reqs = null
   let codemode = null
+  let pressure = null
   let agent = null
   try {
     // One long-lived sandbox per implementation for the exec and transfer operations.
@@ -1147,6 +1234,12 @@ async function bench() {
       codemode = await codeModeBench()
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
+    if (process.env.BENCH_SKIP_CODEMODE !== '1' && (!wantOps || wantOps.includes('codemode-pressure'))) {
+      const t0 = performance.now()
+      log('Code Mode under pressure (bench/codemode-pressure.js: dense requests from 1, 4 and 16 sandboxes) …')
+      pressure = await codeModePressureBench()
+      log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
+    }
     if (process.env.BENCH_SKIP_REQS !== '1') {
       reqs = await requestCounts(
         impls.filter((im) => !im.only).map((im) => im.name),
@@ -1171,6 +1264,7 @@ async function bench() {
   const targets = evaluateTargets(rows, mem)
   targets.push(...agentTargets(rows, agent))
   if (codemode) targets.push(...codeModeTargets(codemode))
+  if (pressure) targets.push(...codeModePressureTargets(pressure))
   const wallMs = performance.now() - started
 
   log('')
@@ -1198,7 +1292,7 @@ async function bench() {
   const out = process.env.BENCH_RESULTS || path.join(__dirname, 'RESULTS.md')
   fs.writeFileSync(
     out,
-    renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, targets, notes, wallMs }) + '\n',
+    renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, pressure, targets, notes, wallMs }) + '\n',
   )
   log('')
   log(`wrote ${path.relative(process.cwd(), out) || out}; total ${(wallMs / 1000).toFixed(1)} s`)
