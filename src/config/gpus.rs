@@ -8,7 +8,7 @@ use crate::config::{bad, typed};
 use crate::util::errors::{Result, SandboxError};
 
 /// Which GPUs a sandbox gets: as `docker run --gpus` takes them, CDI device names, or a count
-/// of GPUs that no other running sandbox on the engine holds (see src/gpu.rs).
+/// of GPUs that no other running sandbox on the engine holds (see src/gpu/).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Gpus {
   All,

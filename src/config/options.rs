@@ -1,6 +1,6 @@
 //! The provider's options as JavaScript gives them: one typed field per option, documented with
 //! its default (the docs become the `NativeProviderOptions` typings in binding.d.ts).
-//! `ProviderConfig::try_from` (config.rs) checks them and applies the defaults.
+//! `ProviderConfig::try_from` (config/mod.rs) checks them and applies the defaults.
 
 use std::collections::BTreeMap;
 

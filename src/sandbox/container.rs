@@ -28,7 +28,7 @@ pub struct Target {
   pub owner: Option<(u32, u32)>,
   /// The tenant the container was verified for: a cached entry serves only that tenant.
   pub tenant: Option<String>,
-  /// It holds exclusive GPUs: starting it again may move it (`gpumove`).
+  /// It holds exclusive GPUs: starting it again may move it (`gpu::relocate`).
   pub exclusive_gpus: bool,
   /// What it holds beyond its container after a move; removed with it.
   pub saved: crate::sandbox::swap::Saved,

@@ -39,7 +39,7 @@ pub const LABEL_GPU_LOCK: &str = "trueforge.sandbox.gpu-lock";
 /// When the GPU lock was taken, in milliseconds since the epoch (the holder's clock).
 pub const LABEL_GPU_LOCK_AT: &str = "trueforge.sandbox.gpu-lock-at";
 
-/// On a sandbox container moved to other GPUs (`gpumove`): the image its files were saved as,
+/// On a sandbox container moved to other GPUs (`gpu::relocate`): the image its files were saved as,
 /// and the volumes it took over from the container it replaced; both go when it goes.
 pub const LABEL_SAVED_IMAGE: &str = "trueforge.sandbox.saved-image";
 pub const LABEL_CARRIED_VOLUMES: &str = "trueforge.sandbox.carried-volumes";
