@@ -210,6 +210,7 @@ fn dispatch(ctx: &Rc<Ctx>, f: Frame) -> Result<(), String> {
     Request::Ping => {
       let info = PingInfo {
         uptime_ms: ctx.started.elapsed().as_millis() as u64,
+        egress_turned_away: 0,
       };
       ctx
         .conn
@@ -262,6 +263,13 @@ fn dispatch(ctx: &Rc<Ctx>, f: Frame) -> Result<(), String> {
     Request::CodeModeClose { socket } => {
       let o = codemode::close(ctx, &socket);
       io.result(&o);
+    }
+    Request::EgressListen(_) | Request::EgressClose => {
+      // As an agent that predates egress answers.
+      io.result(&Outcome::<()>::Err(AgentError::new(
+        ErrorKind::InvalidRequest,
+        "this agent does not carry egress",
+      )));
     }
   }
   Ok(())
