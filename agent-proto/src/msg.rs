@@ -73,6 +73,11 @@ pub enum Request {
   CodeModeClose { socket: String },
   /// Answers `ActivityInfo`; not counted as activity.
   Activity,
+  /// Listens on a loopback TCP port for the sandbox's outbound connections; answers `null`.
+  /// Each connection arrives as an agent stream (`AgentRequest::EgressConnect`).
+  EgressListen(EgressListenSpec),
+  /// Stops listening (connections in flight go on); answers `null`.
+  EgressClose,
 }
 
 /// A stream the agent opens.
@@ -89,6 +94,29 @@ pub enum AgentRequest {
     #[serde(default)]
     size: Option<u64>,
   },
+  /// A connection accepted on the egress port: its bytes both ways as `Data`, uninterpreted.
+  /// The agent sends `End` when the client shuts its write side and `Cancel` if its socket
+  /// fails; the host's `End` shuts the socket's write side, and its `Result` closes the socket
+  /// (`null`: gracefully; an error: reset). The agent's data on it is limited to the listen's
+  /// `window`, not `WINDOW`.
+  EgressConnect {
+    /// The listening port the client connected to.
+    port: u16,
+    /// The client's address, `127.0.0.1:54321` or `[::1]:54321`.
+    peer: String,
+  },
+}
+
+/// The loopback port of the sandbox's egress proxy, and how much each connection may hold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressListenSpec {
+  /// Bound on 127.0.0.1 (required) and [::1] (where the sandbox has it); not 0.
+  pub port: u16,
+  /// Bytes of a connection's data the agent sends before the host grants more (1 to
+  /// `frame::WINDOW`): what the host holds per connection at most.
+  pub window: u32,
+  /// Connections carried at once; more are accepted and reset at once (at least 1).
+  pub max_connections: u32,
 }
 
 /// A command to run.
@@ -321,6 +349,9 @@ pub struct CodeModeListenSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PingInfo {
   pub uptime_ms: u64,
+  /// Egress connections reset unopened because `max_connections` were in flight.
+  #[serde(default)]
+  pub egress_turned_away: u64,
 }
 
 /// The answer to `Activity`.
@@ -440,6 +471,8 @@ pub enum ErrorKind {
   OutOfProcesses,
   /// The timeout fired but not every process could be verified killed.
   KillUnverified,
+  /// The egress port is taken: something in the sandbox already listens on it.
+  AddressInUse,
   /// Another failure of the system (`message` has the OS error).
   Io,
 }
@@ -470,6 +503,27 @@ mod tests {
     })
     .unwrap();
     assert_eq!(s, r#"{"op":"code_mode_close","socket":"/s"}"#);
+    let r: Request = serde_json::from_str(
+      r#"{"op":"egress_listen","port":3128,"window":65536,"max_connections":256}"#,
+    )
+    .unwrap();
+    assert_eq!(
+      r,
+      Request::EgressListen(EgressListenSpec {
+        port: 3128,
+        window: 65536,
+        max_connections: 256,
+      })
+    );
+    let s = serde_json::to_string(&AgentRequest::EgressConnect {
+      port: 3128,
+      peer: "127.0.0.1:54321".into(),
+    })
+    .unwrap();
+    assert_eq!(
+      s,
+      r#"{"op":"egress_connect","port":3128,"peer":"127.0.0.1:54321"}"#
+    );
   }
 
   #[test]

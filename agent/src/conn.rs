@@ -23,9 +23,9 @@ pub struct Credit {
 }
 
 impl Credit {
-  fn new() -> Rc<Credit> {
+  fn new(window: u32) -> Rc<Credit> {
     Rc::new(Credit {
-      avail: Cell::new(WINDOW as u64),
+      avail: Cell::new(window as u64),
       closed: Cell::new(false),
       notify: Notify::new(),
     })
@@ -133,8 +133,13 @@ impl Conn {
 
   /// Registers a stream and returns its handle.
   pub fn register(self: &Rc<Self>, id: u32) -> Result<StreamIo, String> {
+    self.register_with(id, WINDOW)
+  }
+
+  /// Registers a stream on which we send at most `window` bytes before the host grants more.
+  fn register_with(self: &Rc<Self>, id: u32, window: u32) -> Result<StreamIo, String> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let credit = Credit::new();
+    let credit = Credit::new(window);
     let mut streams = self.streams.borrow_mut();
     if streams.contains_key(&id) {
       return Err(format!("the host reused stream {id}"));
@@ -159,6 +164,16 @@ impl Conn {
 
   /// Opens a stream of our own (a Code Mode call) with `open` as its request.
   pub fn open_agent_stream<T: serde::Serialize>(self: &Rc<Self>, open: &T) -> StreamIo {
+    self.open_agent_stream_with(open, WINDOW)
+  }
+
+  /// `open_agent_stream` with a send window of `window` bytes instead of `WINDOW` (an egress
+  /// connection: the host holds at most that much of it).
+  pub fn open_agent_stream_with<T: serde::Serialize>(
+    self: &Rc<Self>,
+    open: &T,
+    window: u32,
+  ) -> StreamIo {
     let id = loop {
       let n = self.next_agent_id.get().wrapping_add(1) & !AGENT_STREAM;
       self.next_agent_id.set(n);
@@ -167,7 +182,7 @@ impl Conn {
         break id;
       }
     };
-    let io = self.register(id).expect("a free id");
+    let io = self.register_with(id, window).expect("a free id");
     self.send(&Frame::json(Kind::Open, id, open));
     io
   }
@@ -270,6 +285,15 @@ impl StreamIo {
     self.credit.wait().await
   }
 
+  /// A handle that sends on this stream while its inbound side is read elsewhere.
+  pub fn sender(&self) -> Sender {
+    Sender {
+      conn: self.conn.clone(),
+      id: self.id,
+      credit: self.credit.clone(),
+    }
+  }
+
   /// Sends data the caller already has credit for (`credit` returned at least its length).
   pub fn send_now(&self, data: Bytes) {
     self.credit.take(data.len() as u64);
@@ -356,6 +380,30 @@ impl StreamIo {
       self.conn.forget(self.id);
       self.conn.send(&Frame::empty(Kind::Cancel, self.id));
     }
+  }
+}
+
+/// The sending side of a stream, for a task that also waits on the stream's inbound side.
+pub struct Sender {
+  conn: Rc<Conn>,
+  id: u32,
+  credit: Rc<Credit>,
+}
+
+impl Sender {
+  /// Credit available now, waiting for some if there is none; 0 once the stream is over.
+  pub async fn credit(&self) -> u64 {
+    self.credit.wait().await
+  }
+
+  /// Sends data the caller has credit for.
+  pub fn send_now(&self, data: Bytes) {
+    self.credit.take(data.len() as u64);
+    self.conn.send_data_frame(self.id, data);
+  }
+
+  pub fn send_end(&self) {
+    self.conn.send(&Frame::empty(Kind::End, self.id));
   }
 }
 

@@ -30,6 +30,8 @@ pub struct Ctx {
   pub procs: crate::recover::Pressure,
   pub started: Instant,
   pub relays: Relays,
+  /// The egress port and its connections.
+  pub egress: crate::egress::Egress,
   /// Whether downloads move file pages pipe to pipe (`TRUEFORGE_AGENT_NO_SPLICE=1` copies them
   /// instead, so tests cover the path taken where a file system takes no splice).
   pub splice: bool,

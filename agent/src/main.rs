@@ -6,6 +6,7 @@ mod activity;
 mod codemode;
 mod conn;
 mod ctx;
+mod egress;
 mod exec;
 mod files;
 mod lane;

@@ -24,7 +24,7 @@ use crate::pool::Pool;
 use crate::sys::{self, Identity};
 use crate::users::Users;
 use crate::watch::Watcher;
-use crate::{exec, files, resolve, staged};
+use crate::{egress, exec, files, resolve, staged};
 
 /// Bytes of stdin buffer taken at a time.
 const READ_BLOCK: usize = 4 << 20;
@@ -117,6 +117,7 @@ async fn serve(
     procs: Default::default(),
     started: Instant::now(),
     relays: Relays::new(),
+    egress: Default::default(),
     splice: std::env::var_os("TRUEFORGE_AGENT_NO_SPLICE").is_none_or(|v| v != "1"),
     watcher: Watcher::new(std::env::var_os("TRUEFORGE_AGENT_NO_INOTIFY").is_none_or(|v| v != "1")),
   });
@@ -210,6 +211,7 @@ fn dispatch(ctx: &Rc<Ctx>, f: Frame) -> Result<(), String> {
     Request::Ping => {
       let info = PingInfo {
         uptime_ms: ctx.started.elapsed().as_millis() as u64,
+        egress_turned_away: ctx.egress.turned_away(),
       };
       ctx
         .conn
@@ -261,6 +263,14 @@ fn dispatch(ctx: &Rc<Ctx>, f: Frame) -> Result<(), String> {
     }
     Request::CodeModeClose { socket } => {
       let o = codemode::close(ctx, &socket);
+      io.result(&o);
+    }
+    Request::EgressListen(spec) => {
+      let o = egress::listen(ctx, spec);
+      io.result(&o);
+    }
+    Request::EgressClose => {
+      let o = egress::close(ctx);
       io.result(&o);
     }
   }

@@ -87,6 +87,25 @@ pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
   Ok(())
 }
 
+/// `SO_LINGER` on socket `fd`: on with a zero timeout, closing it resets the connection (RST);
+/// off, closing it sends what is left and then a FIN, as usual.
+pub fn set_zero_linger(fd: RawFd, on: bool) -> io::Result<()> {
+  let l = libc::linger {
+    l_onoff: on as libc::c_int,
+    l_linger: 0,
+  };
+  cvt(unsafe {
+    libc::setsockopt(
+      fd,
+      libc::SOL_SOCKET,
+      libc::SO_LINGER,
+      &l as *const libc::linger as *const libc::c_void,
+      std::mem::size_of::<libc::linger>() as libc::socklen_t,
+    )
+  })?;
+  Ok(())
+}
+
 /// A close-on-exec duplicate of `fd`.
 pub fn dup(fd: RawFd) -> io::Result<OwnedFd> {
   let n = cvt(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) })?;

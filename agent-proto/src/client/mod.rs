@@ -5,6 +5,7 @@
 //! with `ClientError::StreamEnded` (an agent's commands cannot be re-attached), and so does
 //! every later one: the caller starts a new agent.
 
+mod egress;
 pub mod outbox;
 mod stream;
 
@@ -20,13 +21,14 @@ use tokio::sync::{mpsc, watch};
 use crate::frame::{self, Frame, Kind, AGENT_STREAM, MAX_DATA, MAX_PAYLOAD, WINDOW};
 use crate::msg::{
   ActivityInfo, AgentError, AgentRequest, CodeModeListenSpec, DownloadDone, DownloadHead,
-  DownloadSpec, ExecDone, ExecSpec, Hello, LayoutSpec, Outcome, PingInfo, Request, StagedDone,
-  StagedHead, StagedUploadSpec, StatInfo, StatSpec, UploadDone, UploadSpec, MAX_CODE_MODE_CALLS,
-  MAX_CODE_MODE_MESSAGE, TIMEOUT_EXIT_CODE,
+  DownloadSpec, EgressListenSpec, ExecDone, ExecSpec, Hello, LayoutSpec, Outcome, PingInfo,
+  Request, StagedDone, StagedHead, StagedUploadSpec, StatInfo, StatSpec, UploadDone, UploadSpec,
+  MAX_CODE_MODE_CALLS, MAX_CODE_MODE_MESSAGE, TIMEOUT_EXIT_CODE,
 };
 use crate::output::{timed_out_text, CappedOutput};
+pub use egress::{EgressConn, EgressHandler};
 use outbox::{Ended, Outbox};
-use stream::{Inbound, Slot, Stream};
+use stream::{Inbound, Origin, Slot, Stream};
 
 /// How to connect.
 #[derive(Debug, Clone)]
@@ -351,6 +353,25 @@ struct State {
   /// Small Code Mode calls whose request is still arriving: each is handed over whole, at its
   /// end, so that it can be answered without waiting on anything.
   held: HashMap<u32, CodeModeCall>,
+  /// Where egress connections go, once someone asked for them.
+  egress: Option<EgressHandler>,
+  /// The largest `window` and `max_connections` any `egress_listen` asked for (0: none yet).
+  /// The largest, so that connections the agent opened under an earlier listen still fit.
+  egress_window: u32,
+  egress_max: u32,
+  /// Egress connections open now (their slots in `streams`).
+  open_egress: usize,
+}
+
+impl State {
+  /// Takes a stream out of the table.
+  fn remove(&mut self, id: u32) -> Option<Slot> {
+    let slot = self.streams.remove(&id)?;
+    if slot.egress {
+      self.open_egress = self.open_egress.saturating_sub(1);
+    }
+    Some(slot)
+  }
 }
 
 impl Shared {
@@ -368,6 +389,20 @@ impl Shared {
   fn send_data(&self, id: u32, data: Bytes) {
     let head = frame::header(Kind::Data, id, data.len());
     self.out.send([Bytes::copy_from_slice(&head), data]);
+  }
+
+  /// Whether the connection has ended.
+  fn is_ended(&self) -> bool {
+    self.state.lock().expect("state").ended.is_some()
+  }
+
+  /// Answers an agent stream with an error at once (the agent gives it up).
+  fn refuse(&self, id: u32, why: &str) {
+    self.send(&Frame::json(
+      Kind::Result,
+      id,
+      &Outcome::<()>::Err(AgentError::new(crate::msg::ErrorKind::Io, why)),
+    ));
   }
 
   fn ended_error(&self) -> ClientError {
@@ -388,6 +423,7 @@ impl Shared {
         st.ended = Some(reason);
       }
       st.calls = None;
+      st.egress = None;
       (
         std::mem::take(&mut st.streams),
         std::mem::take(&mut st.held),
@@ -408,10 +444,10 @@ impl Shared {
       Kind::Hello => Err("a second hello".into()),
       Kind::Open => self.incoming_call(f),
       Kind::Cancel => {
-        // The agent gave up a Code Mode call (its client went away).
+        // The agent gave up a Code Mode call or an egress connection (its client went away).
         let (slot, held) = {
           let mut st = self.state.lock().expect("state");
-          (st.streams.remove(&f.id), st.held.remove(&f.id))
+          (st.remove(f.id), st.held.remove(&f.id))
         };
         if let Some(s) = slot {
           s.credit.close();
@@ -433,7 +469,7 @@ impl Shared {
           return Ok(()); // a stream we cancelled
         };
         slot.unacked += f.payload.len() as u64;
-        if slot.unacked > WINDOW as u64 {
+        if slot.unacked > slot.limit {
           return Err(format!("stream {} sent more data than its credit", f.id));
         }
         let _ = slot.tx.send(Inbound::Data(f.payload));
@@ -462,7 +498,7 @@ impl Shared {
         Ok(())
       }
       Kind::Result => {
-        let slot = self.state.lock().expect("state").streams.remove(&f.id);
+        let slot = self.state.lock().expect("state").remove(f.id);
         if let Some(slot) = slot {
           slot.credit.close();
           let _ = slot.tx.send(Inbound::Result(f.payload));
@@ -472,7 +508,7 @@ impl Shared {
     }
   }
 
-  /// A stream the agent opened: a Code Mode call.
+  /// A stream the agent opened: a Code Mode call or an egress connection.
   fn incoming_call(self: &Arc<Self>, f: Frame) -> Result<(), String> {
     if f.id & AGENT_STREAM == 0 {
       return Err(format!(
@@ -482,14 +518,19 @@ impl Shared {
     }
     let req: AgentRequest = serde_json::from_slice(&f.payload)
       .map_err(|e| format!("an unreadable request from the agent: {e}"))?;
-    let AgentRequest::CodeModeCall { socket, size } = req;
-    let refuse = |why: &str| {
-      self.send(&Frame::json(
-        Kind::Result,
-        f.id,
-        &Outcome::<()>::Err(AgentError::new(crate::msg::ErrorKind::Io, why)),
-      ));
-    };
+    match req {
+      AgentRequest::CodeModeCall { socket, size } => self.incoming_code_mode(f.id, socket, size),
+      AgentRequest::EgressConnect { port, peer } => self.incoming_egress(f.id, port, peer),
+    }
+  }
+
+  fn incoming_code_mode(
+    self: &Arc<Self>,
+    id: u32,
+    socket: String,
+    size: Option<u64>,
+  ) -> Result<(), String> {
+    let refuse = |why: &str| self.refuse(id, why);
     let mut st = self.state.lock().expect("state");
     let Some(calls) = st.calls.clone() else {
       drop(st);
@@ -506,12 +547,12 @@ impl Shared {
       refuse("Code Mode request over the limit");
       return Ok(());
     }
-    if st.streams.contains_key(&f.id) {
-      return Err(format!("the agent reused stream {}", f.id));
+    if st.streams.contains_key(&id) {
+      return Err(format!("the agent reused stream {id}"));
     }
     st.open_calls += 1;
-    let (slot, stream) = Stream::new(self.clone(), f.id, true);
-    st.streams.insert(f.id, slot);
+    let (slot, stream) = Stream::new(self.clone(), id, Origin::CodeMode);
+    st.streams.insert(id, slot);
     let call = CodeModeCall {
       socket,
       size,
@@ -519,11 +560,43 @@ impl Shared {
       complete: false,
     };
     if size.is_some_and(|n| n <= HELD_CALL_BYTES as u64) {
-      st.held.insert(f.id, call);
+      st.held.insert(id, call);
       return Ok(());
     }
     drop(st);
     calls(call);
+    Ok(())
+  }
+
+  /// A connection accepted on the egress port, handed to the egress handler.
+  fn incoming_egress(self: &Arc<Self>, id: u32, port: u16, peer: String) -> Result<(), String> {
+    let mut st = self.state.lock().expect("state");
+    if st.streams.contains_key(&id) {
+      return Err(format!("the agent reused stream {id}"));
+    }
+    let refusal = match &st.egress {
+      None => Some("egress is not served by this host"),
+      Some(_) if st.egress_window == 0 => Some("the host never asked the agent for egress"),
+      Some(_) if st.open_egress >= st.egress_max as usize => {
+        Some("too many egress connections at once")
+      }
+      Some(_) => None,
+    };
+    if let Some(why) = refusal {
+      drop(st);
+      self.refuse(id, why);
+      return Ok(());
+    }
+    let handler = st.egress.clone();
+    st.open_egress += 1;
+    let (slot, stream) = Stream::with_window(self.clone(), id, Origin::Egress, st.egress_window);
+    st.streams.insert(id, slot);
+    drop(st);
+    let conn = EgressConn::new(port, peer, stream);
+    // Checked above; a dropped connection is failed, as with no handler.
+    if let Some(h) = handler {
+      h(conn);
+    }
     Ok(())
   }
 }
@@ -589,6 +662,10 @@ impl AgentClient {
         calls: None,
         open_calls: 0,
         held: HashMap::new(),
+        egress: None,
+        egress_window: 0,
+        egress_max: 0,
+        open_egress: 0,
       }),
       ended,
       born: std::time::Instant::now(),
@@ -672,7 +749,7 @@ impl AgentClient {
         drop(st);
         return Err(shared.ended_error());
       }
-      let (slot, stream) = Stream::new(shared.clone(), id, false);
+      let (slot, stream) = Stream::new(shared.clone(), id, Origin::Host);
       st.streams.insert(id, slot);
       stream
     };
@@ -902,6 +979,32 @@ impl AgentClient {
   /// switch in between (a round trip's cost is mostly such switches). Replaces any earlier one.
   pub fn on_code_mode_call(&self, handler: CallHandler) {
     self.inner.shared.state.lock().expect("state").calls = Some(handler);
+  }
+
+  /// Has the agent listen on `127.0.0.1:port` (and `[::1]:port` where the sandbox has IPv6)
+  /// for the sandbox's outbound connections; each arrives at the `on_egress` handler. Again with
+  /// the same spec: nothing changes; with another: it replaces the first (connections in
+  /// flight go on). `AddressInUse`: something in the sandbox listens on that port.
+  pub async fn egress_listen(&self, spec: EgressListenSpec) -> Result<(), ClientError> {
+    {
+      // Before the request leaves: a connection may be opened as soon as the agent listens.
+      let mut st = self.inner.shared.state.lock().expect("state");
+      st.egress_window = st.egress_window.max(spec.window.min(WINDOW));
+      st.egress_max = st.egress_max.max(spec.max_connections);
+    }
+    self.call(&Request::EgressListen(spec)).await
+  }
+
+  /// Stops listening for egress; connections in flight go on.
+  pub async fn egress_close(&self) -> Result<(), ClientError> {
+    self.call(&Request::EgressClose).await
+  }
+
+  /// Hands every egress connection to `handler` as it arrives, on the reader task: it must not
+  /// block (spawn a task for the connection). Until this is called, connections are refused
+  /// (the agent resets them). Replaces any earlier one.
+  pub fn on_egress(&self, handler: EgressHandler) {
+    self.inner.shared.state.lock().expect("state").egress = Some(handler);
   }
 }
 

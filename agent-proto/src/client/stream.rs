@@ -3,13 +3,14 @@
 //! both ways.
 
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use tokio::sync::{mpsc, Semaphore};
 
 use super::{ClientError, Shared};
-use crate::frame::{Frame, Kind, CREDIT_BATCH, MAX_DATA, WINDOW};
-use crate::msg::Outcome;
+use crate::frame::{self, Frame, Kind, CREDIT_BATCH, HEADER_LEN, MAX_DATA, WINDOW};
+use crate::msg::{AgentError, ErrorKind, Outcome};
 
 /// What arrives on a stream.
 pub(super) enum Inbound {
@@ -24,9 +25,24 @@ pub(super) struct Slot {
   pub tx: mpsc::UnboundedSender<Inbound>,
   /// Our send window on this stream; closed when the stream or the connection ends.
   pub credit: Arc<Semaphore>,
-  /// Bytes the agent sent that we have not yet granted back. Bounded by `WINDOW`, which bounds
+  /// Bytes the agent sent that we have not yet granted back. Bounded by `limit`, which bounds
   /// what `tx` can hold.
   pub unacked: u64,
+  /// The agent's window on this stream: `WINDOW`, or an egress listen's smaller one.
+  pub limit: u64,
+  /// An egress connection (counted in `State::open_egress` while its slot is in the table).
+  pub egress: bool,
+}
+
+/// Who opened a stream, which says what dropping it unanswered does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Origin {
+  /// A request of ours: dropped, it is cancelled.
+  Host,
+  /// A Code Mode call (counted in `State::open_calls`): dropped, it is failed.
+  CodeMode,
+  /// An egress connection: dropped, it is failed (the agent resets the socket).
+  Egress,
 }
 
 /// The caller's end of a stream.
@@ -37,22 +53,33 @@ pub(super) struct Stream {
   credit: Arc<Semaphore>,
   /// Consumed but not yet granted back.
   consumed: u32,
+  /// Credit goes back once this much is consumed: below the agent's window, or it would wait
+  /// for a grant that never comes.
+  batch: u32,
   /// A frame that arrived while we were sending, delivered by the next `next`.
   early: Option<Inbound>,
   /// The stream is over for us: nothing to cancel or answer on drop.
   finished: bool,
-  /// The agent opened it (a Code Mode call): we answer it rather than cancel it.
-  by_agent: bool,
+  origin: Origin,
+  /// Still counted among the open Code Mode calls.
+  counted: bool,
 }
 
 impl Stream {
-  pub fn new(shared: Arc<Shared>, id: u32, by_agent: bool) -> (Slot, Stream) {
+  pub fn new(shared: Arc<Shared>, id: u32, origin: Origin) -> (Slot, Stream) {
+    Self::with_window(shared, id, origin, WINDOW)
+  }
+
+  /// A stream on which the agent sends at most `window` bytes before we grant more.
+  pub fn with_window(shared: Arc<Shared>, id: u32, origin: Origin, window: u32) -> (Slot, Stream) {
     let (tx, rx) = mpsc::unbounded_channel();
     let credit = Arc::new(Semaphore::new(WINDOW as usize));
     let slot = Slot {
       tx,
       credit: credit.clone(),
       unacked: 0,
+      limit: window as u64,
+      egress: origin == Origin::Egress,
     };
     let stream = Stream {
       shared,
@@ -60,9 +87,11 @@ impl Stream {
       rx,
       credit,
       consumed: 0,
+      batch: (window / 2).clamp(1, CREDIT_BATCH),
       early: None,
       finished: false,
-      by_agent,
+      origin,
+      counted: origin == Origin::CodeMode,
     };
     (slot, stream)
   }
@@ -86,6 +115,22 @@ impl Stream {
     }
   }
 
+  /// `next` for a poller: `None` once the stream is over for us (the agent cancelled it, or the
+  /// connection ended: `Shared::is_ended` says which).
+  pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Inbound>> {
+    if let Some(m) = self.early.take() {
+      return Poll::Ready(Some(m));
+    }
+    let msg = std::task::ready!(self.rx.poll_recv(cx));
+    if !matches!(
+      msg,
+      Some(Inbound::Data(_) | Inbound::Head(_) | Inbound::End)
+    ) {
+      self.finished = true;
+    }
+    Poll::Ready(msg)
+  }
+
   /// What has already arrived on this stream, without waiting.
   pub fn try_next(&mut self) -> Option<Inbound> {
     let msg = self.early.take().or_else(|| self.rx.try_recv().ok())?;
@@ -98,7 +143,7 @@ impl Stream {
   /// Grants `n` consumed bytes back to the agent (in batches).
   pub fn consumed(&mut self, n: usize) {
     self.consumed += n as u32;
-    if self.consumed < CREDIT_BATCH {
+    if self.consumed < self.batch {
       return;
     }
     let n = std::mem::take(&mut self.consumed);
@@ -158,6 +203,29 @@ impl Stream {
     Ok(true)
   }
 
+  /// Our send window on this stream (closed once the stream is over).
+  pub fn credit(&self) -> &Arc<Semaphore> {
+    &self.credit
+  }
+
+  /// Sends a copy of `data` (at most `MAX_DATA`, credit already taken) as one frame: one copy,
+  /// and one part for the outbox, which would copy header and data again to join them.
+  pub fn send_data_copy(&self, data: &[u8]) {
+    let mut b = BytesMut::with_capacity(HEADER_LEN + data.len());
+    b.put_slice(&frame::header(Kind::Data, self.id, data.len()));
+    b.put_slice(data);
+    self.shared.send_bytes(b.freeze());
+  }
+
+  /// Whether the stream is over for us (answered, or given up by the agent).
+  pub fn is_finished(&self) -> bool {
+    self.finished
+  }
+
+  pub fn shared(&self) -> &Arc<Shared> {
+    &self.shared
+  }
+
   /// No more data from us.
   pub fn send_end(&self) {
     self.shared.send(&Frame::empty(Kind::End, self.id));
@@ -206,12 +274,11 @@ impl Stream {
 
   fn release(&mut self) {
     let mut st = self.shared.state.lock().expect("state");
-    if let Some(slot) = st.streams.remove(&self.id) {
+    if let Some(slot) = st.remove(self.id) {
       slot.credit.close();
     }
-    if self.by_agent {
+    if std::mem::take(&mut self.counted) {
       st.open_calls = st.open_calls.saturating_sub(1);
-      self.by_agent = false;
     }
   }
 }
@@ -222,15 +289,16 @@ impl Drop for Stream {
       self.release();
       return;
     }
-    if self.by_agent {
-      self.finish_with(&Outcome::<()>::Err(crate::msg::AgentError::new(
-        crate::msg::ErrorKind::Io,
-        "the host dropped the Code Mode call",
-      )));
-    } else {
-      // Abandoned: the agent stops (a running command is killed, a partial upload removed).
-      self.release();
-      self.shared.send(&Frame::empty(Kind::Cancel, self.id));
-    }
+    let dropped = match self.origin {
+      Origin::CodeMode => "the host dropped the Code Mode call",
+      Origin::Egress => "the host dropped the egress connection",
+      Origin::Host => {
+        // Abandoned: the agent stops (a running command is killed, a partial upload removed).
+        self.release();
+        self.shared.send(&Frame::empty(Kind::Cancel, self.id));
+        return;
+      }
+    };
+    self.finish_with(&Outcome::<()>::Err(AgentError::new(ErrorKind::Io, dropped)));
   }
 }

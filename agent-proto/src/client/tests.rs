@@ -4,18 +4,18 @@ use super::*;
 use crate::msg::{ErrorKind, FileKind};
 use tokio::io::{duplex, split, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
 
-struct Fake {
+pub(super) struct Fake {
   rd: ReadHalf<DuplexStream>,
   wr: WriteHalf<DuplexStream>,
   buf: BytesMut,
 }
 
 impl Fake {
-  async fn send(&mut self, f: Frame) {
+  pub(super) async fn send(&mut self, f: Frame) {
     self.wr.write_all(&f.to_bytes()).await.unwrap();
   }
 
-  async fn recv(&mut self) -> Option<Frame> {
+  pub(super) async fn recv(&mut self) -> Option<Frame> {
     loop {
       if let Some(f) = frame::decode(&mut self.buf).unwrap() {
         return Some(f);
@@ -27,7 +27,7 @@ impl Fake {
   }
 
   /// The next frame that is not a credit grant.
-  async fn recv_skip_credit(&mut self) -> Option<Frame> {
+  pub(super) async fn recv_skip_credit(&mut self) -> Option<Frame> {
     loop {
       let f = self.recv().await?;
       if f.kind != Kind::Credit {
@@ -36,7 +36,7 @@ impl Fake {
     }
   }
 
-  async fn result<T: serde::Serialize>(&mut self, id: u32, v: T) {
+  pub(super) async fn result<T: serde::Serialize>(&mut self, id: u32, v: T) {
     self
       .send(Frame::json(Kind::Result, id, &Outcome::Ok(v)))
       .await;
@@ -61,7 +61,7 @@ fn hello(version: &str) -> Frame {
   )
 }
 
-async fn pair() -> (AgentClient, Fake) {
+pub(super) async fn pair() -> (AgentClient, Fake) {
   let (host, agent) = duplex(16 << 20);
   let (hr, hw) = split(host);
   let (ar, aw) = split(agent);
@@ -246,7 +246,11 @@ async fn a_download_nobody_reads_does_not_stall_other_requests() {
   });
   let p = fake.recv_skip_credit().await.unwrap();
   assert_eq!(p.kind, Kind::Open);
-  fake.result(p.id, PingInfo { uptime_ms: 1 }).await;
+  let info = PingInfo {
+    uptime_ms: 1,
+    egress_turned_away: 0,
+  };
+  fake.result(p.id, info).await;
   assert_eq!(ping.await.unwrap().unwrap().uptime_ms, 1);
   download.abort();
   // Dropping the download cancels it.
