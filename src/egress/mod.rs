@@ -34,3 +34,6 @@ pub use limits::Limits;
 pub use outcome::{Carried, Refusal, Served};
 pub use policy::{Mode, Policy};
 pub use proxy::{Egress, EgressStats, OnRefusal};
+
+#[cfg(test)]
+mod tests;
