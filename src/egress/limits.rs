@@ -59,12 +59,14 @@ fn integer(name: &str, v: &Value, range: RangeInclusive<u64>, default: u64) -> R
 }
 
 impl Limits {
+  /// The accepted values of each option, as the checks below take them.
   pub const MAX_CONNECTIONS: RangeInclusive<u64> = 1..=65_536;
   pub const BUFFER_BYTES: RangeInclusive<u64> = 4 * 1024..=16 * 1024 * 1024;
   pub const IDLE_TIMEOUT_MS: RangeInclusive<u64> = 1_000..=86_400_000;
   pub const CONNECT_TIMEOUT_MS: RangeInclusive<u64> = 100..=300_000;
 
-  /// `name` is the option as the user wrote it, for the message.
+  /// Each check takes a JSON number (a whole float is fine) and `name`, the option as the
+  /// user wrote it, for the message.
   pub fn max_connections(name: &str, v: &Value) -> Result<u32, String> {
     let d = Limits::default().max_connections as u64;
     integer(name, v, Limits::MAX_CONNECTIONS, d).map(|n| n as u32)

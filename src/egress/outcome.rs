@@ -42,6 +42,7 @@ impl fmt::Display for Refusal {
 /// A connection the policy allowed and the host opened, once its bytes are carried.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Carried {
+  /// As the client named it.
   pub host: String,
   pub port: u16,
   /// The address the host connected to.

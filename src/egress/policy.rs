@@ -14,8 +14,11 @@ use super::rule::{Pattern, Rule};
 /// (no network at all) or a policy enforced by the host's proxy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
+  /// `'open'`.
   Open,
+  /// `'none'`.
   Off,
+  /// A policy object, or the default.
   Policy(Policy),
 }
 

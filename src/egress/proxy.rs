@@ -93,14 +93,17 @@ impl Egress {
     *self.host_addrs.write().unwrap_or_else(|e| e.into_inner()) = fresh;
   }
 
+  /// The policy it enforces.
   pub fn policy(&self) -> &Policy {
     &self.policy
   }
 
+  /// The bounds it keeps.
   pub fn limits(&self) -> &Limits {
     &self.limits
   }
 
+  /// The counters now (each read on its own: a snapshot, not a transaction).
   pub fn stats(&self) -> EgressStats {
     let c = &self.counters;
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
