@@ -125,13 +125,13 @@ mod tests {
     let r = Refusal {
       host: "evil.example".into(),
       port: 443,
-      reason: "no allow rule matches (allowed: *.pypi.example)".into(),
+      reason: "no allow rule matches (allowed: *.pkgs.example)".into(),
       over_limit: false,
     };
     assert_eq!(
       r.to_string(),
       "egress to evil.example:443 refused by the sandbox's egress policy: no allow rule \
-       matches (allowed: *.pypi.example)"
+       matches (allowed: *.pkgs.example)"
     );
     let r = Refusal {
       host: "2001:db8::1".into(),

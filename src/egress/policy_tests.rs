@@ -61,7 +61,7 @@ fn hosts_entries_are_checked() {
       .contains("given twice")
   );
   assert_eq!(
-    err(json!({"allow": ["pypi.example"], "hosts": {"mirror.test": "10.0.0.5"}})),
+    err(json!({"allow": ["pkgs.example"], "hosts": {"mirror.test": "10.0.0.5"}})),
     "egress.hosts['mirror.test']: no allow rule matches this name, so the entry would never \
      be used; add 'mirror.test' to egress.allow"
   );
@@ -86,24 +86,24 @@ fn modes() {
 #[test]
 fn names_pass_by_name_rules_and_deny_wins() {
   let p = pol(json!({
-    "allow": ["pypi.example", "*.pypi.example", "git.test:443", "10.0.0.0/8"],
-    "deny": ["evil.pypi.example", "*:25"]
+    "allow": ["pkgs.example", "*.pkgs.example", "git.test:443", "10.0.0.0/8"],
+    "deny": ["evil.pkgs.example", "*:25"]
   }));
-  assert!(p.judge_name("pypi.example", 443).is_ok());
-  assert!(p.judge_name("files.pypi.example", 80).is_ok());
+  assert!(p.judge_name("pkgs.example", 443).is_ok());
+  assert!(p.judge_name("files.pkgs.example", 80).is_ok());
   assert!(p.judge_name("git.test", 443).is_ok());
   assert!(p.judge_name("git.test", 22).is_err());
   assert_eq!(
-    p.judge_name("evil.pypi.example", 443).unwrap_err(),
-    "denied by rule 'evil.pypi.example'"
+    p.judge_name("evil.pkgs.example", 443).unwrap_err(),
+    "denied by rule 'evil.pkgs.example'"
   );
   assert_eq!(
-    p.judge_name("pypi.example", 25).unwrap_err(),
+    p.judge_name("pkgs.example", 25).unwrap_err(),
     "denied by rule '*:25'"
   );
   assert_eq!(
     p.judge_name("other.test", 443).unwrap_err(),
-    "no allow rule matches (allowed: pypi.example, *.pypi.example, git.test:443, 10.0.0.0/8)"
+    "no allow rule matches (allowed: pkgs.example, *.pkgs.example, git.test:443, 10.0.0.0/8)"
   );
 }
 

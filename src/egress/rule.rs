@@ -135,10 +135,10 @@ mod tests {
   fn the_grammar() {
     let net = |s: &str, pre: u8| Pattern::Net(Cidr::new(ip(s), pre).unwrap());
     let cases = [
-      ("pypi.example", Pattern::Name("pypi.example".into()), None),
+      ("pkgs.example", Pattern::Name("pkgs.example".into()), None),
       (
-        "PyPI.Example.:443",
-        Pattern::Name("pypi.example".into()),
+        "Pkgs.Example.:443",
+        Pattern::Name("pkgs.example".into()),
         Some(443),
       ),
       (

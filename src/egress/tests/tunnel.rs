@@ -106,7 +106,7 @@ async fn a_plain_http_request_reaches_the_origin_in_origin_form() {
 #[tokio::test]
 async fn an_http_refusal_names_the_host_and_the_rule() {
   let r = rig(
-    json!({"allow": ["pypi.example", "*.pypi.example"], "deny": ["evil.pypi.example"]}),
+    json!({"allow": ["pkgs.example", "*.pkgs.example"], "deny": ["evil.pkgs.example"]}),
     Limits::default(),
   );
   let (mut c, h) = r.start();
@@ -114,7 +114,7 @@ async fn an_http_refusal_names_the_host_and_the_rule() {
     .await
     .unwrap();
   let body = "egress to evil.example:443 refused by the sandbox's egress policy: no allow rule \
-              matches (allowed: pypi.example, *.pypi.example)\n";
+              matches (allowed: pkgs.example, *.pkgs.example)\n";
   assert_eq!(
     String::from_utf8(read_all(&mut c).await).unwrap(),
     format!(
@@ -125,13 +125,13 @@ async fn an_http_refusal_names_the_host_and_the_rule() {
   );
   assert!(matches!(h.await.unwrap(), Served::Refused(_)));
   let (mut c, _) = r.start();
-  c.write_all(b"GET http://evil.pypi.example/x HTTP/1.1\r\n\r\n")
+  c.write_all(b"GET http://evil.pkgs.example/x HTTP/1.1\r\n\r\n")
     .await
     .unwrap();
   let reply = String::from_utf8(read_all(&mut c).await).unwrap();
   assert!(reply.ends_with(
-    "egress to evil.pypi.example:80 refused by the sandbox's egress policy: denied by rule \
-     'evil.pypi.example'\n"
+    "egress to evil.pkgs.example:80 refused by the sandbox's egress policy: denied by rule \
+     'evil.pkgs.example'\n"
   ));
   let log = r.refusals.lock().unwrap();
   assert_eq!(log.len(), 2);
