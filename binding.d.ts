@@ -76,6 +76,8 @@ export declare class NativeProvider {
    * openat2, subreaper }`, or `{ mode: 'engine-exec', reason }`.
    */
   agentStatus(sandboxId: string): Promise<Record<string, unknown>>
+  /** What a sandbox may reach, and under a policy what its connections did in this process. */
+  egressStats(sandboxId: string): Promise<any>
   layout(): NativeLayout
   additionalInstructions(): string
   createSandbox(): Promise<string>
@@ -383,6 +385,30 @@ export interface NativeProviderOptions {
    * Default true.
    */
   stagedUploads?: boolean
+  /**
+   * What sandboxes may reach. A policy `{ allow, deny?, hosts? }` (host names with `*.`
+   * wildcards or `*` for every public name, IP addresses, CIDRs, each with an optional
+   * `:port`; `hosts` maps names to addresses of the operator's choosing): the sandbox has no
+   * network but loopback, and its agent carries each connection to the host's proxy, which
+   * decides it. `'open'`: the engine network, no policy; `'none'`: no network at all. Default
+   * `{ allow: ['*'] }` (every public host by name), or `'open'` when `network` is given or the
+   * agent is off.
+   */
+  egress?: 'open' | 'none' | { allow: string[]; deny?: string[]; hosts?: Record<string, string | string[]> }
+  /**
+   * Connections a sandbox under a policy has open at once; more are refused. 1 to 65536.
+   * Default 256.
+   */
+  egressMaxConnections?: number
+  /** Bytes the host holds in flight per connection and direction. 4 KiB to 16 MiB. Default 64 KiB. */
+  egressBufferBytes?: number
+  /**
+   * A connection with no byte either way for this long is closed, in ms. 1 s to 24 h. Default
+   * 300000.
+   */
+  egressIdleTimeoutMs?: number
+  /** Resolving a name and connecting, in ms. 100 ms to 5 min. Default 10000. */
+  egressConnectTimeoutMs?: number
 }
 
 /** Options of the standalone reaper (the `reap` command). */

@@ -103,8 +103,28 @@ export interface DockerSandboxProviderOptions {
   resources?:
     | { memoryBytes?: number | null | undefined; nanoCpus?: number | null | undefined; pidsLimit?: number | undefined }
     | undefined
-  /** `'bridge'`, `'none'` or a user-defined network name (never `host`); `'isolated'`: the provider's own even where the engine is not safe with it. Default: a network the provider makes per namespace and tenant (`trueforge-<namespace>`), inter-container communication off (the default bridge on Docker before 20.10.27, which can deadlock with it). */
+  /** With `egress: 'open'`: `'bridge'`, `'none'` or a user-defined network name (never `host`); `'isolated'`: the provider's own even where the engine is not safe with it. Default: a network the provider makes per namespace and tenant (`trueforge-<namespace>`), inter-container communication off (the default bridge on Docker before 20.10.27, which can deadlock with it). Given alone, it implies `egress: 'open'`. */
   network?: string | undefined
+  /**
+   * What sandboxes may reach. A policy: the sandbox has no network interface but loopback; its
+   * commands get `HTTP_PROXY`/`HTTPS_PROXY`/`ALL_PROXY` (and lower case) pointing at the agent's
+   * port `127.0.0.1:3128`, and the host's proxy allows a connection only when the name asked for
+   * passes `allow` and not `deny`, and every address it resolves to is public (or named by an IP
+   * or CIDR rule, or a `hosts` entry). Entries: host names (`pkgs.example`, `*.pkgs.example`,
+   * which does not match the apex, `*` for every public name), IP addresses and CIDRs, each with
+   * an optional `:port` (`[v6]:port`). `'open'`: the engine network, no policy. `'none'`: no
+   * network at all. Default `{ allow: ['*'] }`, or `'open'` when `network` is given or the agent
+   * is off (a policy needs the agent: INVALID_OPTION otherwise).
+   */
+  egress?: 'open' | 'none' | EgressPolicy | undefined
+  /** Connections a sandbox under a policy has open at once; more are refused (503). 1 to 65536. Default 256. */
+  egressMaxConnections?: number | undefined
+  /** Bytes the host holds in flight per connection and direction. 4 KiB to 16 MiB. Default 64 KiB. */
+  egressBufferBytes?: number | undefined
+  /** A connection idle this long (ms) is closed. 1 s to 24 h. Default 300000. */
+  egressIdleTimeoutMs?: number | undefined
+  /** Resolving a name and connecting (ms). 100 ms to 5 min. Default 10000. */
+  egressConnectTimeoutMs?: number | undefined
   /** Run commands as this `uid[:gid]` (each 0 to 4294967294) or user name; uploads and the layout then belong to it. Default: the image's user. */
   user?: string | undefined
   /** Make the root filesystem read-only; /workspace and /trueforge (volumes) and /tmp (tmpfs) stay writable. Default false. */
@@ -237,6 +257,28 @@ export declare class DockerSandboxProvider {
    * engine's exec and archive endpoints and why.
    */
   agentStatus(sandboxId: string): Promise<AgentStatus>
+  /** What a sandbox may reach, and what its connections through this process did. */
+  egressStats(sandboxId: string): Promise<EgressStats>
+}
+
+/** An egress policy (see `egress`). */
+export interface EgressPolicy {
+  allow: string[]
+  deny?: string[] | undefined
+  /** Names mapped to addresses of the operator's choosing (a mirror inside the network, say). */
+  hosts?: Record<string, string | string[]> | undefined
+}
+
+/** What a sandbox may reach, and what its connections through this process did (`egressStats`). */
+export interface EgressStats {
+  mode: 'policy' | 'open' | 'none'
+  allowed: number
+  refused: number
+  /** Allowed, then the outbound connection failed. */
+  failed: number
+  open: number
+  bytesOut: number
+  bytesIn: number
 }
 
 /** What serves a sandbox's calls (`agentStatus`). */

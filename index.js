@@ -205,6 +205,19 @@ class DockerSandboxProvider {
     return /** @type {any} */ (await this.#call(() => this.#native.agentStatus(sandboxId)))
   }
 
+  /**
+   * What a sandbox may reach (`mode`), and under a policy what its connections through this
+   * process did: `allowed`, `refused`, `failed` (allowed, then the outbound connection failed),
+   * `open` now, `bytesOut` and `bytesIn`.
+   *
+   * @param {string} sandboxId
+   * @returns {Promise<import('./index.d.ts').EgressStats>}
+   */
+  async egressStats(sandboxId) {
+    requireStrings({ sandboxId })
+    return /** @type {any} */ (await this.#call(() => this.#native.egressStats(sandboxId)))
+  }
+
   // A path the binding would receive altered (a lone surrogate) is refused here, after the id:
   // every call refuses an id outside the grammar first.
   #refuseMalformedPath(sandboxId, path) {

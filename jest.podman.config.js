@@ -1,6 +1,6 @@
 'use strict'
 
-// The contract, exec, transfer, lifecycle and security suites against Podman's Docker-compatible
+// The contract, exec, transfer, lifecycle, security, network and egress suites against Podman's Docker-compatible
 // API: rootful (scripts/podman-engine.sh, its own socket and network namespace) and rootless
 // (scripts/podman-rootless-engine.sh, its own user). Run as
 // `DOCKER_HOST=unix:///run/tf-podman/podman.sock npx jest -c jest.podman.config.js` (the provider
@@ -21,7 +21,7 @@ module.exports = {
     '^.+\\.(t|j)sx?$': ['@swc/jest'],
   },
   testMatch: [
-    '<rootDir>/__test__/{contract,exec,transfer,lifecycle,security,network}.test.ts',
+    '<rootDir>/__test__/{contract,exec,transfer,lifecycle,security,network,egress}.test.ts',
     '<rootDir>/__test__/engines/podman.test.ts',
   ],
 }

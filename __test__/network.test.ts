@@ -1,5 +1,6 @@
-// The network sandboxes join by default: one of ours per namespace and tenant, with
+// The network sandboxes join with `egress: 'open'`: one of ours per namespace and tenant, with
 // inter-container communication off on Docker (isolated from every other network on Podman).
+// Under an egress policy (the default) a sandbox joins none (egress.test.ts).
 // Checked by inspecting what the engine was told and, on a local Docker engine, the firewall
 // rules it installed. No traffic is sent to container addresses.
 
@@ -54,13 +55,30 @@ function rules(table: string): string | null {
   return r.status === 0 ? r.stdout : null
 }
 
-test('by default, sandboxes join ours where the engine is safe with it, else the default bridge, saying why', async () => {
+test('by default (an egress policy) a sandbox joins no network, and none is made for it', async () => {
+  const ns = uniqueNamespace('t-net4')
+  const p = new DockerSandboxProvider({ image: BUSYBOX, namespace: ns })
+  providers.push(p)
+  const t = new SandboxTracker(ns)
+  try {
+    const id = await t.create(p)
+    const info = inspectContainer(containerNameFor(ns, id))
+    expect(info.HostConfig.NetworkMode).toBe('none')
+    // Docker lists the `none` network; Podman lists nothing.
+    expect(Object.keys(info.NetworkSettings.Networks ?? {}).filter((n) => n !== 'none')).toEqual([])
+    expect(dockerTry(['network', 'inspect', `trueforge-${ns}`]).status).not.toBe(0)
+  } finally {
+    await t.cleanup(p)
+  }
+})
+
+test("with egress 'open', sandboxes join ours where the engine is safe with it, else the default bridge, saying why", async () => {
   // A fresh process: the warning is said once per engine and process.
   const dir = mkdtempSync(join(tmpdir(), 'tf-net-default-'))
   const go = join(dir, 'go')
   writeFileSync(go, '')
   try {
-    const r = spawnSync(process.execPath, [join(__dirname, 'fixtures', 'create-one.js'), namespace, go], { encoding: 'utf8', timeout: 60_000 })
+    const r = spawnSync(process.execPath, [join(__dirname, 'fixtures', 'create-one.js'), namespace, go, '', 'open'], { encoding: 'utf8', timeout: 60_000 })
     expect(r.status).toBe(0)
     const lines = r.stdout.trim().split('\n')
     const id = lines[lines.length - 1]

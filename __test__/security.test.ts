@@ -127,16 +127,20 @@ async function answersOk(p: Provider, id: string, withinMs: number): Promise<str
   }
 }
 
-// Default configuration, default network (ours for the namespace): one debian and one busybox sandbox.
+// Default configuration (an egress policy: no network but loopback): one debian and one busybox
+// sandbox; one with `egress: 'open'` (the engine network: ours for the namespace) and one with
+// `network: 'none'`.
 const deb = provider({ image: DEBIAN })
 const bb = provider({ image: BUSYBOX })
+const openBb = provider({ image: BUSYBOX, egress: 'open' })
 const isolated = provider({ image: BUSYBOX, network: 'none' })
 let debId: string
 let bbId: string
+let openId: string
 let isolatedId: string
 
 beforeAll(async () => {
-  ;[debId, bbId, isolatedId] = await Promise.all([create(deb), create(bb), create(isolated)])
+  ;[debId, bbId, openId, isolatedId] = await Promise.all([create(deb), create(bb), create(openBb), create(isolated)])
 }, 90_000)
 
 describe('from inside a default sandbox', () => {
@@ -194,14 +198,20 @@ describe('from inside a default sandbox', () => {
       const sockets = await ok(p, id, "find / \\( -path /proc -o -path /sys \\) -prune -o -type s -print 2>/dev/null || true")
       expect(sockets.trim()).toBe('')
     }
-    // The engine's TCP ports on the bridge gateway (the host) do not answer.
-    const networks = inspectContainer(containerNameFor(namespace, bbId)).NetworkSettings.Networks
+    // With egress open, the engine's TCP ports on the bridge gateway (the host) do not answer.
+    const networks = inspectContainer(containerNameFor(namespace, openId)).NetworkSettings.Networks
     // The sandbox's one network: ours for the namespace (network.test.ts checks which).
     const gw = (Object.values(networks)[0] as { Gateway: string }).Gateway
     expect(gw).toMatch(/^\d+\.\d+\.\d+\.\d+$/)
     for (const port of [2375, 2376]) {
-      const r = await run(bb, bbId, `nc -w 2 ${gw} ${port} </dev/null`, { timeoutSeconds: 10 })
+      const r = await run(openBb, openId, `nc -w 2 ${gw} ${port} </dev/null`, { timeoutSeconds: 10 })
       expect({ port, exitCode: r.exitCode === 0 ? 0 : 'failed' }).toEqual({ port, exitCode: 'failed' })
+    }
+    // Under the default policy the host's own addresses are refused by the proxy, unsent.
+    for (const port of [2375, 2376]) {
+      const r = await run(bb, bbId, `wget -q -O- http://${gw}:${port}/version 2>&1`, { timeoutSeconds: 10 })
+      expect(r.exitCode).not.toBe(0)
+      expect(r.result).toMatch(/403/)
     }
   })
 
@@ -252,14 +262,15 @@ describe('from inside a default sandbox', () => {
     expect(inspectContainer(containerNameFor(namespace, isolatedId)).HostConfig.NetworkMode).toBe('none')
   })
 
-  test('with the default network there is an eth0 besides loopback', async () => {
+  test('under the default egress policy the only interface is loopback; with egress open there is an eth0 besides it', async () => {
     for (const [p, id] of [
       [deb, debId],
       [bb, bbId],
     ] as const) {
-      const ifaces = (await ok(p, id, 'ls /sys/class/net')).split('\n').filter(Boolean).sort()
-      expect(ifaces).toEqual(['eth0', 'lo'])
+      expect(await ok(p, id, 'ls /sys/class/net')).toBe('lo\n')
     }
+    const ifaces = (await ok(openBb, openId, 'ls /sys/class/net')).split('\n').filter(Boolean).sort()
+    expect(ifaces).toEqual(['eth0', 'lo'])
   })
 })
 
@@ -286,8 +297,8 @@ dockerSpellings('the container definition (docker inspect; Docker spellings, ski
       expect(h.VolumesFrom ?? []).toEqual([])
       expect(h.Devices ?? []).toEqual([])
       expect(h.DeviceRequests ?? []).toEqual([])
-      // Ours for the namespace, or the default bridge on an engine not safe with ours (network.test.ts).
-      expect(Object.keys(info.NetworkSettings.Networks)).toEqual([expect.stringMatching(new RegExp(`^(trueforge-${namespace}|bridge|podman)$`))])
+      // The default egress policy: no network but loopback.
+      expect(Object.keys(info.NetworkSettings.Networks)).toEqual(['none'])
       for (const mode of ['NetworkMode', 'PidMode', 'IpcMode', 'UTSMode', 'UsernsMode']) {
         expect({ mode, value: h[mode] }).not.toEqual({ mode, value: 'host' })
         expect(String(h[mode] ?? '')).not.toMatch(/^(host|container:)/)

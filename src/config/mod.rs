@@ -2,6 +2,7 @@
 //! no I/O, so every rule here is unit-tested.
 
 pub mod capabilities;
+pub mod egress;
 pub mod gpus;
 pub mod options;
 
@@ -126,6 +127,8 @@ pub struct ProviderConfig {
   pub agent_bin_dir: Option<std::path::PathBuf>,
   /// Code Mode request bytes held in the process at once.
   pub code_mode_inflight: InflightBounds,
+  /// What sandboxes may reach (`egress`, `egress*`).
+  pub egress: egress::Egress,
 }
 
 /// Bounds on the Code Mode request bytes held at once (`codeMode*InflightBytes`).
@@ -166,6 +169,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
   type Error = SandboxError;
 
   fn try_from(mut o: ProviderOptions) -> Result<Self> {
+    let egress_options = egress::Options::take(&mut o);
     let image = typed(o.image.take(), "image", |_| {
       "expected a string such as 'python:3.12'".into()
     })?
@@ -221,6 +225,8 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
       format!("expected {{ size: number }}, got {v}")
     })?
     .map_or(Ok(0), parse_warm_pool)?;
+    let agent = boolean("agent", o.agent, true)?;
+    let egress = egress::parse(egress_options, agent, network.as_deref())?;
     if warm_pool_size > 0 && matches!(gpus, Some(Gpus::Exclusive(_))) {
       return Err(bad(
         "warmPool",
@@ -229,7 +235,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
     }
     Ok(Self {
       engine_timeout_ms,
-      agent: boolean("agent", o.agent, true)?,
+      agent,
       code_mode_lane: boolean("codeModeLane", o.code_mode_lane, true)?,
       staged_uploads: boolean("stagedUploads", o.staged_uploads, true)?,
       agent_bin_dir: None,
@@ -260,6 +266,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
       registry_auth,
       warm_pool_size,
       code_mode_inflight,
+      egress,
     })
   }
 }

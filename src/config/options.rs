@@ -191,6 +191,31 @@ pub struct ProviderOptions {
   /// Default true.
   #[napi(ts_type = "boolean")]
   pub staged_uploads: Option<Given<bool>>,
+  /// What sandboxes may reach. A policy `{ allow, deny?, hosts? }` (host names with `*.`
+  /// wildcards or `*` for every public name, IP addresses, CIDRs, each with an optional
+  /// `:port`; `hosts` maps names to addresses of the operator's choosing): the sandbox has no
+  /// network but loopback, and its agent carries each connection to the host's proxy, which
+  /// decides it. `'open'`: the engine network, no policy; `'none'`: no network at all. Default
+  /// `{ allow: ['*'] }` (every public host by name), or `'open'` when `network` is given or the
+  /// agent is off.
+  #[napi(
+    ts_type = "'open' | 'none' | { allow: string[]; deny?: string[]; hosts?: Record<string, string | string[]> }"
+  )]
+  pub egress: Option<Value>,
+  /// Connections a sandbox under a policy has open at once; more are refused. 1 to 65536.
+  /// Default 256.
+  #[napi(ts_type = "number")]
+  pub egress_max_connections: Option<Value>,
+  /// Bytes the host holds in flight per connection and direction. 4 KiB to 16 MiB. Default 64 KiB.
+  #[napi(ts_type = "number")]
+  pub egress_buffer_bytes: Option<Value>,
+  /// A connection with no byte either way for this long is closed, in ms. 1 s to 24 h. Default
+  /// 300000.
+  #[napi(ts_type = "number")]
+  pub egress_idle_timeout_ms: Option<Value>,
+  /// Resolving a name and connecting, in ms. 100 ms to 5 min. Default 10000.
+  #[napi(ts_type = "number")]
+  pub egress_connect_timeout_ms: Option<Value>,
 }
 
 /// The `build` option. Its typings are stated on `ProviderOptions::build`, where `context` can
@@ -294,7 +319,7 @@ mod tests {
   #[test]
   fn field_names_come_from_the_struct_in_camel_case() {
     let names = field_names::<ProviderOptions>();
-    assert_eq!(names.len(), 32);
+    assert_eq!(names.len(), 37);
     assert_eq!(names[0], "image");
     for n in [
       "dockerHost",
@@ -315,7 +340,7 @@ mod tests {
     assert_eq!(option, "imgae");
     assert!(reason.starts_with("unknown option; known ones are image, dockerHost, tls,"));
     assert!(reason.ends_with(
-      "engineTimeoutMs, codeModeSandboxInflightBytes, codeModeProviderInflightBytes, agent, codeModeLane, stagedUploads, errors, logger"
+      "agent, codeModeLane, stagedUploads, egress, egressMaxConnections, egressBufferBytes, egressIdleTimeoutMs, egressConnectTimeoutMs, errors, logger"
     ));
     for name in field_names::<ProviderOptions>() {
       assert!(reason.contains(name), "{name} not listed");

@@ -177,6 +177,17 @@ impl NativeProvider {
     promise(env, async move { inner.agent_status(&sandbox_id).await })
   }
 
+  /// What a sandbox may reach, and under a policy what its connections did in this process.
+  #[napi(ts_return_type = "Promise<any>")]
+  pub fn egress_stats<'env>(
+    &self,
+    env: &'env Env,
+    sandbox_id: String,
+  ) -> napi::Result<PromiseRaw<'env, Value>> {
+    let inner = self.inner.clone();
+    promise(env, async move { inner.egress_stats(&sandbox_id).await })
+  }
+
   #[napi]
   pub fn layout(&self) -> NativeLayout {
     NativeLayout {

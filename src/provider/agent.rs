@@ -358,6 +358,14 @@ impl Provider {
   }
 }
 
+impl Provider {
+  /// What a sandbox may reach, and under a policy what its connections did in this process.
+  pub async fn egress_stats(&self, sandbox_id: &str) -> Result<Value> {
+    let (engine, target) = self.target(sandbox_id).await?;
+    Ok(agent::egress::report(&engine, &target))
+  }
+}
+
 /// Whether the agent answered a ping within a watch period, or sent anything meanwhile (a
 /// stream busy with output may delay a ping's answer without being silent).
 async fn answers(conn: &Conn) -> bool {

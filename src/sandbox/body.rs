@@ -101,10 +101,39 @@ pub fn podman_adjust(
 /// The network a sandbox of `cfg` joins: the `network` option, else ours for its namespace and
 /// tenant.
 pub fn network_of(cfg: &ProviderConfig) -> String {
+  if cfg.egress.no_network() {
+    return "none".to_string();
+  }
   match cfg.network.as_deref() {
     None | Some(network::ISOLATED) => network::name_for(&cfg.namespace, cfg.tenant.as_deref()),
     Some(n) => n.to_string(),
   }
+}
+
+/// Where a sandbox under an egress policy finds the proxy: its agent's port on its own loopback.
+pub const EGRESS_PROXY: &str = "127.0.0.1:3128";
+
+/// The container's environment: under an egress policy the proxy variables (each spelling tools
+/// read), then the `env` option, which may override them.
+fn environment(cfg: &ProviderConfig) -> Vec<String> {
+  let mut env = Vec::new();
+  if cfg.egress.is_policy() {
+    let http = format!("http://{EGRESS_PROXY}");
+    let socks = format!("socks5h://{EGRESS_PROXY}");
+    for (name, value) in [
+      ("HTTP_PROXY", http.as_str()),
+      ("HTTPS_PROXY", http.as_str()),
+      ("ALL_PROXY", socks.as_str()),
+      ("NO_PROXY", "localhost,127.0.0.1,::1"),
+    ] {
+      if !cfg.env.contains_key(name) && !cfg.env.contains_key(&name.to_lowercase()) {
+        env.push(format!("{name}={value}"));
+        env.push(format!("{}={value}", name.to_lowercase()));
+      }
+    }
+  }
+  env.extend(cfg.env.iter().map(|(k, v)| format!("{k}={v}")));
+  env
 }
 
 /// The container definition for a new sandbox: least privilege by default (see README).
@@ -139,7 +168,8 @@ pub fn container_body_with(
   if let Some(p) = pool {
     labels.insert(LABEL_POOL.into(), p.to_string());
   }
-  let env: Vec<String> = cfg.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+  labels.insert(labels::LABEL_EGRESS.into(), cfg.egress.record());
+  let env = environment(cfg);
   let idle = cfg.auto_stop_secs.unwrap_or(0);
   let r = &cfg.resources;
   let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
@@ -256,11 +286,46 @@ mod tests {
     );
     assert_eq!(hc.memory, hc.memory_swap);
     assert!(hc.pids_limit.is_some());
-    assert_eq!(hc.network_mode.as_deref(), Some("trueforge-ns1"));
+    // The default egress policy: no network but loopback, the proxy in the environment.
+    assert_eq!(hc.network_mode.as_deref(), Some("none"));
+    assert_eq!(l[labels::LABEL_EGRESS], cfg.egress.record());
     assert!(
       hc.binds.is_none() && hc.mounts.is_none() && hc.pid_mode.is_none() && hc.ipc_mode.is_none()
     );
     assert!(b.volumes.is_none());
-    assert_eq!(b.env.unwrap(), vec!["A=1".to_string()]);
+    let env = b.env.unwrap();
+    assert_eq!(env.last().map(String::as_str), Some("A=1"));
+    for v in [
+      "HTTPS_PROXY=http://127.0.0.1:3128",
+      "all_proxy=socks5h://127.0.0.1:3128",
+    ] {
+      assert!(env.contains(&v.to_string()), "{v} in {env:?}");
+    }
+  }
+
+  #[test]
+  fn open_egress_joins_the_network_and_sets_no_proxy_and_env_overrides_the_proxy() {
+    let open =
+      ProviderConfig::with_image(serde_json::json!({ "namespace": "ns1", "egress": "open" }))
+        .unwrap();
+    let b = container_body(
+      &open,
+      "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV",
+      "img:1",
+      None,
+    );
+    assert_eq!(
+      b.host_config.unwrap().network_mode.as_deref(),
+      Some("trueforge-ns1")
+    );
+    assert_eq!(b.env.unwrap(), Vec::<String>::new());
+    let own =
+      ProviderConfig::with_image(serde_json::json!({ "env": { "no_proxy": "x.internal" } }))
+        .unwrap();
+    let env = container_body(&own, "/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV", "img:1", None)
+      .env
+      .unwrap();
+    assert!(env.contains(&"no_proxy=x.internal".to_string()));
+    assert!(!env.iter().any(|e| e.starts_with("NO_PROXY=")), "{env:?}");
   }
 }

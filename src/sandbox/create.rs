@@ -58,14 +58,16 @@ pub async fn create_with(
     };
     devices::check_cdi_support(engine, &names)?;
   }
-  let ours = network::wanted(engine, cfg.network.as_deref(), log);
+  // Under an egress policy or 'none' the sandbox joins no network: no network work at all.
+  let joins = !cfg.egress.no_network();
+  let ours = joins && network::wanted(engine, cfg.network.as_deref(), log);
   // A network removed since this process last saw it is made again; one with a twin for a
   // moment (another process made it at the same time) is settled on again, a little later.
   for attempt in 0..NETWORK_TRIES {
     let net = match ours {
       true => Some(network::ensure(engine, &cfg.namespace, cfg.tenant.as_deref()).await?),
       // Not ours and no option: the engine's default bridge.
-      false if cfg.network.is_none() => Some("bridge".to_string()),
+      false if joins && cfg.network.is_none() => Some("bridge".to_string()),
       false => None,
     };
     let spec = Spec {

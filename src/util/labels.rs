@@ -27,6 +27,9 @@ pub const LABEL_GPUS: &str = "trueforge.sandbox.gpus";
 /// `no-new-privileges` an exec as root in a container whose user is not root gets no
 /// capability at all, and the agent needs some to run things as that user.
 pub const LABEL_USER: &str = "trueforge.sandbox.user";
+/// On a sandbox: what it may reach (`config::egress::Egress::record`), read by whoever starts its
+/// agent.
+pub const LABEL_EGRESS: &str = "trueforge.sandbox.egress";
 /// The label an agent volume and its claim carry (value: the binaries' tag).
 pub const LABEL_AGENT: &str = "trueforge.sandbox.agent";
 
@@ -86,6 +89,7 @@ mod tests {
       LABEL_SAVED_IMAGE,
       LABEL_CARRIED_VOLUMES,
       LABEL_SAVED_FROM,
+      LABEL_EGRESS,
     ] {
       assert!(key.starts_with(LABEL_PREFIX), "{key}");
     }

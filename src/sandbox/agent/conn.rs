@@ -22,7 +22,7 @@ use trueforge_agent_proto::msg::Hello;
 
 use crate::engine::Engine;
 use crate::sandbox::agent::binaries::{Arch, Binary};
-use crate::sandbox::agent::{bounded_insert, ops, place, volume, Failure, Setup, State};
+use crate::sandbox::agent::{bounded_insert, egress, ops, place, volume, Failure, Setup, State};
 use crate::sandbox::body::non_root;
 use crate::sandbox::container::Target;
 use crate::sandbox::exec::{is_pid_exhaustion, StartError};
@@ -195,7 +195,7 @@ pub async fn connect(
     }
   }
   *held = None;
-  match start(engine, target, setup).await {
+  match start(engine, target, setup, log).await {
     Ok(c) => {
       *held = Some(c.clone());
       drop(held);
@@ -244,7 +244,12 @@ fn watch(engine: &Engine, container: &str, slot: Slot, conn: Arc<Conn>) {
   });
 }
 
-async fn start(engine: &Engine, target: &Target, setup: &Setup) -> Result<Arc<Conn>, Failure> {
+async fn start(
+  engine: &Engine,
+  target: &Target,
+  setup: &Setup,
+  log: &Logger,
+) -> Result<Arc<Conn>, Failure> {
   let bundle = setup
     .binaries
     .bundle()
@@ -272,7 +277,16 @@ async fn start(engine: &Engine, target: &Target, setup: &Setup) -> Result<Arc<Co
   // The static `mcp-client` and its directories, in sandboxes made by an earlier version too.
   // Best effort: a workload that planted a link there only loses the static client.
   let _ = ops::lay_out(&conn, ops::code_mode_layout(&conn, target)).await;
-  Ok(Arc::new(conn))
+  let conn = Arc::new(conn);
+  // Under a policy the sandbox has no network but this: a port that cannot be opened leaves it
+  // with none at all, which is safe, and says so.
+  if let Err(why) = egress::attach(engine, &conn, target, log).await {
+    log.warn(
+      "the sandbox's egress port is not open: it reaches nothing outside",
+      json!({ "sandboxId": target.sandbox_id, "reason": why }),
+    );
+  }
+  Ok(conn)
 }
 
 /// The platform of an image (cached per image id).

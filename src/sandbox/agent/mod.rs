@@ -7,6 +7,7 @@
 pub mod activity;
 pub mod binaries;
 pub mod conn;
+pub mod egress;
 pub mod ops;
 pub mod place;
 pub mod volume;
@@ -55,6 +56,9 @@ pub enum Failure {
 /// What the agent needs to know about a sandbox's container, read from its inspect data.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Facts {
+  /// What the sandbox may reach, as recorded on it (`None`: made before the record existed, on
+  /// a network of its own). Under a policy its agent carries the connections (`egress`).
+  pub egress: Option<crate::config::egress::Egress>,
   /// The image id: its platform picks the binary.
   pub image: String,
   /// The agent directory mounted read-only (`/.trueforge-agent/<tag>`), when there is one.
@@ -75,7 +79,14 @@ impl Facts {
       .and_then(|c| c.entrypoint.clone())
       .unwrap_or_default();
     let init = entrypoint.get(3).map(String::as_str) == Some(crate::sandbox::body::INIT_NAME);
+    let egress = info
+      .config
+      .as_ref()
+      .and_then(|c| c.labels.as_ref())
+      .and_then(|l| l.get(crate::util::labels::LABEL_EGRESS))
+      .and_then(|r| crate::config::egress::Egress::of_record(r));
     Self {
+      egress,
       image: info.image.clone().unwrap_or_default(),
       mounted: volume::mounted_dir(info),
       agent_init: init
@@ -185,6 +196,7 @@ mod tests {
     assert_eq!(
       f,
       Facts {
+        egress: None,
         image: "sha256:abc".into(),
         mounted: Some("/.trueforge-agent/0.1.0-0123456789ab".into()),
         agent_init: true,
