@@ -69,6 +69,8 @@ export declare class NativeProvider {
   get namespace(): string
   /** The engine address in use. */
   get dockerHost(): string
+  /** What this provider's sandboxes may reach, in a few lines (for `doctor`). */
+  get egress(): string
   /** Whether calls go through the in-sandbox agent (the `agent` option). */
   get agent(): boolean
   /**

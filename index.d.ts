@@ -227,6 +227,8 @@ export declare class DockerSandboxProvider {
   readonly namespace: string
   /** The Docker engine address in use. */
   readonly dockerHost: string
+  /** What this provider's sandboxes may reach, in a few lines (the `egress` option). */
+  readonly egressPolicy: string
   buildImage(): Promise<SandboxBuild>
   getImageBuildStatus(): Promise<SandboxBuild>
   createSandbox(): Promise<{ sandboxId: string }>

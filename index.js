@@ -84,6 +84,11 @@ class DockerSandboxProvider {
     return this.#native.dockerHost
   }
 
+  /** What this provider's sandboxes may reach, in a few lines (the `egress` option). */
+  get egressPolicy() {
+    return this.#native.egress
+  }
+
   async buildImage() {
     return shapeBuild(await this.#call(() => this.#native.buildImage()))
   }

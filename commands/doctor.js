@@ -9,7 +9,7 @@ const path = require('node:path')
 
 const { native, parseArgs, adminOptions, colour, ago, short, bytes, tty } = require('./common')
 
-const USAGE = `usage: trueforge-docker-sandbox doctor [--docker-host H] [--image I] [--network N] [--namespace N] [--json]
+const USAGE = `usage: trueforge-docker-sandbox doctor [--docker-host H] [--image I] [--network N] [--egress E] [--namespace N] [--json]
 
 Checks, one line each (ok / warn / fail, with the fix): how the engine is reached (socket, TLS,
 SSH, context) and that it answers, its version and API, rootless or not, cgroup version and
@@ -18,12 +18,14 @@ runtimes (runsc …), GPU support (nvidia runtime, CDI specs and their devices),
 leases failed or interrupted pulls and builds left on the engine, the image
 (default trueforge-sandbox:2) and what its probe found, a test sandbox created, exec'd,
 transferred and removed, with timings, and whether its calls went through the in-sandbox agent
-(and why not). Exit code 0 only when nothing fails.`
+(and why not), and the egress policy in force (--egress: open, none or a policy as JSON, as the
+provider's egress option). Exit code 0 only when nothing fails.`
 
 const SPEC = {
   '--docker-host': 'string',
   '--image': 'string',
   '--network': 'string',
+  '--egress': 'string',
   '--namespace': 'string',
   '--json': 'boolean',
   '--timeout-ms': 'number',
@@ -66,6 +68,7 @@ function cdiDevices() {
 
 async function run(argv, out) {
   const opts = parseArgs(argv, SPEC)
+  const egress = egressOption(opts.egress)
   if (opts.help) return (out.log(USAGE), 0)
   const checks = []
   const add = (name, status, detail, fix) => {
@@ -174,7 +177,14 @@ async function run(argv, out) {
     .split(/[.+~-]/)
     .map(Number)
   const safeDocker = major >= 23 || (major === 20 && minor === 10 && patch >= 27)
-  if (opts.network) add('network', 'ok', `sandboxes join ${opts.network} (--network)`)
+  const ownNetwork = egress === 'open' || (egress === undefined && opts.network !== undefined)
+  if (!ownNetwork)
+    add(
+      'network',
+      'ok',
+      'sandboxes join no engine network (an egress policy or none): nothing to share, nothing to race',
+    )
+  else if (opts.network) add('network', 'ok', `sandboxes join ${opts.network} (--network)`)
   else if (podman)
     add(
       'network',
@@ -222,8 +232,10 @@ async function run(argv, out) {
     dockerHost: opts.dockerHost,
     namespace: opts.namespace || 'doctor',
     network: opts.network,
+    egress,
     engineTimeoutMs: opts.timeoutMs ?? 30_000,
   })
+  add('egress', 'ok', provider.egressPolicy.replace(/\n/g, '; '))
   try {
     const st = await provider.getImageBuildStatus()
     if (st.status !== 'ready') {
@@ -285,6 +297,16 @@ async function run(argv, out) {
     provider.dispose()
   }
   return finish(opts, out, checks)
+}
+
+/** `--egress`: `open`, `none` or a policy as JSON (a usage error otherwise). */
+function egressOption(text) {
+  if (text === undefined || text === 'open' || text === 'none') return text
+  try {
+    return JSON.parse(text)
+  } catch {
+    throw new Error(`--egress: expected open, none or a policy as JSON such as '{"allow":["*"]}', got ${text}`)
+  }
 }
 
 /** What serves the test sandbox's calls: the in-sandbox agent, or the engine's endpoints and why. */

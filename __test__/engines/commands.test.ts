@@ -90,10 +90,13 @@ test('ls lists our sandboxes with state, times, image, tenant, pool flag and siz
 test('doctor on the local engine: every check a line, a real test sandbox, exit 0; --json', () => {
   const r = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace])
   expect(r.stdout).not.toContain('\u001b[')
-  for (const name of ['endpoint', 'engine reachable', 'version', 'rootless', 'cgroups', 'storage', 'seccomp', 'runtimes', 'network', 'gpu', 'image', 'agent', 'test sandbox']) {
+  for (const name of ['endpoint', 'engine reachable', 'version', 'rootless', 'cgroups', 'storage', 'seccomp', 'runtimes', 'network', 'gpu', 'egress', 'image', 'agent', 'test sandbox']) {
     expect(r.stdout).toMatch(new RegExp(`^(ok  |warn|fail)  ${name}: `, 'm'))
   }
   expect(r.stdout).toMatch(/^ok {4}endpoint: socket: unix:\/\/\/var\/run\/docker.sock/m)
+  // The default egress policy, and no engine network for it.
+  expect(r.stdout).toMatch(/^ok {4}egress: egress policy: allow \*; deny nothing; /m)
+  expect(r.stdout).toMatch(/^ok {4}network: sandboxes join no engine network/m)
   expect(r.stdout).toMatch(/^ok {4}test sandbox: create \d+ ms, exec \d+ ms, upload \d+ ms, download \d+ ms, remove \d+ ms$/m)
   // The test sandbox's calls went through the in-sandbox agent, as root.
   expect(r.stdout).toMatch(/^ok {4}agent: in-sandbox agent [0-9.]+ \((x86_64|aarch64)\) at \/\.trueforge-agent\/\S+, as root, commands and files as the sandbox user$/m)
@@ -106,6 +109,15 @@ test('doctor on the local engine: every check a line, a real test sandbox, exit 
   expect(report.checks.find((c: any) => c.name === 'image')).toMatchObject({ status: 'warn' })
   // Nothing left behind.
   expect(JSON.parse(cli(['ls', '--namespace', namespace, '--json']).stdout)).toEqual([])
+})
+
+test('doctor --egress: the policy given, or a usage error', () => {
+  const r = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace, '--egress', '{"allow":["pkgs.example"],"deny":["bad.example"]}'])
+  expect(r.stdout).toMatch(/^ok {4}egress: egress policy: allow pkgs\.example; deny bad\.example; /m)
+  expect(r.code).toBe(0)
+  const bad = cli(['doctor', '--egress', 'closed'])
+  expect(bad.code).toBe(2)
+  expect(bad.stderr).toMatch(/^--egress: expected open, none or a policy as JSON/)
 })
 
 test('doctor names the CDI specs it finds and the devices they name (JSON and YAML)', () => {

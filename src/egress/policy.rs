@@ -220,6 +220,29 @@ impl Policy {
     })
   }
 
+  /// The allow rules in a phrase, for the agent's instructions.
+  pub fn summary(&self) -> String {
+    if self.allow.iter().any(|r| matches!(r.pattern, Pattern::Any)) && self.deny.is_empty() {
+      return "every public host by name".to_string();
+    }
+    let s: Vec<&str> = self
+      .allow
+      .iter()
+      .take(20)
+      .map(|r| r.text.as_str())
+      .collect();
+    let more = self.allow.len().saturating_sub(20);
+    let mut out = format!("allowed: {}", s.join(", "));
+    if more > 0 {
+      out.push_str(&format!(" and {more} more"));
+    }
+    if !self.deny.is_empty() {
+      let d: Vec<&str> = self.deny.iter().take(10).map(|r| r.text.as_str()).collect();
+      out.push_str(&format!("; denied: {}", d.join(", ")));
+    }
+    out
+  }
+
   /// A few lines for `doctor`.
   pub fn describe(&self) -> String {
     let list = |rules: &[Rule]| -> String {

@@ -159,6 +159,12 @@ impl NativeProvider {
     self.inner.host().to_string()
   }
 
+  /// What this provider's sandboxes may reach, in a few lines (for `doctor`).
+  #[napi(getter)]
+  pub fn egress(&self) -> String {
+    self.inner.config().egress.mode.describe()
+  }
+
   /// Whether calls go through the in-sandbox agent (the `agent` option).
   #[napi(getter)]
   pub fn agent(&self) -> bool {

@@ -489,13 +489,14 @@ impl Provider {
   /// Text appended to the agent's system prompt.
   pub fn additional_instructions(&self) -> String {
     let gpu = gpu_instructions(self.cfg.gpus.as_ref());
+    let network = network_instructions(&self.cfg.egress.mode);
     format!(
       "You work in a Docker container (image {image}) that is yours alone for this session. \
        Each command runs in a fresh shell whose working directory is your sandbox root; files you \
        write persist between commands. Files the user uploads are in {uploads}; tool results too \
        large for the conversation are saved in {results}. A command that runs longer than its \
        timeout is killed with everything it started; start long-lived servers in the background \
-       (`cmd > log 2>&1 &`). {gpu}",
+       (`cmd > log 2>&1 &`). {gpu}{network}",
       image = self.cfg.image,
       uploads = layout::UPLOADS_DIR,
       results = layout::TOOL_RESULTS_DIR,
@@ -509,6 +510,23 @@ impl Launcher for Provider {
     self
       .launch_code_mode_relay(sandbox_id, socket, intake)
       .await
+  }
+}
+
+/// What the agent is told about the network: nothing when it is the engine's own.
+pub fn network_instructions(mode: &crate::egress::Mode) -> String {
+  use crate::egress::Mode;
+  match mode {
+    Mode::Open => String::new(),
+    Mode::Off => " The sandbox has no network access.".to_string(),
+    Mode::Policy(p) => format!(
+      " There is no direct network access: connections go through a proxy set in the \
+       environment (HTTP_PROXY, HTTPS_PROXY, and ALL_PROXY for SOCKS5), which pip, npm, git, \
+       curl and most HTTP libraries use; tools that ignore those variables cannot connect. The \
+       proxy allows only some hosts ({}); a refused connection gets a 403 (or a SOCKS refusal) \
+       naming the host and the rule.",
+      p.summary()
+    ),
   }
 }
 
