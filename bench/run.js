@@ -19,7 +19,8 @@
 //   BENCH_SKIP_MEM=1      skip the memory probes; BENCH_SKIP_REQS=1 skip the request count;
 //                         BENCH_SKIP_AGENT=1 the agent probe; BENCH_SKIP_CODEMODE=1 Code Mode
 //                         (its round trip and the pressure runs; BENCH_CM_PRESSURE: their
-//                         sandbox counts, default 1,4,16)
+//                         sandbox counts, default 1,4,16); BENCH_SKIP_EGRESS=1 the egress
+//                         proxy's section (BENCH_EGRESS_ROUNDS, default 5)
 //   BENCH_WARM_POOL_SIZE  pool size for the "addon (warm pool)" rows (default 2)
 //   BENCH_WARM_SETTLE_MS  pause after each warm-pool create so the refill does not load the
 //                         next measurement (default 1500)
@@ -864,6 +865,41 @@ function codeModePressureBench() {
   })
 }
 
+/** Runs bench/egress.js in a child process and returns its JSON (or `{ error }`). */
+function egressBench() {
+  const args = [path.join(__dirname, 'egress.js'), process.env.BENCH_EGRESS_ROUNDS || '5']
+  return new Promise((resolve) => {
+    execFile(process.execPath, args, { maxBuffer: 16 * MiB, timeout: 900_000 }, (err, stdout, stderr) => {
+      if (err) return resolve({ error: (stderr || err.message).trim().split('\n').slice(-3).join(' ') })
+      try {
+        resolve(JSON.parse(stdout.trim().split('\n').pop()))
+      } catch (e) {
+        resolve({ error: `unreadable output: ${e.message}` })
+      }
+    })
+  })
+}
+
+/** The egress proxy's targets: its throughput against the agent's own, its set-up cost. */
+function egressTargets(e) {
+  const throughput = "Egress: a 100 MiB download through the proxy ≥ 0.8 × the agent's own downloadFile throughput"
+  const setup = 'Egress: connection set-up through the proxy, p50 ≤ 2 ms over a direct loopback connect from the host'
+  if (e.error) return [{ name: throughput, status: 'N/A', detail: e.error }]
+  const d = e.download_100mib_mbps
+  return [
+    {
+      name: throughput,
+      status: d.ratio >= 0.8 ? 'MET' : 'MISSED',
+      detail: `${d.proxy} MB/s through the proxy, ${d.download_file} MB/s by downloadFile: ${d.ratio}×`,
+    },
+    {
+      name: setup,
+      status: e.setup_ms.overhead_p50 <= 2 ? 'MET' : 'MISSED',
+      detail: `CONNECT answered in ${e.setup_ms.proxy_p50} ms p50 in the sandbox, a direct connect ${e.setup_ms.direct_p50} ms on the host: ${e.setup_ms.overhead_p50} ms more`,
+    },
+  ]
+}
+
 /**
  * What hostile Code Mode requests can make the host hold: resident memory within twice the
  * in-flight bound, no event-loop stall over 100 ms.
@@ -914,7 +950,20 @@ function fmtLoad(l) {
   return l.map((x) => x.toFixed(2)).join(' / ')
 }
 
-function renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, pressure, targets, notes, wallMs }) {
+function renderMarkdown({
+  env,
+  presetName,
+  reps,
+  rows,
+  mem,
+  reqs,
+  codemode,
+  pressure,
+  egress,
+  targets,
+  notes,
+  wallMs,
+}) {
   const L = []
   L.push('# Benchmark results')
   L.push('')
@@ -1018,6 +1067,35 @@ function renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, pres
       L.push('')
       L.push(
         `Image ${codemode.image}; ${codemode.apiCalls} API and ${codemode.cliCalls} CLI calls per round, best of ${codemode.rounds} rounds. Agent: the provider's transport through the in-sandbox agent (its socket; \`mcp-client\` is its static client). Python relay: the same with \`agent: false\` (a Python relay in the sandbox; \`mcp-client\` is the Python CLI). Both ride the engine's attached exec stream. Floor: the same client and dispatcher over a Unix socket bind-mounted from the host. Python start-up alone (\`import mcp_client\`): ${agent.startup_p50} ms. The engine's own round trip on an attached exec stream (128 bytes to \`cat\` and back, which any transport over that stream adds to the floor): p50 ${codemode.engine_exec_echo.p50} ms, p99 ${codemode.engine_exec_echo.p99} ms; floor plus that echo: ${codemode.design_floor_api_p50_ms} ms (agent ${codemode.ratio.agent_api_p50_vs_design_floor}× that, Python relay ${codemode.ratio.relay_api_p50_vs_design_floor}×).`,
+      )
+    }
+    L.push('')
+  }
+  if (egress) {
+    L.push('## Egress under a policy (`bench/egress.js`)')
+    L.push('')
+    if (egress.error) L.push(`Could not run: ${egress.error}`)
+    else {
+      const d = egress.download_100mib_mbps
+      const u = egress.setup_ms
+      L.push(
+        mdTable(
+          ['measure', 'through the proxy', 'baseline', 'ratio or difference'],
+          [
+            ['100 MiB download, MB/s (p50)', d.proxy, `${d.download_file} (downloadFile)`, `${d.ratio}×`],
+            [
+              'connection set-up, ms (p50)',
+              u.proxy_p50,
+              `${u.direct_p50} (direct loopback connect)`,
+              `+${u.overhead_p50} ms`,
+            ],
+          ],
+          [1, 3],
+        ),
+      )
+      L.push('')
+      L.push(
+        `Image ${egress.image}; ${egress.rounds} rounds. The download is plain HTTP from an origin on the host's loopback, read by curl in the sandbox (timed by curl) through the agent's port and the host's proxy; downloadFile reads a 100 MiB file out of the same sandbox over the same agent stream. A set-up is a CONNECT to that origin answered \`200\` (timed in the sandbox, in Python), against a plain connect to it from the host.`,
       )
     }
     L.push('')
@@ -1155,6 +1233,7 @@ async function bench() {
   let reqs = null
   let codemode = null
   let pressure = null
+  let egress = null
   let agent = null
   try {
     // One long-lived sandbox per implementation for the exec and transfer operations.
@@ -1234,6 +1313,12 @@ async function bench() {
       codemode = await codeModeBench()
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
+    if (process.env.BENCH_SKIP_EGRESS !== '1' && (!wantOps || wantOps.includes('egress'))) {
+      const t0 = performance.now()
+      log('egress (bench/egress.js: a 100 MiB download and connection set-ups through the proxy) …')
+      egress = await egressBench()
+      log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
+    }
     if (process.env.BENCH_SKIP_CODEMODE !== '1' && (!wantOps || wantOps.includes('codemode-pressure'))) {
       const t0 = performance.now()
       log('Code Mode under pressure (bench/codemode-pressure.js: dense requests from 1, 4 and 16 sandboxes) …')
@@ -1265,6 +1350,7 @@ async function bench() {
   targets.push(...agentTargets(rows, agent))
   if (codemode) targets.push(...codeModeTargets(codemode))
   if (pressure) targets.push(...codeModePressureTargets(pressure))
+  if (egress) targets.push(...egressTargets(egress))
   const wallMs = performance.now() - started
 
   log('')
@@ -1292,7 +1378,8 @@ async function bench() {
   const out = process.env.BENCH_RESULTS || path.join(__dirname, 'RESULTS.md')
   fs.writeFileSync(
     out,
-    renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, pressure, targets, notes, wallMs }) + '\n',
+    renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, pressure, egress, targets, notes, wallMs }) +
+      '\n',
   )
   log('')
   log(`wrote ${path.relative(process.cwd(), out) || out}; total ${(wallMs / 1000).toFixed(1)} s`)
