@@ -146,6 +146,32 @@ async function refused(extra: Record<string, unknown>, message: RegExp) {
   return e
 }
 
+test('egress under a policy on a remote engine: the bytes ride the agent stream and leave from this host', async () => {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const origins = require('../fixtures/origins.js')
+  const origin = await origins.startOrigin({ name: 'remote' })
+  const p = new DockerSandboxProvider({
+    image: BUSYBOX,
+    namespace,
+    dockerHost: host,
+    tls: { ca: cert('ca.pem'), cert: cert('cert.pem'), key: cert('key.pem') },
+    egress: { allow: ['origin.test'], hosts: { 'origin.test': '127.0.0.1' } },
+  })
+  const { sandboxId } = await p.createSandbox()
+  try {
+    // The engine runs in a network namespace of its own: 127.0.0.1 here is this process's host.
+    const r = await p.exec({ sandboxId, command: `wget -q -O- http://origin.test:${origin.port}/hello` })
+    expect(r).toEqual({ success: true, response: { exitCode: 0, result: 'hello from remote\n' } })
+    const refused = await p.exec({ sandboxId, command: `wget -q -O- http://other.test:${origin.port}/hello 2>&1` })
+    expect(refused.success && refused.response.exitCode).not.toBe(0)
+    expect(await p.egressStats(sandboxId)).toMatchObject({ mode: 'policy', allowed: 1, refused: 1 })
+  } finally {
+    await p.removeSandbox(sandboxId)
+    p.dispose()
+    await origin.close()
+  }
+}, 60_000)
+
 test('plain tcp to the TLS port, a wrong CA, no client certificate, an expired or foreign one: typed errors, fast', async () => {
   await refused({ dockerHost: host }, /speaks TLS and this client sent plain HTTP.*DOCKER_TLS_VERIFY/)
   await refused({ dockerHost: host, tls: { ca: cert('other-ca/ca.pem'), cert: cert('cert.pem'), key: cert('key.pem') } }, /not signed by the CA given/)
