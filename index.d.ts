@@ -413,7 +413,23 @@ export interface TrueForgeDockerManifest {
   gpus?: 'all' | number | string[] | undefined
   /** `[a-z0-9-]{1,32}`; scopes container names and labels. */
   namespace?: string | undefined
+  /**
+   * The sandboxes' outbound network (`egress`), passed through as given: `'open'`, `'none'`, or a
+   * policy of host names, IP addresses or CIDRs (each with an optional `:port`) to allow and deny,
+   * with `hosts` mapping names to addresses. The provider checks it.
+   */
+  egress?: TrueForgeDockerEgress | undefined
 }
+
+/** A TrueForge docker manifest's `egress`, in the provider option's shape. */
+export type TrueForgeDockerEgress =
+  | 'open'
+  | 'none'
+  | {
+      allow: string[]
+      deny?: string[] | undefined
+      hosts?: Record<string, string | string[]> | undefined
+    }
 
 /** What the TrueForge server supplies when it builds a provider. */
 export interface TrueForgeContext {

@@ -19,6 +19,7 @@ const MANIFEST_FIELDS = {
   auto_delete_interval_in_minutes: 'autoDeleteIntervalInMinutes',
   gpus: 'gpus',
   namespace: 'namespace',
+  egress: 'egress',
 }
 
 // Context key -> constructor option.
@@ -110,6 +111,12 @@ function fromTrueForgeManifest(manifest, context) {
       )
     }
     options.namespace = manifest.namespace
+  }
+  if (present('egress')) {
+    // Passed through as given ('open', 'none' or a policy object); the constructor checks its shape
+    // and every entry, and names `egress` when it refuses one. Copied, so the options share no
+    // array or object with the stored manifest.
+    options.egress = structuredClone(manifest.egress)
   }
 
   if (context === undefined || context === null) return options

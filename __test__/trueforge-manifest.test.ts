@@ -76,6 +76,31 @@ describe('mapping (no engine)', () => {
     expect(fromTrueForgeManifest({ ...base, auto_stop_interval_in_minutes: 0.5 }).autoStopIntervalInMinutes).toBe(0.5)
   })
 
+  test('egress passes through as given: open, none, or a policy with deny entries and host mappings', () => {
+    expect(fromTrueForgeManifest({ ...base, egress: 'open' })).toEqual({ image: base.image, egress: 'open' })
+    expect(fromTrueForgeManifest({ ...base, egress: 'none' })).toEqual({ image: base.image, egress: 'none' })
+    const egress = {
+      allow: ['example.org', '*.example.org:443', '10.0.0.0/8', '[2001:db8::1]:443'],
+      deny: ['169.254.169.254'],
+      hosts: { 'pkg.internal': ['10.1.2.3', 'fd00::3'], 'mirror.internal': '10.1.2.4' },
+    }
+    const m: TrueForgeDockerManifest = { ...base, egress }
+    const frozen = JSON.stringify(m)
+    const opts = fromTrueForgeManifest(m)
+    expect(opts).toEqual({ image: base.image, egress })
+    // A copy: the options share no array or object with the stored manifest.
+    const copied = (opts as { egress?: typeof egress }).egress
+    expect(copied).not.toBe(egress)
+    expect(copied?.allow).not.toBe(egress.allow)
+    expect(copied?.hosts?.['pkg.internal']).not.toBe(egress.hosts['pkg.internal'])
+    expect(JSON.stringify(m)).toBe(frozen)
+    // Its rules are the constructor's (a pass-through, not a second set of checks here).
+    expect(fromTrueForgeManifest({ ...base, egress: { allow: 'example.org' } as any })).toEqual({
+      image: base.image,
+      egress: { allow: 'example.org' },
+    })
+  })
+
   test('the manifest is not mutated and the gpu list is copied', () => {
     const gpus = ['1']
     const m: TrueForgeDockerManifest = { ...base, gpus }
@@ -144,6 +169,8 @@ describe('mapping (no engine)', () => {
   test.each([
     ['image', { ...base, image: 'has space' }],
     ['namespace', { ...base, namespace: 'Upper' }],
+    ['egress', { ...base, egress: { allow: 'example.org' } as any }],
+    ['egress', { ...base, egress: 'closed' as any }],
     ['gpus', { ...base, gpus: 0 }],
     ['gpus', { ...base, gpus: [] as string[] }],
   ])('the constructor refuses a bad %s under the same name', (option, manifest) => {

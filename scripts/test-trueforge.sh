@@ -10,7 +10,10 @@
 #      as the registry would serve it; `pnpm install --no-frozen-lockfile`;
 #   3. TrueForge's checks for the core and server packages: typecheck, lint (eslint; errors known
 #      on the untouched tree are listed in integrations/trueforge/lint-baseline.txt), format check,
-#      unit tests, the SQLite store contract suites; the SDK's hand-written types with tsc;
+#      unit tests, the SQLite store contract suites; the SDK's hand-written types with tsc and its
+#      vitest suite and its formatter (biome); with $TRUEFORGE_UI_RUNTIME (a checkout of the UI
+#      runtime at its locked tag), the UI files of the series with tsc, vitest and eslint
+#      (integrations/trueforge/ui-check/run.mjs);
 #   4. the opt-in suites of the series: `pnpm test:docker-sandbox:contract` and
 #      `pnpm test:docker-sandbox:gpu` (which says why it skips without a GPU);
 #   5. our tests of TrueForge's Sandbox class over the provider (__test__/trueforge/);
@@ -231,7 +234,7 @@ note "typecheck trueforge-sdk: $(find "$work/packages/trueforge-sdk/src" -name '
 sdk="$work/packages/trueforge-sdk"
 sdk_tools="$tools_dir/sdk-tests"
 sdk_want=$(node -p "const d = require('$sdk/package.json').devDependencies;
-  ['vitest', 'msw', 'typescript', '@types/node'].map((n) => n + '@' + d[n]).join(' ')")
+  ['vitest', 'msw', 'typescript', '@types/node', '@biomejs/biome'].map((n) => n + '@' + d[n]).join(' ')")
 if [ "$(cat "$sdk_tools/.installed" 2>/dev/null)" != "$sdk_want" ]; then
   rm -rf "$sdk_tools" && mkdir -p "$sdk_tools"
   # shellcheck disable=SC2086 # a list of package specs
@@ -242,12 +245,38 @@ if [ -f "$sdk_tools/.installed" ]; then
   ln -sfn "$sdk_tools/node_modules" "$sdk/node_modules"
   NO_COLOR=1 step "SDK tests: trueforge-sdk (vitest, wire and unit)" \
     bash -c 'cd packages/trueforge-sdk && node_modules/.bin/vitest run'
-  rm -f "$sdk/node_modules"
   sdk_counts="$(grep -E '^ +Test Files' "$step_log" | tail -n 1 | sed -E 's/^ +Test Files +/files: /'); $(grep -E '^ +Tests ' "$step_log" | tail -n 1 | sed -E 's/^ +Tests +/tests: /')"
   note "SDK tests (vitest, $sdk_want): $sdk_counts (${step_secs}s)"
   say "$sdk_counts"
+  # The SDK's own formatter over the whole package (the series' hand-written files included).
+  step "SDK format: trueforge-sdk (its format:check, biome)" \
+    bash -c 'cd packages/trueforge-sdk && node_modules/.bin/biome format --skip-parse-errors --no-errors-on-unmatched --max-diagnostics=none .'
+  sdk_format=$(grep -E '^Checked [0-9]+ files' "$step_log" | tail -n 1 | sed -E 's/ in [0-9.]+m?s\././')
+  note "SDK format (biome, its biome.json): $sdk_format (${step_secs}s)"
+  say "SDK format: $sdk_format"
+  rm -f "$sdk/node_modules"
 else
   sdk_skipped="the SDK's vitest tests: could not install $sdk_want (log $logs/sdk-tools.log)"
+fi
+
+# The settings UI (packages/trueforge-ui, outside the workspace): its locked dependencies are not
+# served, so the UI files of the series are type-checked and tested against the public source of
+# the runtime they need (integrations/trueforge/ui-check/run.mjs), when $TRUEFORGE_UI_RUNTIME names a
+# checkout of it at the locked tag.
+if [ -n "${TRUEFORGE_UI_RUNTIME:-}" ]; then
+  step "UI: trueforge-ui type check, vitest and eslint, against the runtime's source" \
+    "$node22" "$root/integrations/trueforge/ui-check/run.mjs" --trueforge "$work" \
+    --runtime "$TRUEFORGE_UI_RUNTIME" --tools "$tools_dir/ui-check" --report "$logs/ui-check.json"
+  ui_counts=$("$node22" -e '
+    const r = require(process.argv[1]); const t = r.typecheck
+    const causes = Object.entries(t.elsewhere_by_cause).map(([k, v]) => `${k} ${v}`).join(", ")
+    console.log(`runtime ${r.runtime}; tsc: ${t.files - 1} series files + a canary, ${t.errors_in_series_files} errors in them, ` +
+      `${t.errors_elsewhere} elsewhere in the package (${causes || "none"}); vitest: ${r.tests.test_files} files, ${r.tests.tests} tests; ` +
+      `eslint (its config): ${r.lint.files} files, ${r.lint.errors} errors, ${r.lint.warnings} warnings`)' "$logs/ui-check.json")
+  note "UI (trueforge-ui): $ui_counts (${step_secs}s)"
+  say "$ui_counts"
+else
+  ui_skipped="trueforge-ui type check, vitest and eslint: set TRUEFORGE_UI_RUNTIME to a checkout of truefoundry/truefoundry-agents-assistant-ui-runtime at v0.1.21 (integrations/trueforge/README.md); the UI packages cannot be installed as locked"
 fi
 
 printf '\n==> lint: eslint packages/trueforge-core packages/trueforge\n'
@@ -353,10 +382,11 @@ note "end to end: $e2e ($((SECONDS - t0))s)"
 
 # --- what cannot run here
 skipped=(
-  "trueforge-ui and frontend (install, typecheck, vitest): their locked @assistant-ui/core 0.2.22 and @truefoundry/assistant-ui-runtime 0.1.21 are not served by the registry, so they stay out of the workspace; patch 6's UI changes and tests are written, not run"
-  "SDK generation (Fern, pnpm sdk:generate): the generator needs its CLI and network access; patch 6's SDK types are hand-written to the regenerated OpenAPI, type-checked and tested above"
+  "installing trueforge-ui and frontend, and frontend's checks: their locked @assistant-ui/core 0.2.22 and @truefoundry/assistant-ui-runtime 0.1.21 are not served by the registry, so they stay out of the workspace (the series does not change frontend)"
+  "SDK generation (Fern, pnpm sdk:generate): the generator runs from a Docker image on Docker Hub and needs the Fern CLI's network access; patch 6's SDK files are hand-written stand-ins (marked so) to the regenerated OpenAPI, type-checked and tested above, which TrueForge's Generate SDK workflow replaces"
   "store contract suites on Postgres (pnpm test:store:postgres): need a Postgres server"
 )
+[ -z "${ui_skipped:-}" ] || skipped+=("$ui_skipped")
 [ -z "${sdk_skipped:-}" ] || skipped+=("$sdk_skipped")
 if command -v helm >/dev/null 2>&1; then
   step "helm lint + template (dockerSandbox values)" bash -c \

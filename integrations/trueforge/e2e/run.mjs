@@ -11,6 +11,7 @@
 import { execFile, spawn } from 'node:child_process'
 import { randomBytes, createHash } from 'node:crypto'
 import { existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { createRequire } from 'node:module'
 import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -139,6 +140,24 @@ function lastToolResult(model) {
   return typeof content === 'string' ? content : JSON.stringify(content ?? '')
 }
 
+/**
+ * Whether the trueforge-docker-sandbox the server has installed takes the `egress` option: its
+ * constructor (which reaches no engine) refuses an option it does not know, naming it.
+ */
+function installedProviderTakesEgress() {
+  const require = createRequire(join(tfDir, 'packages/trueforge/package.json'))
+  const { DockerSandboxProvider } = require('trueforge-docker-sandbox')
+  try {
+    new DockerSandboxProvider({ image: 'trueforge-sandbox:2', egress: 'none' }).dispose()
+    return true
+  } catch (error) {
+    if (error?.code === 'INVALID_OPTION' && error.option === 'egress' && /unknown option/.test(error.message)) {
+      return false
+    }
+    throw error
+  }
+}
+
 let server
 let serverExited
 async function stopServer() {
@@ -204,7 +223,16 @@ async function main() {
     const catalog = expectStatus(await api('GET', '/api/v1/catalogs/sandbox-providers'), 200, 'sandbox catalog')
     const preset = catalog.data.find((p) => p.type === 'docker')
     check(preset !== undefined, 'the sandbox catalog has no docker preset')
-    const manifest = { ...preset, image, namespace, exec_timeout_ms: 120_000 }
+    check(Array.isArray(preset.egress?.allow), 'the docker preset has no egress allow-list')
+    // The preset's egress allow-list needs a trueforge-docker-sandbox with the `egress` option; an
+    // installed one without it refuses the field (a 400), so the run then saves the preset without
+    // it and says so.
+    const egressOption = installedProviderTakesEgress()
+    const { egress: presetEgress, ...presetWithoutEgress } = preset
+    const manifest = { ...(egressOption ? preset : presetWithoutEgress), image, namespace, exec_timeout_ms: 120_000 }
+    report.egress = egressOption
+      ? { preset: 'saved with the preset allow-list', allow: presetEgress.allow.length }
+      : { preset: 'saved without egress: the installed trueforge-docker-sandbox has no egress option' }
     const tPut = Date.now()
     const put = expectStatus(
       await api('PUT', '/api/v1/settings/sandbox-providers', { manifest }),
@@ -229,6 +257,7 @@ async function main() {
       get_polls: polls,
       image,
       namespace,
+      egress: egressOption ? `preset allow-list (${presetEgress.allow.length} entries)` : 'left out (no egress option)',
     })
 
     expectStatus(
@@ -368,6 +397,22 @@ async function main() {
       result: word.toUpperCase(),
       containers: c5.length,
     })
+
+    // --- EGRESS TURN (issue 31, item 7): to be written once trueforge-docker-sandbox implements
+    // `egress` (installedProviderTakesEgress() is then true and the provider above runs with the
+    // preset's allow-list). Plan, on loopback only (no traffic leaves the machine, none goes to a
+    // private address):
+    //   1. a small HTTP server of ours on 127.0.0.1 standing in for a package host, and a PUT of the
+    //      same manifest whose egress is { allow: ['pkg.e2e.test:<port>'], hosts: { 'pkg.e2e.test':
+    //      '127.0.0.1', 'denied.e2e.test': '127.0.0.1' } }, polled to `ready` (the provider's egress
+    //      proxy connects from the host, so the mapped names reach that server);
+    //   2. a turn `RUN: curl -sS --max-time 10 http://pkg.e2e.test:<port>/ok`: the exec output holds the
+    //      server's body and the server saw one request (an allowed download works);
+    //   3. a turn `RUN: curl -sS --max-time 10 http://denied.e2e.test:<port>/ok` (mapped in `hosts`,
+    //      not allowed): curl fails, its output carries the policy's refusal message, and the server
+    //      saw nothing new (a refused one fails with the policy's message);
+    //   4. the step line with both outcomes and the turn timings; report.timings.egress_turns_ms.
+    if (egressOption) step('egress turns', { skipped: 'not written yet (see the plan above)' })
 
     report.model_requests = model.requests.length
     report.ok = true
