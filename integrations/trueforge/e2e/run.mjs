@@ -12,6 +12,7 @@ import { execFile, spawn } from 'node:child_process'
 import { randomBytes, createHash } from 'node:crypto'
 import { existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
+import { createServer as createHttpServer } from 'node:http'
 import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -398,21 +399,55 @@ async function main() {
       containers: c5.length,
     })
 
-    // --- EGRESS TURN (issue 31, item 7): to be written once trueforge-docker-sandbox implements
-    // `egress` (installedProviderTakesEgress() is then true and the provider above runs with the
-    // preset's allow-list). Plan, on loopback only (no traffic leaves the machine, none goes to a
-    // private address):
-    //   1. a small HTTP server of ours on 127.0.0.1 standing in for a package host, and a PUT of the
-    //      same manifest whose egress is { allow: ['pkg.e2e.test:<port>'], hosts: { 'pkg.e2e.test':
-    //      '127.0.0.1', 'denied.e2e.test': '127.0.0.1' } }, polled to `ready` (the provider's egress
-    //      proxy connects from the host, so the mapped names reach that server);
-    //   2. a turn `RUN: curl -sS --max-time 10 http://pkg.e2e.test:<port>/ok`: the exec output holds the
-    //      server's body and the server saw one request (an allowed download works);
-    //   3. a turn `RUN: curl -sS --max-time 10 http://denied.e2e.test:<port>/ok` (mapped in `hosts`,
-    //      not allowed): curl fails, its output carries the policy's refusal message, and the server
-    //      saw nothing new (a refused one fails with the policy's message);
-    //   4. the step line with both outcomes and the turn timings; report.timings.egress_turns_ms.
-    if (egressOption) step('egress turns', { skipped: 'not written yet (see the plan above)' })
+    // --- egress: the provider re-saved with a policy that allows one name, mapped to a server of
+    // ours on the loopback (the proxy connects from this host); a new session's sandbox has it.
+    if (egressOption) {
+      const seen = []
+      const pkg = createHttpServer((req, res) => {
+        seen.push(req.url)
+        res.end(`pkg-${marker}\n`)
+      })
+      await new Promise((resolve) => pkg.listen(0, '127.0.0.1', resolve))
+      const pkgPort = pkg.address().port
+      try {
+        const allowed = `pkg.e2e.test:${pkgPort}`
+        const egress = { allow: [allowed], hosts: { 'pkg.e2e.test': '127.0.0.1' } }
+        const put2 = expectStatus(
+          await api('PUT', '/api/v1/settings/sandbox-providers', { manifest: { ...manifest, egress } }),
+          200,
+          'PUT sandbox provider with an egress policy',
+        )
+        check(
+          JSON.stringify(put2.data.manifest.egress) === JSON.stringify(egress),
+          'PUT did not keep the egress policy',
+        )
+        const egSession = expectStatus(
+          await api('POST', '/api/v1/sessions', { agent: { spec: spec() } }),
+          201,
+          'egress session',
+        )
+        const t6 = await turn(egSession.data.id, `RUN: curl -sS --max-time 10 http://${allowed}/ok`)
+        const out6 = lastToolResult(model)
+        check(out6.includes(`pkg-${marker}`), `egress: the allowed download did not arrive: ${out6.slice(0, 300)}`)
+        check(seen.length === 1, `egress: the server saw ${seen.length} requests, expected 1`)
+        const t7 = await turn(egSession.data.id, `RUN: curl -sS --max-time 10 http://denied.e2e.test:${pkgPort}/ok`)
+        const out7 = lastToolResult(model)
+        check(
+          out7.includes(`egress to denied.e2e.test:${pkgPort} refused by the sandbox's egress policy`),
+          `egress: the refused download did not say why: ${out7.slice(0, 300)}`,
+        )
+        check(seen.length === 1, `egress: the refused request reached the server (${seen.length} requests)`)
+        report.timings.egress_turns_ms = [t6.ms, t7.ms]
+        step("turns 6 and 7 (egress): an allowed download works, a refused one fails with the policy's message", {
+          ms: [t6.ms, t7.ms],
+          allowed,
+          server_requests: seen.length,
+          refusal: out7.slice(out7.indexOf('egress to'), out7.indexOf('egress to') + 120),
+        })
+      } finally {
+        pkg.close()
+      }
+    }
 
     report.model_requests = model.requests.length
     report.ok = true
