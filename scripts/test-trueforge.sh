@@ -377,7 +377,8 @@ t0=$SECONDS
 e2e=$("$node22" -e '
   const r = require(process.argv[1]); const t = r.timings
   console.log(`server start ${t.server_start_ms} ms, PUT->ready ${t.put_to_ready_ms} ms, first turn ${t.first_turn_ms} ms, ` +
-    `later turns ${t.later_turns_ms.join("/")} ms, Code Mode turn ${t.code_mode_turn_ms} ms; ${r.steps.length} steps, ${r.model_requests} model requests`)' "$logs/e2e.json")
+    `later turns ${t.later_turns_ms.join("/")} ms, Code Mode turn ${t.code_mode_turn_ms} ms, ` +
+    `egress turns ${(t.egress_turns_ms ?? ["-"]).join("/")} ms; ${r.steps.length} steps, ${r.model_requests} model requests`)' "$logs/e2e.json")
 note "end to end: $e2e ($((SECONDS - t0))s)"
 
 # --- what cannot run here

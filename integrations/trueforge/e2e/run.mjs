@@ -110,6 +110,21 @@ function expectStatus(r, status, what) {
   return r.json
 }
 
+/** JSON with every object's keys in order: the server returns a manifest in its schema's order. */
+function canonical(value) {
+  const sort = (v) =>
+    Array.isArray(v)
+      ? v.map(sort)
+      : v && typeof v === 'object'
+        ? Object.fromEntries(
+            Object.keys(v)
+              .sort()
+              .map((k) => [k, sort(v[k])]),
+          )
+        : v
+  return JSON.stringify(sort(value))
+}
+
 /** Runs one turn (stream: false) and waits for its terminal state. */
 async function turn(sessionId, content) {
   const t0 = Date.now()
@@ -240,7 +255,10 @@ async function main() {
       200,
       'PUT sandbox provider',
     )
-    check(JSON.stringify(put.data.manifest) === JSON.stringify(manifest), 'PUT did not return the manifest as sent')
+    check(
+      canonical(put.data.manifest) === canonical(manifest),
+      `PUT did not return the manifest as sent: ${canonical(put.data.manifest)} against ${canonical(manifest)}`,
+    )
     let status = put.data.status
     let polls = 0
     while (status !== 'ready') {
@@ -417,10 +435,7 @@ async function main() {
           200,
           'PUT sandbox provider with an egress policy',
         )
-        check(
-          JSON.stringify(put2.data.manifest.egress) === JSON.stringify(egress),
-          'PUT did not keep the egress policy',
-        )
+        check(canonical(put2.data.manifest.egress) === canonical(egress), 'PUT did not keep the egress policy')
         const egSession = expectStatus(
           await api('POST', '/api/v1/sessions', { agent: { spec: spec() } }),
           201,
