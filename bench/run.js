@@ -811,73 +811,43 @@ function agentTargets(rows, probe) {
   return targets
 }
 
-/** Runs bench/agentprobe.js in a child process of its own; its JSON (or `{ error }`). */
+/**
+ * Runs a bench script of ours in a child process (node `args`, the script first) and resolves
+ * with the JSON object it prints at the end (on one line, or pretty-printed from a line that
+ * starts with `{`), or `{ error }` (never rejects: one section failing leaves the others).
+ */
+function childJson(args, timeout) {
+  return new Promise((resolve) => {
+    execFile(process.execPath, args, { maxBuffer: 16 * MiB, timeout }, (err, stdout, stderr) => {
+      if (err) return resolve({ error: (stderr || err.message).trim().split('\n').slice(-3).join(' ') })
+      try {
+        resolve(JSON.parse(stdout.slice(stdout.lastIndexOf('\n{') + 1)))
+      } catch (e) {
+        resolve({ error: `unreadable output: ${e.message}` })
+      }
+    })
+  })
+}
+
+/** The agent probe (bench/agentprobe.js): its idle RSS, the host while a command prints 1 GiB. */
 function agentProbe() {
-  return new Promise((resolve) => {
-    execFile(
-      process.execPath,
-      ['--expose-gc', path.join(__dirname, 'agentprobe.js')],
-      { maxBuffer: 16 * MiB, timeout: 300_000 },
-      (err, stdout, stderr) => {
-        if (err) return resolve({ error: (stderr || err.message).trim().split('\n').slice(-3).join(' ') })
-        try {
-          resolve(JSON.parse(stdout.trim().split('\n').pop()))
-        } catch (e) {
-          resolve({ error: `unreadable output: ${e.message}` })
-        }
-      },
-    )
-  })
+  return childJson(['--expose-gc', path.join(__dirname, 'agentprobe.js')], 300_000)
 }
 
-/** Runs bench/codemode.js in a child process and returns its JSON (or `{ error }`). */
+/** The Code Mode round trip (bench/codemode.js). */
 function codeModeBench() {
-  const args = [
-    path.join(__dirname, 'codemode.js'),
-    process.env.BENCH_CM_API || '300',
-    process.env.BENCH_CM_CLI || '60',
-    process.env.BENCH_CM_ROUNDS || '5',
-  ]
-  return new Promise((resolve) => {
-    execFile(process.execPath, args, { maxBuffer: 16 * MiB, timeout: 600_000 }, (err, stdout, stderr) => {
-      if (err) return resolve({ error: (stderr || err.message).trim().split('\n').slice(-3).join(' ') })
-      try {
-        resolve(JSON.parse(stdout.slice(stdout.indexOf('{'))))
-      } catch (e) {
-        resolve({ error: `unreadable output: ${e.message}` })
-      }
-    })
-  })
+  const { BENCH_CM_API = '300', BENCH_CM_CLI = '60', BENCH_CM_ROUNDS = '5' } = process.env
+  return childJson([path.join(__dirname, 'codemode.js'), BENCH_CM_API, BENCH_CM_CLI, BENCH_CM_ROUNDS], 600_000)
 }
 
-/** Runs bench/codemode-pressure.js in a child process and returns its JSON (or `{ error }`). */
+/** Code Mode under pressure (bench/codemode-pressure.js). */
 function codeModePressureBench() {
-  const args = [path.join(__dirname, 'codemode-pressure.js'), process.env.BENCH_CM_PRESSURE || '1,4,16']
-  return new Promise((resolve) => {
-    execFile(process.execPath, args, { maxBuffer: 16 * MiB, timeout: 1_200_000 }, (err, stdout, stderr) => {
-      if (err) return resolve({ error: (stderr || err.message).trim().split('\n').slice(-3).join(' ') })
-      try {
-        resolve(JSON.parse(stdout.trim().split('\n').pop()))
-      } catch (e) {
-        resolve({ error: `unreadable output: ${e.message}` })
-      }
-    })
-  })
+  return childJson([path.join(__dirname, 'codemode-pressure.js'), process.env.BENCH_CM_PRESSURE || '1,4,16'], 1_200_000)
 }
 
-/** Runs bench/egress.js in a child process and returns its JSON (or `{ error }`). */
+/** The egress proxy (bench/egress.js). */
 function egressBench() {
-  const args = [path.join(__dirname, 'egress.js'), process.env.BENCH_EGRESS_ROUNDS || '5']
-  return new Promise((resolve) => {
-    execFile(process.execPath, args, { maxBuffer: 16 * MiB, timeout: 900_000 }, (err, stdout, stderr) => {
-      if (err) return resolve({ error: (stderr || err.message).trim().split('\n').slice(-3).join(' ') })
-      try {
-        resolve(JSON.parse(stdout.trim().split('\n').pop()))
-      } catch (e) {
-        resolve({ error: `unreadable output: ${e.message}` })
-      }
-    })
-  })
+  return childJson([path.join(__dirname, 'egress.js'), process.env.BENCH_EGRESS_ROUNDS || '5'], 900_000)
 }
 
 /** The egress proxy's targets: its throughput against the agent's own, its set-up cost. */
