@@ -343,6 +343,10 @@ fn finish(r: Report, user: &User, recovered: Option<String>) -> Outcome<ExecDone
       timed_out: true,
       recovered,
     }),
+    shepherd::TIMED_OUT if r.b == 0 => Outcome::Err(AgentError::new(
+      ErrorKind::KillUnverified,
+      "the command timed out and every process of it that could be found was killed, but this system lets a process leave the command's reach (no child subreaper and no session guard, as under qemu-user), so processes it started may still run",
+    )),
     shepherd::TIMED_OUT => Outcome::Err(AgentError::new(
       ErrorKind::KillUnverified,
       format!(
@@ -358,6 +362,7 @@ fn finish(r: Report, user: &User, recovered: Option<String>) -> Outcome<ExecDone
           user.describe()
         ),
         shepherd::STAGE_EXEC => format!("no shell to run the command (bash or sh on PATH, or /bin/sh): {err}"),
+        shepherd::STAGE_GUARD => format!("cannot keep the command's processes within reach of its timeout (seccomp filter refused: {err}); it was not run"),
         _ => format!("cannot start the command: {err}"),
       };
       Outcome::Err(AgentError::new(ErrorKind::SpawnFailed, msg))

@@ -5,6 +5,7 @@
 mod activity;
 mod codemode;
 mod conn;
+mod contain;
 mod ctx;
 mod exec;
 mod files;
