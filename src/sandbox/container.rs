@@ -363,7 +363,11 @@ pub async fn start_stopped(engine: &Engine, target: &Target, log: &Logger) -> Re
     .await?
   {
     forget(engine, &target.name);
+    return Ok(());
   }
+  // A restarted container may run the agent that its last life could not keep.
+  let agents = engine.shared.state::<crate::sandbox::agent::State>();
+  agents.retry_now(&target.container_id);
   Ok(())
 }
 

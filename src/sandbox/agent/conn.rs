@@ -9,19 +9,19 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bollard::container::LogOutput;
 use bollard::exec::StartExecResults;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use serde_json::json;
 use tokio_util::io::StreamReader;
 use trueforge_agent_proto::client::{AgentClient, CallHandler, ClientError, ClientOptions};
 use trueforge_agent_proto::msg::Hello;
 
 use crate::engine::Engine;
 use crate::sandbox::agent::binaries::{Arch, Binary};
+use crate::sandbox::agent::down::Cause;
 use crate::sandbox::agent::{bounded_insert, ops, place, volume, Failure, Setup, State};
 use crate::sandbox::body::non_root;
 use crate::sandbox::container::Target;
@@ -38,8 +38,6 @@ type Routes = Arc<Mutex<HashMap<String, (u64, CallHandler)>>>;
 const MAX_STDERR: usize = 16 * 1024;
 /// How long the agent has to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// A container the agent cannot run in is tried again after this long.
-const DOWN_RETRY: Duration = Duration::from_secs(60);
 /// CapEff bits: CAP_SETGID, CAP_SETUID.
 const CAP_SETGID: u64 = 1 << 6;
 const CAP_SETUID: u64 = 1 << 7;
@@ -128,32 +126,6 @@ impl State {
     }
   }
 
-  fn down(&self, container: &str) -> Option<String> {
-    let down = self.down.lock().expect("agent down");
-    down
-      .get(container)
-      .filter(|(_, at)| at.elapsed() < DOWN_RETRY)
-      .map(|(why, _)| why.clone())
-  }
-
-  /// Why the agent could not run in `container`, when it could not.
-  pub fn down_reason(&self, container: &str) -> Option<String> {
-    let down = self.down.lock().expect("agent down");
-    down.get(container).map(|(why, _)| why.clone())
-  }
-
-  /// Records why the agent cannot run in `container`; true when that is news (to be logged).
-  fn mark_down(&self, container: &str, why: &str) -> bool {
-    let mut down = self.down.lock().expect("agent down");
-    let news = down.get(container).is_none_or(|(w, _)| w != why);
-    bounded_insert(
-      &mut down,
-      container.to_string(),
-      (why.to_string(), Instant::now()),
-    );
-    news
-  }
-
   /// Closes every agent connection (the engine's last provider was disposed): each agent
   /// exits, and the next call starts a new one.
   pub fn close_all(&self) {
@@ -206,12 +178,7 @@ pub async fn connect(
       drop(held);
       state.release(container, &slot, None);
       if let Failure::Unavailable(why) = &e {
-        if state.mark_down(container, why) {
-          log.warn(
-            "the sandbox agent cannot run here; commands and files use the engine's exec and archive endpoints",
-            json!({ "sandboxId": target.sandbox_id, "reason": why }),
-          );
-        }
+        state.fall_back(target, Cause::Start, why, log);
       }
       Err(e)
     }

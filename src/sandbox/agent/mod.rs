@@ -7,6 +7,7 @@
 pub mod activity;
 pub mod binaries;
 pub mod conn;
+pub mod down;
 pub mod ops;
 pub mod place;
 pub mod volume;
@@ -116,8 +117,10 @@ pub struct State {
   conns: Mutex<HashMap<String, conn::Slot>>,
   /// Image id → its platform.
   archs: Mutex<HashMap<String, Arch>>,
-  /// Containers the agent cannot run in, why, and since when (retried after a while).
-  down: Mutex<HashMap<String, (String, Instant)>>,
+  /// Containers the agent cannot run in, or cannot keep running in, and why (`down`).
+  down: Mutex<HashMap<String, down::Down>>,
+  /// When each container's agent was last lost while its container ran (`down`).
+  losses: Mutex<HashMap<String, Vec<Instant>>>,
   /// The agent volume of each binaries tag, once made (or why not).
   volumes: tokio::sync::Mutex<HashMap<String, volume::Made>>,
   /// When the idle stop's activity was last refreshed for a container (`activity`).
