@@ -365,9 +365,10 @@ pub async fn start_stopped(engine: &Engine, target: &Target, log: &Logger) -> Re
     forget(engine, &target.name);
     return Ok(());
   }
-  // A restarted container may run the agent that its last life could not keep.
+  // A restarted container may run the agent that its last life could not keep; the agent of
+  // its last life is gone.
   let agents = engine.shared.state::<crate::sandbox::agent::State>();
-  agents.retry_now(&target.container_id);
+  agents.restarted(&target.container_id);
   Ok(())
 }
 

@@ -126,6 +126,19 @@ impl State {
     }
   }
 
+  /// Closes `container`'s agent connection, if it has one (the next call starts a new agent).
+  pub(crate) fn close_conn(&self, container: &str) {
+    let slot = self
+      .conns
+      .lock()
+      .expect("agent conns")
+      .get(container)
+      .cloned();
+    if let Some(c) = slot.and_then(|s| s.try_lock().ok().and_then(|g| g.clone())) {
+      c.client.close();
+    }
+  }
+
   /// Closes every agent connection (the engine's last provider was disposed): each agent
   /// exits, and the next call starts a new one.
   pub fn close_all(&self) {
@@ -162,9 +175,10 @@ pub async fn connect(
   let slot = state.slot(container);
   let mut held = slot.lock().await;
   if let Some(c) = held.as_ref().filter(|c| !c.client.is_closed()) {
-    if c.client.silent_for() < PROBE_AFTER || still_there(c).await {
+    if c.client.silent_for() < PROBE_AFTER || still_there(engine, container, c).await? {
       return Ok(c.clone());
     }
+    c.client.close();
   }
   *held = None;
   match start(engine, target, setup).await {
@@ -193,12 +207,27 @@ const PROBE_WAIT: Duration = Duration::from_secs(1);
 /// Whether a quiet agent still answers. Its container may have stopped (or the agent died)
 /// while its engine has not closed the stream yet: a call sent then would be lost with no way
 /// to know whether it ran, while a ping that fails proves nothing was sent, so a new agent can
-/// take the call. A slow answer is not a failure.
-async fn still_there(c: &Conn) -> bool {
-  !matches!(
-    tokio::time::timeout(PROBE_WAIT, c.client.ping()).await,
-    Ok(Err(_))
-  )
+/// take the call. A slow answer is not a failure while the container runs; once it stopped, the
+/// agent is gone (gVisor's engine keeps the stream of a stopped sandbox's exec open), and the
+/// caller starts the container again (`StartError::NotRunning`).
+async fn still_there(engine: &Engine, container: &str, c: &Conn) -> Result<bool, Failure> {
+  match tokio::time::timeout(PROBE_WAIT, c.client.ping()).await {
+    Ok(Ok(_)) => Ok(true),
+    Ok(Err(_)) => Ok(false),
+    Err(_) => {
+      let info = engine
+        .inspect_container("inspect the sandbox container", container)
+        .await
+        .map_err(|e| Failure::Start(StartError::Other(e)))?;
+      match info.and_then(|i| i.state).and_then(|s| s.running) {
+        Some(true) => Ok(true),
+        _ => {
+          c.client.close();
+          Err(Failure::Start(StartError::NotRunning))
+        }
+      }
+    }
+  }
 }
 
 /// Forgets the connection once it ends. Not one of the engine's background tasks: it is the

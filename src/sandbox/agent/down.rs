@@ -149,12 +149,16 @@ impl State {
   }
 
   /// The provider restarted `container`: its agent is tried again on the next call (a warning
-  /// already given is not given again for the same reason).
-  pub fn retry_now(&self, container: &str) {
+  /// already given is not given again for the same reason), and a connection to the agent of
+  /// its last life is closed. That one is dead, but its stream may not have ended: under gVisor
+  /// the engine keeps an exec's stream open after its sandbox stopped, and a call sent on it
+  /// would wait for the silence watch (30 s) to give it up.
+  pub fn restarted(&self, container: &str) {
     if let Some(d) = self.down.lock().expect("agent down").get_mut(container) {
       d.wait = Duration::ZERO;
     }
     self.losses.lock().expect("agent losses").remove(container);
+    self.close_conn(container);
   }
 }
 
@@ -193,7 +197,7 @@ mod tests {
     assert!(s.lost_agent(&t, "killed", &log));
     assert_eq!(s.down.lock().unwrap()["c1"].wait, FIRST_RETRY * 2);
     // A restart: tried at once, and a single loss is not a loop any more.
-    s.retry_now("c1");
+    s.restarted("c1");
     assert!(s.down("c1").is_none());
     assert!(!s.lost_agent(&t, "killed", &log));
   }

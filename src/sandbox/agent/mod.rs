@@ -80,7 +80,12 @@ impl Facts {
       image: info.image.clone().unwrap_or_default(),
       mounted: volume::mounted_dir(info),
       agent_init: init
-        && entrypoint.get(2).map(String::as_str) == Some(crate::sandbox::body::AGENT_INIT_SCRIPT),
+        && matches!(
+          entrypoint.get(2).map(String::as_str),
+          Some(
+            crate::sandbox::body::AGENT_INIT_SCRIPT | crate::sandbox::body::AGENT_INIT_SCRIPT_V1
+          )
+        ),
       idle_secs: if init {
         entrypoint.get(4).and_then(|s| s.parse().ok()).unwrap_or(0)
       } else {
