@@ -236,9 +236,6 @@ impl Provider {
       unverified(d.timeout)
     );
     Err(if runs {
-      // Silent while its container runs: lost all the same, for the crash-loop count.
-      let state = engine.shared.state::<agent::State>();
-      state.lost_agent(target, &detail, &self.log);
       SandboxError::AgentLost { detail }
     } else {
       self.lost(engine, target, detail).await
