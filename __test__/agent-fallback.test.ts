@@ -19,6 +19,7 @@ import {
   docker,
 
   ok,
+  onRunsc,
   uniqueNamespace,
   waitFor,
   type Provider,
@@ -133,8 +134,10 @@ test('the real agent killed again and again by a root workload: the calls it was
   const results = []
   for (let i = 0; i < 8; i++) results.push(await p.exec({ sandboxId: id, command: 'sleep 1; echo served' }))
   const failed = results.filter((r) => !r.success)
-  // At most the calls that counted the losses failed, each saying the agent was lost.
-  expect({ failed: failed.length, errors: failed.map((r) => r.error) }).toEqual({ failed: Math.min(failed.length, 3), errors: expect.anything() })
+  // At most the calls that counted the losses failed (under gVisor one more: a killed agent
+  // there can go silent before its stream ends, and a silent agent is not counted as dead).
+  const most = onRunsc ? 4 : 3
+  expect({ failed: failed.length, errors: failed.map((r) => r.error) }).toEqual({ failed: Math.min(failed.length, most), errors: expect.anything() })
   for (const r of failed) expect(r).toEqual({ success: false, error: expect.stringMatching(/agent ended while the call was in flight/) })
   expect(results.slice(-3)).toEqual(Array(3).fill({ success: true, response: { exitCode: 0, result: 'served\n' } }))
   const st = await p.agentStatus(id)
