@@ -296,9 +296,18 @@ export type AgentStatus =
       /** The binary's path in the sandbox. */
       path: string
       asUser: boolean
+      /** How paths are resolved: `openat2`, or one component at a time (gVisor, old kernels). */
       openat2: boolean
+      /** How timeouts reach every process a command started: a child subreaper, or (gVisor,
+       * which has none) a seccomp filter keeping them in the command's session. */
       subreaper: boolean
+      sessionGuard: boolean
+      /** File work as the sandbox user switches filesystem ids, or (gVisor) a thread's effective ids. */
+      fsIds: boolean
     }
+  /** The agent is off, cannot start in this sandbox, or was given up for dying repeatedly
+   * (tried again after a minute, doubling up to 30 minutes, and when the provider restarts the
+   * sandbox's container); `reason` says which. */
   | { mode: 'engine-exec'; reason: string }
 
 export declare class SandboxError extends Error {

@@ -43,6 +43,12 @@ const { reapSandboxes, engineStats, shapeBuild, forward } = require('./standalon
 
 const AGENT_DIR = path.join(__dirname, 'agent-bin')
 
+/** The agent binaries a new provider uses: `TRUEFORGE_AGENT_BIN_DIR` replaces the package's own
+ * (for the tests, which give it agents that fail on purpose, and for builds kept elsewhere). */
+function agentDir() {
+  return process.env.TRUEFORGE_AGENT_BIN_DIR || AGENT_DIR
+}
+
 /** The contract's SandboxProvider backed by one Docker container per sandbox. */
 class DockerSandboxProvider {
   #native
@@ -63,7 +69,7 @@ class DockerSandboxProvider {
     try {
       // The agent binaries ship in this package (Linux binaries for the sandbox, the same on
       // every host platform).
-      this.#native = new NativeProvider(rest, sink, AGENT_DIR)
+      this.#native = new NativeProvider(rest, sink, agentDir())
     } catch (e) {
       const out = fromNative(e, this.#errors)
       // Anything the binding refused before our own validation ran is still a bad option.

@@ -27,6 +27,8 @@ import {
   uniqueNamespace,
   waitFor,
   type Provider,
+  engineSocket,
+  onRunsc,
 } from './helpers'
 
 jest.setTimeout(120_000)
@@ -61,11 +63,21 @@ async function agentOf(p: Provider, sandboxId: string): Promise<Extract<AgentSta
 }
 
 /** Host pids of a container's processes whose command line matches `re` (the host's view). */
+/** The container's processes whose command line matches, as `pid args` (read from its /proc
+ * as root: `docker top` lists the host's processes for a gVisor sandbox). */
 function processes(sandboxId: string, re: RegExp): string[] {
-  const out = docker(['top', containerNameFor(namespace, sandboxId), '-o', 'pid,args'])
+  const out = docker([
+    'exec',
+    '-u',
+    '0',
+    containerNameFor(namespace, sandboxId),
+    'sh',
+    '-c',
+    'for d in /proc/[0-9]*; do a=$(tr "\\0" " " < $d/cmdline 2>/dev/null); [ -n "$a" ] && echo "${d#/proc/} $a"; done',
+  ])
   return out
     .split('\n')
-    .slice(1)
+    .filter((l) => !l.includes('for d in /proc/'))
     .filter((l) => re.test(l))
 }
 
@@ -218,7 +230,9 @@ describe('hostile workloads (the image user agent, not root)', () => {
   })
 })
 
-test('a fork bomb that outlives its exec: the next command runs (the agent killed the workload) and says so', async () => {
+// gVisor's ptrace platform counts its own host threads and stub processes against the pids
+// limit: at 64 the sandbox dies before it starts.
+;(onRunsc ? test.skip : test)('a fork bomb that outlives its exec: the next command runs (the agent killed the workload) and says so (skipped on runsc: a pids limit of 64 stops the gVisor sandbox itself)', async () => {
   const p = provider({ image: DEBIAN, resources: { pidsLimit: 64 } })
   const id = await tracker.create(p)
   await ok(p, id, 'echo kept > before.txt')
@@ -341,7 +355,8 @@ describe('the agent itself', () => {
     const mine = await agentOf(p, id)
     expect(status.mode).toBe('agent')
     expect(status.pid).not.toBe(mine.pid)
-    expect(p50).toBeLessThan(20)
+    // gVisor's ptrace platform makes every exec cost 30-60 ms, whoever started the agent.
+    expect(p50).toBeLessThan(onRunsc ? 150 : 20)
   })
 
   test('a sandbox whose container is removed: its agent connection goes with it', async () => {
@@ -366,7 +381,9 @@ describe('sandboxes made without the agent', () => {
     const now = provider({ image: BUSYBOX, autoStopIntervalInMinutes: 0.05 })
     const st = await agentOf(now, id)
     expect(st.path).toMatch(/^\/\.trueforge-agent\/[0-9.]+-[0-9a-f]{12}\/trueforge-agent-(x86_64|aarch64)$/)
-    expect(asRoot(id, `stat -c '%u %a' /.trueforge-agent ${st.path.replace(/\/[^/]+$/, '')} ${st.path}`).stdout).toBe(
+    const placed = `/.trueforge-agent ${st.path.replace(/\/[^/]+$/, '')} ${st.path}`
+    // find where stat fails: gVisor (runsc 20221219) answers GNU coreutils' statx with EINVAL.
+    expect(asRoot(id, `stat -c '%u %a' ${placed} 2>/dev/null || find ${placed} -maxdepth 0 -printf '%U %m\\n'`).stdout).toBe(
       '0 755\n0 755\n0 755',
     )
     expect(await ok(now, id, 'echo through-agent')).toBe('through-agent\n')
@@ -421,7 +438,7 @@ describe('every kind of sandbox is served by the agent', () => {
     const p = provider({ image: DEBIAN, user: '1000:1000' })
     const id = await tracker.create(p)
     await served(p, id)
-    expect(await ok(p, id, 'id -u; stat -c %u k.bin')).toBe('1000\n1000\n')
+    expect(await ok(p, id, "id -u; find k.bin -printf '%U\\n'")).toBe('1000\n1000\n')
   })
 
   test('a warm-pool member comes with its agent running: the first exec is immediate', async () => {
@@ -447,13 +464,14 @@ describe('every kind of sandbox is served by the agent', () => {
       inspectContainer(containerNameFor(namespace, sandboxId)).Config.Labels['trueforge.sandbox.pool'],
     ).toBeDefined()
     const { ms } = await timed(() => ok(p, sandboxId, 'true'))
-    expect(ms).toBeLessThan(50)
+    // An exec through the agent costs 30-60 ms under gVisor's ptrace platform, a started one or not.
+    expect(ms).toBeLessThan(onRunsc ? 150 : 50)
     await served(p, sandboxId)
   })
 
   test('a remote engine over TCP (loopback): the agent runs over the attached exec stream', async () => {
     const server: Server = createServer((client) => {
-      const upstream = createConnection('/var/run/docker.sock')
+      const upstream = createConnection(engineSocket())
       client.pipe(upstream).pipe(client)
       client.on('error', () => upstream.destroy())
       upstream.on('error', () => client.destroy())

@@ -24,6 +24,8 @@ import {
   waitFor,
   uniqueNamespace,
   type Provider,
+  engineSocket,
+  onRunsc,
 } from './helpers'
 
 jest.setTimeout(90_000)
@@ -184,7 +186,7 @@ async function pythonRelayPids(provider: Provider, sandboxId: string): Promise<n
 /** Engine API GET over the unix socket (the CLI has no `exec inspect`). */
 function engineGet(path: string): Promise<any> {
   return new Promise((resolve, reject) => {
-    const req = http.get({ socketPath: '/var/run/docker.sock', path }, (res) => {
+    const req = http.get({ socketPath: engineSocket(), path }, (res) => {
       let body = ''
       res.setEncoding('utf8')
       res.on('data', (c) => (body += c))
@@ -214,7 +216,8 @@ async function runningRelayExecs(container: string): Promise<number> {
 
 /** The sockets served in a sandbox (the agent serves them all; the relays, one each). */
 async function sockets(provider: Provider, sandboxId: string): Promise<string[]> {
-  const out = await ok(provider, sandboxId, `ls /trueforge/codemode/run 2>/dev/null | grep '\\.sock$' || true`)
+  // find, not ls: gVisor (runsc 20221219) answers GNU coreutils' statx with EINVAL.
+  const out = await ok(provider, sandboxId, `find /trueforge/codemode/run -maxdepth 1 -name '*.sock' -printf '%f\\n' 2>/dev/null || true`)
   return out.split('\n').filter(Boolean).sort()
 }
 
@@ -539,7 +542,7 @@ describe.each([['agent'], ['agent connection'], ['python']] as const)('Code Mode
     })
 
     test('the socket and its directory are owner-only', async () => {
-      const out = await ok(main, sb, `stat -c '%a %U' /trueforge/codemode/run "$TFY_CM_SOCK"`, { env })
+      const out = await ok(main, sb, `find /trueforge/codemode/run "$TFY_CM_SOCK" -maxdepth 0 -printf '%m %u\\n'`, { env })
       const [dirMode, sockMode] = out.trim().split('\n')
       expect(dirMode).toBe('700 root')
       expect(sockMode).toBe('600 root')
@@ -673,7 +676,7 @@ describe.each([['agent'], ['agent connection'], ['python']] as const)('Code Mode
       await transport.stop()
       expect(await relayPids(main, sb)).toEqual([])
       expect(await runningRelayExecs(container)).toBe(0)
-      expect(await ok(main, sb, 'ls -A /trueforge/codemode/run')).toBe('')
+      expect(await ok(main, sb, "find /trueforge/codemode/run -mindepth 1 -maxdepth 1 -printf '%f\\n'")).toBe('')
     })
 
     ownProcess('stop() kills a relay that does not end when its stream closes (stopped with SIGSTOP)', async () => {
@@ -690,7 +693,7 @@ describe.each([['agent'], ['agent connection'], ['python']] as const)('Code Mode
         await transport.stop()
         expect(await relayPids(main, sb)).toEqual([])
         expect(await runningRelayExecs(container)).toBe(0)
-        expect(await ok(main, sb, 'ls -A /trueforge/codemode/run')).toBe('')
+        expect(await ok(main, sb, "find /trueforge/codemode/run -mindepth 1 -maxdepth 1 -printf '%f\\n'")).toBe('')
       } finally {
         await run(main, sb, `kill -KILL ${pid} 2>/dev/null; true`)
       }
@@ -754,7 +757,7 @@ describe.each([['agent'], ['agent connection'], ['python']] as const)('Code Mode
         child.kill('SIGKILL')
       }
       await waitFor(async () => (await relayPids(main, sb)).length === 0, 10_000, 'the orphaned relay to end')
-      expect(await ok(main, sb, 'ls -A /trueforge/codemode/run')).toBe('')
+      expect(await ok(main, sb, "find /trueforge/codemode/run -mindepth 1 -maxdepth 1 -printf '%f\\n'")).toBe('')
     })
   })
 
@@ -814,7 +817,7 @@ describe.each([['agent'], ['agent connection'], ['python']] as const)('Code Mode
     test('a remote engine over TCP on loopback', async () => {
       // A TCP front for the local engine, so the provider talks to it exactly as to a remote one.
       const server: Server = createServer((client) => {
-        const upstream = createConnection('/var/run/docker.sock')
+        const upstream = createConnection(engineSocket())
         client.pipe(upstream).pipe(client)
         client.on('error', () => upstream.destroy())
         upstream.on('error', () => client.destroy())

@@ -14,6 +14,19 @@ export const DEBIAN = 'trueforge-sandbox-debian:12'
 /** The TrueForge-ready image (images/trueforge/Dockerfile; made offline by scripts/ensure-images.sh). */
 export const TRUEFORGE = 'trueforge-sandbox:2'
 
+/** The OCI runtime the suites run under: jest.runsc.config.js sets runsc (gVisor); unset, the
+ * engine's default. */
+export const TEST_RUNTIME = process.env.TRUEFORGE_TEST_RUNTIME
+/** Under gVisor (runsc, release 20221219 from Debian 12): what it cannot do is skipped where the
+ * tests check it, saying why in the test's name. */
+export const onRunsc = TEST_RUNTIME === 'runsc'
+
+/** The engine's unix socket, as DOCKER_HOST names it (the main engine's when unset). */
+export function engineSocket(): string {
+  const host = process.env.DOCKER_HOST ?? ''
+  return host.startsWith('unix://') ? host.slice('unix://'.length) : '/var/run/docker.sock'
+}
+
 export const LABEL_MANAGED_BY = 'trueforge.sandbox.managed-by'
 export const LABEL_NAMESPACE = 'trueforge.sandbox.namespace'
 export const LABEL_ID = 'trueforge.sandbox.id'

@@ -9,7 +9,7 @@ const path = require('node:path')
 
 const { native, parseArgs, adminOptions, colour, ago, short, bytes, tty } = require('./common')
 
-const USAGE = `usage: trueforge-docker-sandbox doctor [--docker-host H] [--image I] [--network N] [--egress E] [--namespace N] [--json]
+const USAGE = `usage: trueforge-docker-sandbox doctor [--docker-host H] [--image I] [--network N] [--egress E] [--runtime R] [--namespace N] [--json]
 
 Checks, one line each (ok / warn / fail, with the fix): how the engine is reached (socket, TLS,
 SSH, context) and that it answers, its version and API, rootless or not, cgroup version and
@@ -17,15 +17,17 @@ driver, storage driver and free space on its data root, the default seccomp prof
 runtimes (runsc …), GPU support (nvidia runtime, CDI specs and their devices), the image-work
 leases failed or interrupted pulls and builds left on the engine, the image
 (default trueforge-sandbox:2) and what its probe found, a test sandbox created, exec'd,
-transferred and removed, with timings, and whether its calls went through the in-sandbox agent
-(and why not), and the egress policy in force (--egress: open, none or a policy as JSON, as the
-provider's egress option). Exit code 0 only when nothing fails.`
+transferred and removed, with timings (under --runtime, e.g. runsc, when given), whether its
+calls went through the in-sandbox agent (and why not), and the egress policy in force (--egress:
+open, none or a policy as JSON, as the provider's egress option). Exit code 0 only when nothing
+fails.`
 
 const SPEC = {
   '--docker-host': 'string',
   '--image': 'string',
   '--network': 'string',
   '--egress': 'string',
+  '--runtime': 'string',
   '--namespace': 'string',
   '--json': 'boolean',
   '--timeout-ms': 'number',
@@ -233,6 +235,7 @@ async function run(argv, out) {
     namespace: opts.namespace || 'doctor',
     network: opts.network,
     egress,
+    runtime: opts.runtime,
     engineTimeoutMs: opts.timeoutMs ?? 30_000,
   })
   add('egress', 'ok', provider.egressPolicy.replace(/\n/g, '; '))
@@ -313,20 +316,31 @@ function egressOption(text) {
 function agentCheck(add, st) {
   if (st.mode === 'agent') {
     const who = st.uid === 0 ? 'as root, commands and files as the sandbox user' : `as uid ${st.uid} (the sandbox user)`
+    // What this kernel or runtime (gVisor lacks the first of each) made the agent use.
+    const how = [
+      st.subreaper ? 'timeouts: subreaper' : st.sessionGuard ? 'timeouts: session guard' : 'timeouts: NOT verified',
+      st.fsIds ? 'files: fs ids' : 'files: thread ids',
+      st.openat2 ? 'paths: openat2' : 'paths: one component at a time',
+    ].join(', ')
+    const contained = st.subreaper || st.sessionGuard
     add(
       'agent',
-      st.asUser ? 'warn' : 'ok',
-      `in-sandbox agent ${st.version} (${st.arch}) at ${st.path}, ${who}`,
+      st.asUser || !contained ? 'warn' : 'ok',
+      `in-sandbox agent ${st.version} (${st.arch}) at ${st.path}, ${who}; ${how}`,
       st.asUser
         ? 'the sandbox gives no capability to switch users (Podman with a non-root user), so the agent runs as that user and the workload can signal it; nothing to do unless that matters'
-        : undefined,
+        : !contained
+          ? 'this system has no child subreaper and refused the session guard (seccomp): a timed-out command may leave processes running, and the call says so'
+          : undefined,
     )
+  } else if (st.reason === 'the `agent` option is false') {
+    add('agent', 'ok', `commands and files use the engine's exec and archive endpoints: ${st.reason}`)
   } else {
     add(
       'agent',
       'warn',
       `commands and files use the engine's exec and archive endpoints: ${st.reason}`,
-      'build the agent (npm run build:agent) or install a package that carries agent-bin/; see the README, "In-sandbox agent"',
+      'the sandbox works without the agent, with slower calls; the provider tries the agent again a minute later (doubling up to 30 minutes) and when it restarts the container. For a missing binary, build the agent (npm run build:agent) or install a package that carries agent-bin/; see the README, "In-sandbox agent"',
     )
   }
 }

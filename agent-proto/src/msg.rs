@@ -45,6 +45,14 @@ pub struct Hello {
   /// it) a timed-out command's escaped processes cannot be found, so kills are never verified.
   #[serde(default)]
   pub subreaper: bool,
+  /// Without a subreaper (gVisor), whether commands are kept in their sessions instead (a
+  /// seccomp filter answers `setsid` without effect), which keeps timeout kills complete.
+  #[serde(default)]
+  pub session_guard: bool,
+  /// Whether file work switches only the filesystem ids (`setfsuid`); else (gVisor) a worker
+  /// thread takes the user's effective ids for the duration.
+  #[serde(default)]
+  pub fs_ids: bool,
 }
 
 /// A request the host opens a stream with.

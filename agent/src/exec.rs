@@ -275,7 +275,7 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo) -> Driven {
       break;
     }
     let mut buf = BytesMut::with_capacity((avail as usize).min(MAX_DATA));
-    match output.try_read_buf(&mut buf) {
+    match read_now(&output, &mut buf) {
       Ok(0) => open = false,
       Ok(_) => io.send_now(buf.freeze()),
       Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -291,6 +291,25 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo) -> Driven {
     None if io.cancelled() => Driven::Cancelled,
     None => Driven::Lost { started },
   }
+}
+
+/// Reads what the pipe holds now, asking the system itself: the runtime's readiness for the pipe
+/// may not have caught up with data written just before the command ended (under gVisor it
+/// often had not, and whole outputs were lost), and `try_read_buf` trusts it.
+fn read_now(output: &pipe::Receiver, buf: &mut BytesMut) -> std::io::Result<usize> {
+  let spare = buf.spare_capacity_mut();
+  let n = unsafe {
+    libc::read(
+      output.as_raw_fd(),
+      spare.as_mut_ptr() as *mut libc::c_void,
+      spare.len(),
+    )
+  };
+  if n < 0 {
+    return Err(std::io::Error::last_os_error());
+  }
+  unsafe { buf.set_len(buf.len() + n as usize) };
+  Ok(n as usize)
 }
 
 fn receiver(fd: OwnedFd) -> std::io::Result<pipe::Receiver> {
@@ -343,6 +362,10 @@ fn finish(r: Report, user: &User, recovered: Option<String>) -> Outcome<ExecDone
       timed_out: true,
       recovered,
     }),
+    shepherd::TIMED_OUT if r.b == 0 => Outcome::Err(AgentError::new(
+      ErrorKind::KillUnverified,
+      "the command timed out and every process of it that could be found was killed, but this system lets a process leave the command's reach (no child subreaper and no session guard, as under qemu-user), so processes it started may still run",
+    )),
     shepherd::TIMED_OUT => Outcome::Err(AgentError::new(
       ErrorKind::KillUnverified,
       format!(
@@ -358,6 +381,7 @@ fn finish(r: Report, user: &User, recovered: Option<String>) -> Outcome<ExecDone
           user.describe()
         ),
         shepherd::STAGE_EXEC => format!("no shell to run the command (bash or sh on PATH, or /bin/sh): {err}"),
+        shepherd::STAGE_GUARD => format!("cannot keep the command's processes within reach of its timeout (seccomp filter refused: {err}); it was not run"),
         _ => format!("cannot start the command: {err}"),
       };
       Outcome::Err(AgentError::new(ErrorKind::SpawnFailed, msg))

@@ -222,7 +222,12 @@ async fn open_download(ctx: &Ctx, spec: &DownloadSpec) -> Result<(File, libc::st
   let (file, st, kernel) = as_user(ctx, me, creds, shown, move || {
     let fd = resolve::open_read(&path)?;
     let st = sys::fstat(fd.as_raw_fd())?;
-    let kernel = sys::fs_magic(fd.as_raw_fd()).is_ok_and(kernel_fs);
+    // gVisor's procfs answers statfs with ENOSYS: a file system that cannot say what it is
+    // is taken for the kernel's.
+    let kernel = match sys::fs_magic(fd.as_raw_fd()) {
+      Ok(magic) => kernel_fs(magic),
+      Err(e) => e.raw_os_error() == Some(libc::ENOSYS),
+    };
     Ok((File::from(fd), st, kernel))
   })
   .await?;

@@ -5,6 +5,7 @@
 mod activity;
 mod codemode;
 mod conn;
+mod contain;
 mod ctx;
 mod egress;
 mod exec;

@@ -48,8 +48,9 @@ pub fn run() -> i32 {
 
 fn start() -> std::io::Result<i32> {
   let (input, output) = sys::take_host_stream()?;
-  // Orphans of finished commands are reparented here (and reaped), not to PID 1.
-  let subreaper = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } == 0;
+  // Orphans of finished commands are reparented here (and reaped), not to PID 1; where that
+  // cannot be, commands are kept in their sessions (`contain`). Before any thread starts.
+  let contained = crate::contain::init();
   let me = Identity::current();
   let openat2 = resolve::probe();
   let base_env = capture_env(me.uid);
@@ -59,7 +60,12 @@ fn start() -> std::io::Result<i32> {
     .enable_time()
     .build()?;
   let local = tokio::task::LocalSet::new();
-  let caps = Caps { openat2, subreaper };
+  let caps = Caps {
+    openat2,
+    subreaper: contained.subreaper,
+    session_guard: contained.session_guard,
+    fs_ids: sys::has_fs_ids(),
+  };
   local.block_on(&rt, serve(input, output, me, caps, base_env, pool))
 }
 
@@ -84,6 +90,8 @@ fn capture_env(uid: u32) -> Vec<(Vec<u8>, Vec<u8>)> {
 struct Caps {
   openat2: bool,
   subreaper: bool,
+  session_guard: bool,
+  fs_ids: bool,
 }
 
 async fn serve(
@@ -144,6 +152,8 @@ async fn serve(
       cap_eff: sys::cap_eff(),
       openat2: caps.openat2,
       subreaper: caps.subreaper,
+      session_guard: caps.session_guard,
+      fs_ids: caps.fs_ids,
     },
   ));
   let mut buf = BytesMut::with_capacity(READ_BLOCK);

@@ -32,6 +32,7 @@ pub const STAGE_GROUPS: i32 = 2;
 pub const STAGE_GID: i32 = 3;
 pub const STAGE_UID: i32 = 4;
 pub const STAGE_EXEC: i32 = 5;
+pub const STAGE_GUARD: i32 = 6;
 
 /// How long a kill may take before it is reported unverified.
 const KILL_BUDGET_NS: i64 = 5_000_000_000;
@@ -73,6 +74,8 @@ pub struct Plan {
   timeout_ns: Option<i64>,
   /// The command's `oom_score_adj`, as written to /proc (empty: leave it).
   oom_score: &'static [u8],
+  /// How the command's processes are kept findable (`contain`).
+  contained: crate::contain::Containment,
 }
 
 impl Plan {
@@ -151,6 +154,7 @@ impl Plan {
       ids,
       timeout_ns: (timeout_ms > 0).then(|| timeout_ms as i64 * 1_000_000),
       oom_score: command_oom_score(),
+      contained: crate::contain::found(),
     })
   }
 }
@@ -224,6 +228,9 @@ fn sleep_ns(ns: i64) {
 extern "C" fn on_sigchld(_: libc::c_int) {}
 
 /// Closes every descriptor from `first` up (the agent's stream, other commands' pipes …).
+/// gVisor (release 20221219) has no `close_range`: there the open ones are read from
+/// /proc/self/fd, as closing each possible number one call at a time costs seconds under its
+/// ptrace platform.
 unsafe fn close_from(first: libc::c_int) {
   if libc::syscall(
     libc::SYS_close_range,
@@ -234,10 +241,57 @@ unsafe fn close_from(first: libc::c_int) {
   {
     return;
   }
+  if close_listed(first) {
+    return;
+  }
   let mut fd = first;
   while fd < 65536 {
     libc::close(fd);
     fd += 1;
+  }
+}
+
+/// Closes the descriptors from `first` up that /proc/self/fd lists, pass after pass until one
+/// finds none (a listing need not survive the closes made while it is read). False when /proc
+/// cannot be read.
+unsafe fn close_listed(first: libc::c_int) -> bool {
+  loop {
+    let dir = libc::open(
+      c"/proc/self/fd".as_ptr(),
+      libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+    );
+    if dir < 0 {
+      return false;
+    }
+    let mut closed = 0;
+    let mut dents = [0u8; 4096];
+    loop {
+      let got = libc::syscall(libc::SYS_getdents64, dir, dents.as_mut_ptr(), dents.len());
+      if got <= 0 {
+        break;
+      }
+      let mut off = 0usize;
+      while off + 19 < got as usize {
+        let reclen = u16::from_ne_bytes([dents[off + 16], dents[off + 17]]) as usize;
+        if reclen == 0 {
+          break;
+        }
+        let name = &dents[off + 19..off + reclen];
+        let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+        if let Some(fd) = parse_u32(&name[..len]) {
+          let fd = fd as libc::c_int;
+          if fd >= first && fd != dir {
+            libc::close(fd);
+            closed += 1;
+          }
+        }
+        off += reclen;
+      }
+    }
+    libc::close(dir);
+    if closed == 0 {
+      return true;
+    }
   }
 }
 
@@ -249,9 +303,11 @@ unsafe fn shepherd(plan: &Plan, ctl: libc::c_int, st: libc::c_int, out: libc::c_
   libc::dup2(st, 1);
   libc::dup2(out, 2);
   close_from(3);
-  // Without it (qemu-user does not emulate it) orphans escape to init: a kill is then never
-  // reported as verified.
-  let reaper = libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0;
+  // Without it (gVisor, qemu-user) orphans go to init: a kill is then verified only where the
+  // command's processes are kept in its session (`contain`).
+  let reaper =
+    plan.contained.subreaper && libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0;
+  let complete = reaper || plan.contained.session_guard;
   libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
 
   // SIGCHLD stays blocked except inside ppoll, so a child's exit always interrupts the wait.
@@ -336,7 +392,7 @@ unsafe fn shepherd(plan: &Plan, ctl: libc::c_int, st: libc::c_int, out: libc::c_
         let left = d - now_ns();
         if left <= 0 {
           let (verified, left) = kill_subtree(child as u32);
-          report(TIMED_OUT, (verified && reaper) as i32, left, 0);
+          report(TIMED_OUT, (verified && complete) as i32, left, 0);
           libc::_exit(0);
         }
         ts.tv_sec = left / 1_000_000_000;
@@ -356,7 +412,7 @@ unsafe fn shepherd(plan: &Plan, ctl: libc::c_int, st: libc::c_int, out: libc::c_
       let n = libc::read(0, b.as_mut_ptr() as *mut libc::c_void, b.len());
       if n <= 0 {
         let (verified, left) = kill_subtree(child as u32);
-        report(CANCELLED, (verified && reaper) as i32, left, 0);
+        report(CANCELLED, (verified && complete) as i32, left, 0);
         libc::_exit(0);
       }
     }
@@ -381,6 +437,11 @@ unsafe fn command(plan: &Plan, errfd: libc::c_int) -> ! {
   libc::signal(libc::SIGPIPE, libc::SIG_DFL);
   libc::signal(libc::SIGCHLD, libc::SIG_DFL);
   libc::setsid();
+  // From here on nothing this process starts can leave the session just made; a guard that
+  // cannot be installed fails the command rather than run it beyond the timeout's reach.
+  if plan.contained.session_guard && !crate::contain::guard_session() {
+    fail(STAGE_GUARD, errno());
+  }
   let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
   if null >= 0 {
     libc::dup2(null, 0);

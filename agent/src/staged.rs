@@ -30,8 +30,16 @@ pub const STAGING_DIR: &str = "/.trueforge-staging";
 /// A staged file older than this was left by a host (or an agent) that never came back.
 const STALE: Duration = Duration::from_secs(6 * 3600);
 
-/// A staged file not yet moved into place: removed when dropped.
+/// A staged write: a directory of its own in the staging directory (`<pid>.<hex>`, root's,
+/// 0700, made by the agent and never listed by it) and, once the engine wrote it, the file of
+/// the same name in it. Both are removed when dropped (the file unless it was placed).
+///
+/// Why a directory per write: gVisor (release 20221219, its default exclusive file access)
+/// trusts a listing it has read of a directory on the root file system, so a name the engine
+/// adds afterwards stays invisible in it (ENOENT), and the sweep lists the staging directory on
+/// every write. A directory the agent made and never lists is looked up afresh.
 struct Entry {
+  parent: OwnedFd,
   dir: OwnedFd,
   name: CString,
   placed: bool,
@@ -41,9 +49,10 @@ struct Entry {
 static IN_FLIGHT: Mutex<Vec<CString>> = Mutex::new(Vec::new());
 
 impl Entry {
-  fn new(dir: OwnedFd, name: CString) -> Entry {
+  fn new(parent: OwnedFd, dir: OwnedFd, name: CString) -> Entry {
     IN_FLIGHT.lock().expect("in flight").push(name.clone());
     Entry {
+      parent,
       dir,
       name,
       placed: false,
@@ -56,6 +65,13 @@ impl Drop for Entry {
     if !self.placed {
       unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.name.as_ptr(), 0) };
     }
+    unsafe {
+      libc::unlinkat(
+        self.parent.as_raw_fd(),
+        self.name.as_ptr(),
+        libc::AT_REMOVEDIR,
+      )
+    };
     IN_FLIGHT
       .lock()
       .expect("in flight")
@@ -142,10 +158,11 @@ async fn stage_and_place(
     Ok(Err(why)) => return Step::Declined(why),
     Err(e) => return Step::Declined(format!("the staging directory: {e}")),
   };
-  let staging = path.clone();
+  let name = entry.name.to_string_lossy().into_owned();
+  let staging = format!("{path}/{name}");
   io.send_head(&StagedHead {
-    dir: path,
-    name: entry.name.to_string_lossy().into_owned(),
+    dir: staging.clone(),
+    name,
   });
   loop {
     match io.recv().await {
@@ -292,7 +309,21 @@ fn open_staging(staging: &str, target: libc::c_int) -> io::Result<Result<Entry, 
   }
   sweep(staging, &dir);
   let name = CString::new(random_name()?).expect("hex");
-  Ok(Ok(Entry::new(dir, name)))
+  sys::cvt(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o700) })?;
+  let sub = sys::openat(
+    dir.as_raw_fd(),
+    &name,
+    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+    0,
+  );
+  let sub = match sub {
+    Ok(s) => s,
+    Err(e) => {
+      unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) };
+      return Err(e);
+    }
+  };
+  Ok(Ok(Entry::new(dir, sub, name)))
 }
 
 /// The agent's pid, then 128 random bits in hex: a name the workload cannot guess, and whose
@@ -307,9 +338,10 @@ fn random_name() -> io::Result<String> {
   Ok(format!("{}.{hex}", std::process::id()))
 }
 
-/// Removes staged files nobody will place: those of an agent that is gone (the host's stream
-/// ended with the upload in flight), this agent's own that are no longer in flight (the engine
-/// made one after its upload was cancelled), and any older than `STALE`.
+/// Removes staged writes nobody will place (their directories, and files as earlier agents
+/// staged them): those of an agent that is gone (the host's stream ended with the upload in
+/// flight), this agent's own that are no longer in flight (the engine made one after its upload
+/// was cancelled), and any older than `STALE`.
 fn sweep(path: &str, dir: &OwnedFd) {
   let Ok(entries) = std::fs::read_dir(path) else {
     return;
@@ -336,8 +368,32 @@ fn sweep(path: &str, dir: &OwnedFd) {
       pid.is_some_and(|p| p > 0 && unsafe { libc::kill(p, 0) } != 0 && sys::errno() == libc::ESRCH);
     let abandoned = mine && !IN_FLIGHT.lock().expect("in flight").contains(&name);
     let stale = now_ms - sys::mtime_ms(&st) > STALE.as_millis() as i64;
-    if st.st_mode & libc::S_IFMT != libc::S_IFDIR && (gone || abandoned || stale) {
+    if !(gone || abandoned || stale) {
+      continue;
+    }
+    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+      empty(dir, &name);
+      unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) };
+    } else {
       unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) };
+    }
+  }
+}
+
+/// Removes what a staged write's directory holds (what the engine put there: files, no deeper
+/// directories), never following a link.
+fn empty(parent: &OwnedFd, name: &CString) {
+  let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+  let Ok(sub) = sys::openat(parent.as_raw_fd(), name, flags, 0) else {
+    return;
+  };
+  let Ok(listed) = std::fs::read_dir(format!("/proc/self/fd/{}", sub.as_raw_fd())) else {
+    return;
+  };
+  for e in listed.flatten() {
+    let raw = std::os::unix::ffi::OsStrExt::as_bytes(e.file_name().as_os_str()).to_vec();
+    if let Ok(n) = CString::new(raw) {
+      unsafe { libc::unlinkat(sub.as_raw_fd(), n.as_ptr(), 0) };
     }
   }
 }

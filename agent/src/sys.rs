@@ -2,8 +2,8 @@
 //!
 //! Credentials are per thread in the kernel, but libc's `setuid` family changes every thread of
 //! the process. File work runs on worker threads that switch only their own filesystem identity
-//! (`setfsuid`, `setfsgid`, `setgroups` as raw system calls), so the rest of the agent stays
-//! root throughout.
+//! (`setfsuid`, `setfsgid`, `setgroups` as raw system calls; where `setfsuid` is missing, as in
+//! gVisor, the thread's effective ids), so the rest of the agent stays root throughout.
 
 use std::ffi::CStr;
 use std::io;
@@ -278,9 +278,61 @@ fn raw_setfsgid(gid: u32) -> u32 {
   unsafe { libc::syscall(libc::SYS_setfsgid, gid as libc::c_long) as u32 }
 }
 
-/// Runs `f` with this thread's file-system identity (fsuid, fsgid, supplementary groups) set to
-/// `creds`, then switches back. Only this thread changes. Fails with `EPERM` when the agent
-/// may not take that identity (not root, or no SETUID/SETGID capability).
+/// Whether this system has `setfsuid`. gVisor (release 20221219) answers it, and `setfsgid`,
+/// with ENOSYS; a thread there takes the user's effective ids instead.
+/// `TRUEFORGE_AGENT_NO_FS_IDS=1` takes that path anywhere (for its tests).
+pub fn has_fs_ids() -> bool {
+  static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+  *HAS.get_or_init(|| {
+    if std::env::var_os("TRUEFORGE_AGENT_NO_FS_IDS").is_some_and(|v| v == "1") {
+      return false;
+    }
+    // -1 changes nothing; Linux answers the current fsuid.
+    let r = unsafe { libc::syscall(libc::SYS_setfsuid, -1 as libc::c_long) };
+    !(r == -1 && errno() == libc::ENOSYS)
+  })
+}
+
+/// The ids this thread's file access runs with: the filesystem ids where the system has them,
+/// else the effective ids (both are per thread in the kernel and in gVisor, as raw calls).
+fn file_ids() -> (u32, u32) {
+  if has_fs_ids() {
+    return (raw_setfsuid(u32::MAX), raw_setfsgid(u32::MAX));
+  }
+  let (mut r, mut e, mut s) = (0u32, 0u32, 0u32);
+  let (mut rg, mut eg, mut sg) = (0u32, 0u32, 0u32);
+  unsafe {
+    libc::syscall(libc::SYS_getresuid, &mut r, &mut e, &mut s);
+    libc::syscall(libc::SYS_getresgid, &mut rg, &mut eg, &mut sg);
+  }
+  (e, eg)
+}
+
+/// Sets this thread's file access ids. With effective ids, the group goes first and comes back
+/// last: a thread whose effective uid is not 0 has no capability left to change its group
+/// (its permitted set stays, as the real and saved uids are still 0, so it can come back).
+fn set_file_ids(uid: u32, gid: u32, returning: bool) {
+  if has_fs_ids() {
+    raw_setfsgid(gid);
+    raw_setfsuid(uid);
+    return;
+  }
+  let keep = -1 as libc::c_long;
+  let set_uid = || unsafe { libc::syscall(libc::SYS_setresuid, keep, uid as libc::c_long, keep) };
+  let set_gid = || unsafe { libc::syscall(libc::SYS_setresgid, keep, gid as libc::c_long, keep) };
+  if returning {
+    set_uid();
+    set_gid();
+  } else {
+    set_gid();
+    set_uid();
+  }
+}
+
+/// Runs `f` with this thread's file access identity (fsuid and fsgid, or where the system lacks
+/// them the effective ids; supplementary groups) set to `creds`, then switches back. Only this
+/// thread changes. Fails with `EPERM` when the agent may not take that identity (not root, or
+/// no SETUID/SETGID capability).
 pub fn as_user<T>(me: &Identity, creds: &Creds, f: impl FnOnce() -> T) -> io::Result<T> {
   if creds.uid == me.uid && creds.gid == me.gid && creds.groups == me.groups {
     return Ok(f());
@@ -291,10 +343,10 @@ pub fn as_user<T>(me: &Identity, creds: &Creds, f: impl FnOnce() -> T) -> io::Re
       raw_setgroups(&creds.groups)?;
       groups_changed = true;
     }
-    raw_setfsgid(creds.gid);
-    raw_setfsuid(creds.uid);
-    // setfsuid reports no error: read the ids back (-1 changes nothing and returns them).
-    if raw_setfsuid(u32::MAX) != creds.uid || raw_setfsgid(u32::MAX) != creds.gid {
+    set_file_ids(creds.uid, creds.gid, false);
+    // setfsuid reports no error, and a refused effective gid must not pass unnoticed either:
+    // read the ids back.
+    if file_ids() != (creds.uid, creds.gid) {
       return Err(io::Error::from_raw_os_error(libc::EPERM));
     }
     Ok(())
@@ -304,13 +356,12 @@ pub fn as_user<T>(me: &Identity, creds: &Creds, f: impl FnOnce() -> T) -> io::Re
   out
 }
 
-/// Back to the agent's own file-system identity. A thread that cannot return to it must not
+/// Back to the agent's own file access identity. A thread that cannot return to it must not
 /// serve anything else.
 fn restore(me: &Identity, groups_changed: bool) {
-  raw_setfsuid(me.uid);
-  raw_setfsgid(me.gid);
+  set_file_ids(me.uid, me.gid, true);
   let groups_ok = !groups_changed || raw_setgroups(&me.groups).is_ok() || me.uid != 0;
-  if raw_setfsuid(u32::MAX) != me.uid || raw_setfsgid(u32::MAX) != me.gid || !groups_ok {
+  if file_ids() != (me.uid, me.gid) || !groups_ok {
     eprintln!("trueforge-agent: cannot restore its own credentials; exiting");
     std::process::abort();
   }

@@ -1,6 +1,6 @@
 //! Files through the real agent: as the sandbox user, links followed only with the user's
 //! permissions, never blocking on a FIFO, temporary file and rename, caps, typed errors; both
-//! with `openat2` and with the one-component-at-a-time fallback.
+//! with `openat2` and with the fallbacks of systems that lack it and `setfsuid` (gVisor).
 
 mod common;
 
@@ -21,12 +21,17 @@ async fn agents() -> Vec<(&'static str, Agent)> {
     env: vec![
       ("TRUEFORGE_AGENT_NO_OPENAT2".into(), "1".into()),
       ("TRUEFORGE_AGENT_NO_SPLICE".into(), "1".into()),
+      // As under gVisor: no setfsuid, so a worker thread takes the user's effective ids.
+      ("TRUEFORGE_AGENT_NO_FS_IDS".into(), "1".into()),
     ],
     ..Default::default()
   })
   .await;
   assert!(!fallback.client.hello().openat2);
-  vec![("openat2", start().await), ("fallback", fallback)]
+  assert!(!fallback.client.hello().fs_ids);
+  let linux = start().await;
+  assert!(linux.client.hello().fs_ids);
+  vec![("openat2", linux), ("fallback", fallback)]
 }
 
 fn up(path: &str, user: Option<&str>) -> UploadSpec {

@@ -80,7 +80,8 @@ async fn what_arrived_is_checked_given_to_the_user_and_put_in_place() {
   for (round, n) in [(1u8, 3 << 20), (2, (3 << 20) + 5), (3, 100)] {
     let bytes = data(n, round);
     let s = ready(&a, spec(&target, n, &staging)).await;
-    assert_eq!(s.head.dir, staging);
+    // A directory of its own per write, named as the file in it.
+    assert_eq!(s.head.dir, format!("{staging}/{}", s.head.name));
     let (pid, hex) = s.head.name.split_once('.').expect("pid.hex");
     assert_eq!(pid, a.pid.to_string());
     assert!(hex.len() == 32 && hex.bytes().all(|c| c.is_ascii_hexdigit()));
@@ -227,6 +228,9 @@ async fn cancelled_uploads_and_what_gone_agents_left_are_removed() {
   for name in ["999999999.gone", own.as_str(), "1.alive"] {
     std::fs::write(format!("{staging}/{name}"), b"x").unwrap();
   }
+  // A write's own directory, with what the engine put in it, of an agent that is gone.
+  std::fs::create_dir(format!("{staging}/999999998.gone")).unwrap();
+  std::fs::write(format!("{staging}/999999998.gone/999999998.gone"), b"x").unwrap();
   let s = ready(&a, spec(&target, 4, &staging)).await;
   let mut left = entries(&staging);
   left.retain(|n| n != &s.head.name);
@@ -247,7 +251,8 @@ async fn a_staging_directory_swapped_for_a_link_fails_that_write_only() {
     let s = ready(&a, spec(&target, 4, &staging)).await;
     std::fs::rename(&staging, &aside).unwrap();
     std::os::unix::fs::symlink(t.path("elsewhere"), &staging).unwrap();
-    put(&s, b"lost");
+    // The engine follows the link, and finds no directory of that write's there.
+    assert!(std::fs::write(format!("{}/{}", s.head.dir, s.head.name), b"lost").is_err());
     if back_in_place {
       std::fs::remove_file(&staging).unwrap();
       std::fs::rename(&aside, &staging).unwrap();

@@ -2,8 +2,9 @@
 # A second, isolated dockerd for a test suite, sourced by scripts/fault-engine.sh and
 # scripts/gpu-engine.sh. The sourcing script sets ENGINE_NAME (`faults`, `gpu`: the socket, data
 # root, exec root, pid file, config, cgroup parent and log are named after it) and ENGINE_WHAT
-# (for messages), and may define `before_start` (run before dockerd starts) and set
-# DOCKERD_PATH_PREFIX (put first on dockerd's PATH).
+# (for messages), and may define `before_start` (run before dockerd starts), set
+# DOCKERD_PATH_PREFIX (put first on dockerd's PATH), ENGINE_CONFIG_JSON (the engine's config file,
+# default `{}`) and, after sourcing, IMAGES (loaded from the main engine).
 #
 # The engine shares nothing mutable with any other: its own socket, data root, exec root (and so
 # its own managed containerd, runc state and netns), pid file and cgroup parent. It runs in its
@@ -66,9 +67,9 @@ start() {
     command -v dockerd >/dev/null 2>&1 || { log "no dockerd: run scripts/ensure-engine.sh first"; exit 1; }
     mkdir -p "$DATA_ROOT" "$EXEC_ROOT"
     if declare -F before_start >/dev/null; then before_start; fi
-    # An empty config file: options from /etc/docker/daemon.json (hosts, bridge …) meant for
-    # the main engine must not leak into this one.
-    echo '{}' > "$CONFIG"
+    # A config file of its own (empty unless the sourcing script gives one): options from
+    # /etc/docker/daemon.json (hosts, bridge …) meant for the main engine must not leak into this one.
+    printf '%s\n' "${ENGINE_CONFIG_JSON:-"{}"}" > "$CONFIG"
     # A stale socket from a killed daemon would make dockerd refuse to start.
     [ -S "$SOCK" ] && rm -f "$SOCK"
     log "starting dockerd on $HOST${ENGINE_STARTING_NOTE:+ $ENGINE_STARTING_NOTE} (log: $LOG)"

@@ -257,8 +257,9 @@ impl Provider {
       .await
   }
 
-  /// A file call through the agent, made once more on a new agent when the first one's stream
-  /// ended under it (reads and replacing writes are safe to repeat).
+  /// A file call through the agent, made again on a new agent when the stream ended under it
+  /// (reads and replacing writes are safe to repeat), until the agent is given up for dying
+  /// repeatedly (`agent::down`): then the engine's endpoints serve it.
   pub(crate) async fn file_by_agent<T, F, Fut>(
     &self,
     engine: &Engine,
@@ -273,9 +274,12 @@ impl Provider {
     let once = |c: Arc<Conn>, t: Target| async move {
       activity::around(engine, &t, Some(c.clone()), op(c, t.clone())).await
     };
-    match self.by_agent(engine, target.clone(), once).await {
-      Err(e) if ops::is_lost(&e) => self.by_agent(engine, target, once).await,
-      other => other,
+    let mut tries = 1;
+    loop {
+      match self.by_agent(engine, target.clone(), once).await {
+        Err(e) if ops::is_lost(&e) && tries <= agent::down::LOSSES => tries += 1,
+        other => return other,
+      }
     }
   }
 
@@ -320,7 +324,9 @@ impl Provider {
   }
 
   /// What serves a sandbox's calls, for `doctor` and the tests: `{ mode: 'agent', uid, arch,
-  /// version, path, asUser }` or `{ mode: 'engine-exec', reason }`.
+  /// version, path, asUser, openat2, subreaper, sessionGuard, fsIds }` or `{ mode:
+  /// 'engine-exec', reason }` (the agent is off, cannot start here, or was given up for dying:
+  /// `agent::down`).
   pub async fn agent_status(&self, sandbox_id: &str) -> Result<Value> {
     let (engine, target) = self.target(sandbox_id).await?;
     let container = target.container_id.clone();
@@ -337,6 +343,8 @@ impl Provider {
           "asUser": c.as_user,
           "openat2": h.openat2,
           "subreaper": h.subreaper,
+          "sessionGuard": h.session_guard,
+          "fsIds": h.fs_ids,
         }))
       })
       .await?;
@@ -412,10 +420,17 @@ impl Provider {
         Ok(Standing::Gone | Standing::Removing) => return not_available(&target.sandbox_id),
         Ok(Standing::Stopped) => break "the sandbox's container stopped".to_string(),
         Ok(Standing::Running) if std::time::Instant::now() >= deadline => {
+          let state = engine.shared.state::<agent::State>();
+          let gave_up = state.lost_agent(target, &detail, &self.log);
           break format!(
-            "the container still runs on the engine at {}: the agent was killed or died",
-            engine.host
-          )
+            "the container still runs on the engine at {}: the agent was killed or died{}",
+            engine.host,
+            if gave_up {
+              " (again: the sandbox's next calls take the engine's exec and archive endpoints)"
+            } else {
+              ""
+            }
+          );
         }
         Ok(Standing::Running) => tokio::time::sleep(LOST_SETTLE / 6).await,
       }

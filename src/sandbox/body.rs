@@ -25,7 +25,7 @@ while :; do
   sleep "$2" & wait $!
   now=$(date +%s)
   if grep -qs 'trueforge-e[x]ec' /proc/[0-9]*/cmdline; then : > "$act" 2>/dev/null; last=$now; continue; fi
-  m=$(stat -c %Y "$act" 2>/dev/null) && [ "$m" -gt "$last" ] && last=$m
+  m=$(stat -c %Y "$act" 2>/dev/null || find "$act" -maxdepth 0 -printf %T@ 2>/dev/null) && m=${m%%.*} && [ "$m" -gt "$last" ] && last=$m
   if [ $((now - last)) -ge "$1" ]; then exit 0; fi
 done
 "#;
@@ -33,7 +33,8 @@ done
 /// The init's `$0`: how a container's entrypoint is known as ours (`agent::Facts`).
 pub const INIT_NAME: &str = "trueforge-init";
 
-/// `INIT_SCRIPT` for sandboxes made to run the in-sandbox agent: activity is only the mtime of
+/// `INIT_SCRIPT` for sandboxes made to run the in-sandbox agent (`find` reads the file where GNU
+/// `stat` cannot: gVisor answers its `statx` with EINVAL): activity is only the mtime of
 /// the agent's activity file, and only while that file is a regular file of root's with one
 /// link (`agent-proto`'s `ACTIVITY_FILE`, in the sticky /tmp). A sandbox user who is not root
 /// can neither write it, nor remove it, nor put a file of root's in its place, so touching
@@ -41,6 +42,23 @@ pub const INIT_NAME: &str = "trueforge-init";
 /// refreshes it on every host call and while commands run; where the agent cannot, the host does
 /// with an exec as root (`agent::activity`).
 pub const AGENT_INIT_SCRIPT: &str = r#"trap 'exit 0' TERM INT
+act=/tmp/.trueforge-agent-activity
+last=$(date +%s 2>/dev/null || echo 0)
+if [ "$1" = 0 ]; then while :; do sleep 3600 & wait $!; done; fi
+while :; do
+  sleep "$2" & wait $!
+  now=$(date +%s)
+  if [ -f "$act" ] && [ ! -L "$act" ]; then
+    s=$(stat -c '%u:%h:%Y' "$act" 2>/dev/null || find "$act" -maxdepth 0 -printf %U:%n:%T@ 2>/dev/null)
+    case "$s" in 0:1:*) m=${s#0:1:}; m=${m%%.*}; [ "$m" -gt "$last" ] 2>/dev/null && last=$m;; esac
+  fi
+  if [ $((now - last)) -ge "$1" ]; then exit 0; fi
+done
+"#;
+
+/// `AGENT_INIT_SCRIPT` as sandboxes made before issue 32 carry it (without the `find` fallback
+/// for GNU `stat`, which gVisor answers with EINVAL): still known as the agent-mode init.
+pub const AGENT_INIT_SCRIPT_V1: &str = r#"trap 'exit 0' TERM INT
 act=/tmp/.trueforge-agent-activity
 last=$(date +%s 2>/dev/null || echo 0)
 if [ "$1" = 0 ]; then while :; do sleep 3600 & wait $!; done; fi

@@ -363,7 +363,12 @@ pub async fn start_stopped(engine: &Engine, target: &Target, log: &Logger) -> Re
     .await?
   {
     forget(engine, &target.name);
+    return Ok(());
   }
+  // A restarted container may run the agent that its last life could not keep; the agent of
+  // its last life is gone.
+  let agents = engine.shared.state::<crate::sandbox::agent::State>();
+  agents.restarted(&target.container_id);
   Ok(())
 }
 

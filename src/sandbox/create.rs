@@ -311,7 +311,9 @@ async fn start(engine: &Engine, made: &Made<'_>) -> Result<()> {
 
 /// Starts the new sandbox's agent and makes the layout through it (as root, then given to the
 /// sandbox's user; who that is, numerically, is read back). `false` when the agent cannot run
-/// there: the caller makes the layout through the archive endpoint.
+/// there, or died doing that (`agent::down`): the caller makes the layout through the archive
+/// endpoint, and the sandbox's calls take the engine's endpoints. Only a container that stopped
+/// or went fails the creation.
 async fn lay_out_by_agent(
   engine: &Engine,
   cfg: &ProviderConfig,
@@ -322,19 +324,55 @@ async fn lay_out_by_agent(
   let conn = match agent::connect(engine, target, &agent::Setup::of(cfg), log).await {
     Ok(c) => c,
     Err(agent::Failure::Unavailable(_)) => return Ok(false),
-    Err(agent::Failure::Start(e)) => {
-      let detail = match e {
-        StartError::NotRunning => "the container stopped right after it started".into(),
-        StartError::Gone => "the container was removed while it was being made".into(),
-        StartError::NeverStarted(text) => text,
-        StartError::Other(e) => return Err(e),
-      };
-      return Err(SandboxError::CreateFailed {
-        step: "start the sandbox agent".into(),
-        detail,
-      });
-    }
+    Err(agent::Failure::Start(e)) => return Err(not_started(e)),
   };
+  match lay_out_with(engine, cfg, target, dirs, &conn).await {
+    Err(SandboxError::AgentLost { detail }) => {
+      conn.client.close();
+      let runs = engine
+        .inspect_container("inspect the new sandbox", &target.container_id)
+        .await?
+        .and_then(|i| i.state)
+        .and_then(|s| s.running)
+        == Some(true);
+      if !runs {
+        return Err(not_started(StartError::NotRunning));
+      }
+      let stderr = conn.stderr();
+      let why = match stderr.trim() {
+        "" => format!("it died while it laid out the new sandbox ({detail})"),
+        text => format!("it died while it laid out the new sandbox ({detail}); it said: {text}"),
+      };
+      let state = engine.shared.state::<agent::State>();
+      state.fall_back(target, agent::down::Cause::Create, &why, log);
+      Ok(false)
+    }
+    other => other.map(|()| true),
+  }
+}
+
+/// A new sandbox whose container stopped or went while its agent started.
+fn not_started(e: StartError) -> SandboxError {
+  let detail = match e {
+    StartError::NotRunning => "the container stopped right after it started".into(),
+    StartError::Gone => "the container was removed while it was being made".into(),
+    StartError::NeverStarted(text) => text,
+    StartError::Other(e) => return e,
+  };
+  SandboxError::CreateFailed {
+    step: "start the sandbox agent".into(),
+    detail,
+  }
+}
+
+/// The layout through a running agent.
+async fn lay_out_with(
+  engine: &Engine,
+  cfg: &ProviderConfig,
+  target: &mut Target,
+  dirs: &[String],
+  conn: &agent::Conn,
+) -> Result<()> {
   if conn.as_user {
     // An agent that runs as the sandbox's user cannot make root's directories: the archive
     // endpoint makes the layout (the container has not run anything of the user's yet), then the
@@ -344,8 +382,8 @@ async fn lay_out_by_agent(
     transfer::make_layout(engine, &target.container_id, dirs, target.owner, ro)
       .await
       .map_err(|e| step_failed("create the sandbox layout", e))?;
-    let _ = agent::ops::lay_out(&conn, agent::ops::code_mode_layout(&conn, target)).await;
-    return Ok(true);
+    let _ = agent::ops::lay_out(conn, agent::ops::code_mode_layout(conn, target)).await;
+    return Ok(());
   }
   // /tmp holds the agent's activity file; an image without one gets it (1777, root's).
   let tmp = trueforge_agent_proto::msg::LayoutSpec {
@@ -358,10 +396,10 @@ async fn lay_out_by_agent(
     links: Vec::new(),
     activity_file: false,
   };
-  let _ = agent::ops::lay_out(&conn, tmp).await;
-  agent::ops::lay_out(&conn, agent::ops::new_layout(dirs, &conn, target)).await?;
-  target.owner = agent::ops::owner_of(&conn, &target.sandbox_id).await?;
-  Ok(true)
+  let _ = agent::ops::lay_out(conn, tmp).await;
+  agent::ops::lay_out(conn, agent::ops::new_layout(dirs, conn, target)).await?;
+  target.owner = agent::ops::owner_of(conn, &target.sandbox_id).await?;
+  Ok(())
 }
 
 /// The directories a new sandbox gets: the layout and its root. With a read-only root the

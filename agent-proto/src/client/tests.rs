@@ -57,6 +57,8 @@ fn hello(version: &str) -> Frame {
       cap_eff: 0,
       openat2: true,
       subreaper: true,
+      session_guard: false,
+      fs_ids: true,
     },
   )
 }

@@ -68,6 +68,12 @@ pub async fn start_with(opts: Options) -> Agent {
   Agent { client, child, pid }
 }
 
+/// Whether every process a command starts stays within its timeout's reach: through a
+/// subreaper, or where there is none (gVisor) the session guard.
+pub fn contained(h: &trueforge_agent_proto::msg::Hello) -> bool {
+  h.subreaper || h.session_guard
+}
+
 pub fn req(command: &str) -> ExecRequest {
   ExecRequest {
     command: command.to_string(),

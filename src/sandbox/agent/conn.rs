@@ -9,19 +9,19 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bollard::container::LogOutput;
 use bollard::exec::StartExecResults;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use serde_json::json;
 use tokio_util::io::StreamReader;
 use trueforge_agent_proto::client::{AgentClient, CallHandler, ClientError, ClientOptions};
 use trueforge_agent_proto::msg::Hello;
 
 use crate::engine::Engine;
 use crate::sandbox::agent::binaries::{Arch, Binary};
+use crate::sandbox::agent::down::Cause;
 use crate::sandbox::agent::{bounded_insert, egress, ops, place, volume, Failure, Setup, State};
 use crate::sandbox::body::non_root;
 use crate::sandbox::container::Target;
@@ -38,8 +38,6 @@ type Routes = Arc<Mutex<HashMap<String, (u64, CallHandler)>>>;
 const MAX_STDERR: usize = 16 * 1024;
 /// How long the agent has to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// A container the agent cannot run in is tried again after this long.
-const DOWN_RETRY: Duration = Duration::from_secs(60);
 /// CapEff bits: CAP_SETGID, CAP_SETUID.
 const CAP_SETGID: u64 = 1 << 6;
 const CAP_SETUID: u64 = 1 << 7;
@@ -128,30 +126,17 @@ impl State {
     }
   }
 
-  fn down(&self, container: &str) -> Option<String> {
-    let down = self.down.lock().expect("agent down");
-    down
+  /// Closes `container`'s agent connection, if it has one (the next call starts a new agent).
+  pub(crate) fn close_conn(&self, container: &str) {
+    let slot = self
+      .conns
+      .lock()
+      .expect("agent conns")
       .get(container)
-      .filter(|(_, at)| at.elapsed() < DOWN_RETRY)
-      .map(|(why, _)| why.clone())
-  }
-
-  /// Why the agent could not run in `container`, when it could not.
-  pub fn down_reason(&self, container: &str) -> Option<String> {
-    let down = self.down.lock().expect("agent down");
-    down.get(container).map(|(why, _)| why.clone())
-  }
-
-  /// Records why the agent cannot run in `container`; true when that is news (to be logged).
-  fn mark_down(&self, container: &str, why: &str) -> bool {
-    let mut down = self.down.lock().expect("agent down");
-    let news = down.get(container).is_none_or(|(w, _)| w != why);
-    bounded_insert(
-      &mut down,
-      container.to_string(),
-      (why.to_string(), Instant::now()),
-    );
-    news
+      .cloned();
+    if let Some(c) = slot.and_then(|s| s.try_lock().ok().and_then(|g| g.clone())) {
+      c.client.close();
+    }
   }
 
   /// Closes every agent connection (the engine's last provider was disposed): each agent
@@ -190,9 +175,10 @@ pub async fn connect(
   let slot = state.slot(container);
   let mut held = slot.lock().await;
   if let Some(c) = held.as_ref().filter(|c| !c.client.is_closed()) {
-    if c.client.silent_for() < PROBE_AFTER || still_there(c).await {
+    if c.client.silent_for() < PROBE_AFTER || still_there(engine, container, c).await? {
       return Ok(c.clone());
     }
+    c.client.close();
   }
   *held = None;
   match start(engine, target, setup, log).await {
@@ -206,12 +192,7 @@ pub async fn connect(
       drop(held);
       state.release(container, &slot, None);
       if let Failure::Unavailable(why) = &e {
-        if state.mark_down(container, why) {
-          log.warn(
-            "the sandbox agent cannot run here; commands and files use the engine's exec and archive endpoints",
-            json!({ "sandboxId": target.sandbox_id, "reason": why }),
-          );
-        }
+        state.fall_back(target, Cause::Start, why, log);
       }
       Err(e)
     }
@@ -226,12 +207,27 @@ const PROBE_WAIT: Duration = Duration::from_secs(1);
 /// Whether a quiet agent still answers. Its container may have stopped (or the agent died)
 /// while its engine has not closed the stream yet: a call sent then would be lost with no way
 /// to know whether it ran, while a ping that fails proves nothing was sent, so a new agent can
-/// take the call. A slow answer is not a failure.
-async fn still_there(c: &Conn) -> bool {
-  !matches!(
-    tokio::time::timeout(PROBE_WAIT, c.client.ping()).await,
-    Ok(Err(_))
-  )
+/// take the call. A slow answer is not a failure while the container runs; once it stopped, the
+/// agent is gone (gVisor's engine keeps the stream of a stopped sandbox's exec open), and the
+/// caller starts the container again (`StartError::NotRunning`).
+async fn still_there(engine: &Engine, container: &str, c: &Conn) -> Result<bool, Failure> {
+  match tokio::time::timeout(PROBE_WAIT, c.client.ping()).await {
+    Ok(Ok(_)) => Ok(true),
+    Ok(Err(_)) => Ok(false),
+    Err(_) => {
+      let info = engine
+        .inspect_container("inspect the sandbox container", container)
+        .await
+        .map_err(|e| Failure::Start(StartError::Other(e)))?;
+      match info.and_then(|i| i.state).and_then(|s| s.running) {
+        Some(true) => Ok(true),
+        _ => {
+          c.client.close();
+          Err(Failure::Start(StartError::NotRunning))
+        }
+      }
+    }
+  }
 }
 
 /// Forgets the connection once it ends. Not one of the engine's background tasks: it is the
@@ -283,7 +279,7 @@ async fn start(
   if let Err(why) = egress::attach(engine, &conn, target, log).await {
     log.warn(
       "the sandbox's egress port is not open: it reaches nothing outside",
-      json!({ "sandboxId": target.sandbox_id, "reason": why }),
+      serde_json::json!({ "sandboxId": target.sandbox_id, "reason": why }),
     );
   }
   Ok(conn)

@@ -7,6 +7,7 @@
 pub mod activity;
 pub mod binaries;
 pub mod conn;
+pub mod down;
 pub mod egress;
 pub mod ops;
 pub mod place;
@@ -90,7 +91,12 @@ impl Facts {
       image: info.image.clone().unwrap_or_default(),
       mounted: volume::mounted_dir(info),
       agent_init: init
-        && entrypoint.get(2).map(String::as_str) == Some(crate::sandbox::body::AGENT_INIT_SCRIPT),
+        && matches!(
+          entrypoint.get(2).map(String::as_str),
+          Some(
+            crate::sandbox::body::AGENT_INIT_SCRIPT | crate::sandbox::body::AGENT_INIT_SCRIPT_V1
+          )
+        ),
       idle_secs: if init {
         entrypoint.get(4).and_then(|s| s.parse().ok()).unwrap_or(0)
       } else {
@@ -127,8 +133,10 @@ pub struct State {
   conns: Mutex<HashMap<String, conn::Slot>>,
   /// Image id → its platform.
   archs: Mutex<HashMap<String, Arch>>,
-  /// Containers the agent cannot run in, why, and since when (retried after a while).
-  down: Mutex<HashMap<String, (String, Instant)>>,
+  /// Containers the agent cannot run in, or cannot keep running in, and why (`down`).
+  down: Mutex<HashMap<String, down::Down>>,
+  /// When each container's agent was last lost while its container ran (`down`).
+  losses: Mutex<HashMap<String, Vec<Instant>>>,
   /// The agent volume of each binaries tag, once made (or why not).
   volumes: tokio::sync::Mutex<HashMap<String, volume::Made>>,
   /// When the idle stop's activity was last refreshed for a container (`activity`).

@@ -173,8 +173,10 @@ async fn upload_staged(
   .await;
   match put {
     Ok(()) => {}
-    // Dropping `staged` cancels it: the agent removes whatever arrived.
-    Err(SandboxError::Engine { .. }) => return Ok(false),
+    // Dropping `staged` cancels it: the agent removes whatever arrived. A write's directory
+    // the engine cannot find (404: a root workload swapped the staging directory for a link,
+    // which the engine followed) is declined too: this write goes on the stream.
+    Err(SandboxError::Engine { .. } | SandboxError::FileNotFound { .. }) => return Ok(false),
     Err(e) => return Err(e),
   }
   staged

@@ -1,0 +1,106 @@
+'use strict'
+
+// gVisor (runsc) beside runc, on the same private engine (scripts/gvisor-engine.sh, which
+// registers runsc through its own config file), through the provider with the agent and with
+// `agent: false`: exec `true` p50, create → first exec, and 1 KiB and 100 MiB upload and download
+// (the 100 MiB upload is staged through the engine's archive endpoint where the agent can).
+// Prints one JSON object. Run:
+//
+//   bash scripts/gvisor-engine.sh start && node bench/runsc.js
+//
+// BENCH_RUNS (default 20) sets the exec samples; DOCKER_HOST defaults to the gVisor engine.
+
+process.env.DOCKER_HOST ??= 'unix:///var/run/docker-gvisor.sock'
+
+const { randomBytes } = require('node:crypto')
+
+const { DockerSandboxProvider } = require('..')
+
+const RUNS = Number(process.env.BENCH_RUNS || 20)
+const IMAGE = process.env.BENCH_IMAGE || 'trueforge-sandbox-busybox:1'
+const SIZES = { '1KiB': 1024, '100MiB': 100 << 20 }
+
+const ms = (t0) => Number(process.hrtime.bigint() - t0) / 1e6
+const p50 = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]
+const round = (x) => Math.round(x * 10) / 10
+
+async function measure(runtime, agent) {
+  const p = new DockerSandboxProvider({
+    image: IMAGE,
+    namespace: `bench-runsc-${runtime}-${agent ? 'agent' : 'engine'}`,
+    network: 'none',
+    runtime,
+    agent,
+    uploadMaxBytes: 256 << 20,
+    fileMaxBytes: 256 << 20,
+  })
+  const ids = []
+  try {
+    const creates = []
+    for (let i = 0; i < 3; i++) {
+      const t0 = process.hrtime.bigint()
+      const { sandboxId } = await p.createSandbox()
+      ids.push(sandboxId)
+      const r = await p.exec({ sandboxId, command: 'true' })
+      if (!r.success) throw new Error(`exec failed: ${r.error}`)
+      creates.push(ms(t0))
+    }
+    const id = ids[0]
+    const execs = []
+    for (let i = 0; i < RUNS; i++) {
+      const t0 = process.hrtime.bigint()
+      await p.exec({ sandboxId: id, command: 'true' })
+      execs.push(ms(t0))
+    }
+    const files = {}
+    for (const [name, size] of Object.entries(SIZES)) {
+      const up = []
+      const down = []
+      for (let i = 0; i < (size > 1 << 20 ? 3 : RUNS); i++) {
+        const content = randomBytes(size)
+        let t0 = process.hrtime.bigint()
+        await p.uploadFile({ sandboxId: id, remotePath: `bench-${name}.bin`, content })
+        up.push(ms(t0))
+        t0 = process.hrtime.bigint()
+        const back = await p.downloadFile({ sandboxId: id, path: `bench-${name}.bin` })
+        down.push(ms(t0))
+        if (!Buffer.from(back).equals(content)) throw new Error(`${name}: the download differs`)
+      }
+      files[name] = { uploadP50Ms: round(p50(up)), downloadP50Ms: round(p50(down)) }
+      if (size > 1 << 20) {
+        files[name].uploadMBps = round(size / 1e6 / (p50(up) / 1000))
+        files[name].downloadMBps = round(size / 1e6 / (p50(down) / 1000))
+      }
+    }
+    const status = await p.agentStatus(id)
+    return {
+      served: status.mode === 'agent' ? 'agent' : `engine (${status.reason})`,
+      execTrueP50Ms: round(p50(execs)),
+      createToFirstExecP50Ms: round(p50(creates)),
+      files,
+    }
+  } finally {
+    for (const id of ids) await p.removeSandbox(id).catch(() => {})
+    await p.dispose()
+  }
+}
+
+async function main() {
+  const out = { engine: process.env.DOCKER_HOST, image: IMAGE, runs: RUNS }
+  for (const runtime of ['runc', 'runsc']) {
+    out[runtime] = {}
+    for (const agent of [true, false]) {
+      try {
+        out[runtime][agent ? 'agent' : 'agentFalse'] = await measure(runtime, agent)
+      } catch (e) {
+        out[runtime][agent ? 'agent' : 'agentFalse'] = { error: e.message }
+      }
+    }
+  }
+  console.log(JSON.stringify(out, null, 2))
+}
+
+main().catch((e) => {
+  console.error(e)
+  process.exit(1)
+})
