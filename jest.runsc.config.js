@@ -1,6 +1,6 @@
 'use strict'
 
-// The contract, exec, transfer, agent, Code Mode and security suites (and the gVisor checks of
+// The contract, exec, transfer, agent, Code Mode, security and egress suites (and the gVisor checks of
 // __test__/engines/gvisor.test.ts) with `runtime: 'runsc'` on the engine of
 // scripts/gvisor-engine.sh, which registers gVisor's runsc through its own config file:
 //
@@ -35,7 +35,7 @@ module.exports = {
     '^.+\\.(t|j)sx?$': ['@swc/jest'],
   },
   testMatch: [
-    '<rootDir>/__test__/{contract,exec,transfer,agent,agent-fallback,codemode,security}.test.ts',
+    '<rootDir>/__test__/{contract,exec,transfer,agent,agent-fallback,codemode,security,egress}.test.ts',
     '<rootDir>/__test__/engines/gvisor.test.ts',
   ],
 }

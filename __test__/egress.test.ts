@@ -34,14 +34,17 @@ const namespace = uniqueNamespace('egress')
 const tracker = new SandboxTracker(namespace)
 const PROXY = '127.0.0.1:3128'
 const CA_PATH = '/tmp/egress-test-ca.pem'
-// What the tools in the sandbox need to trust the test CA.
-const TRUST = {
-  SSL_CERT_FILE: CA_PATH,
-  REQUESTS_CA_BUNDLE: CA_PATH,
-  GIT_SSL_CAINFO: CA_PATH,
-  PIP_CERT: CA_PATH,
-  CURL_CA_BUNDLE: CA_PATH,
-}
+// What the tools in the sandbox need to trust the test CA, at `path` in the sandbox.
+const trust = (path: string) => ({
+  SSL_CERT_FILE: path,
+  REQUESTS_CA_BUNDLE: path,
+  GIT_SSL_CAINFO: path,
+  PIP_CERT: path,
+  CURL_CA_BUNDLE: path,
+})
+const TRUST = trust(CA_PATH)
+// The interfaces a sandbox has, from /proc (gVisor's old release refuses GNU ls on /sys).
+const INTERFACES = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"
 
 let ca: { dir: string; ca: string; key: string; cert: string }
 let git: { dir: string; files: Record<string, string> }
@@ -99,8 +102,7 @@ const plain = () => `pkg.test:${plainOrigin.port}`
 
 describe('a sandbox under a policy', () => {
   test('has no network but loopback, and its commands see the proxy in both cases', async () => {
-    const links = await ok(main, sb, 'ls /sys/class/net')
-    expect(links.split('\n').filter(Boolean)).toEqual(['lo'])
+    expect(await ok(main, sb, INTERFACES)).toBe('lo\n')
     const env = await ok(main, sb, 'env | grep -i _proxy= | sort')
     expect(env.split('\n').filter(Boolean)).toEqual([
       `ALL_PROXY=socks5h://${PROXY}`,
@@ -359,10 +361,11 @@ describe('lifecycle', () => {
   test('the policy survives an idle stop and a restart', async () => {
     const p = provider({ egress: policy, autoStopIntervalInMinutes: 0.05 })
     const id = await tracker.create(p)
-    await p.uploadFile({ sandboxId: id, remotePath: CA_PATH, content: Buffer.from(ca.ca) })
+    // In the sandbox root, which outlives the stop (a runtime may start /tmp afresh).
+    await p.uploadFile({ sandboxId: id, remotePath: `${id}/ca.pem`, content: Buffer.from(ca.ca) })
     const name = containerNameFor(namespace, id)
     await waitFor(() => inspectContainer(name)?.State?.Running === false, 90_000, 'the idle stop')
-    expect(await ok(p, id, `curl -sS https://${tls()}/hello`, { env: TRUST })).toBe('hello from tls\n')
+    expect(await ok(p, id, `curl -sS https://${tls()}/hello`, { env: trust(`${id}/ca.pem`) })).toBe('hello from tls\n')
     const refused = await run(p, id, `curl -sS http://unlisted.test:${plainOrigin.port}/hello`)
     expect(refused.result).toMatch(/refused by the sandbox's egress policy/)
   })
@@ -380,7 +383,7 @@ describe('lifecycle', () => {
   test("'none': no network at all, no proxy", async () => {
     const p = provider({ egress: 'none', image: BUSYBOX })
     const id = await tracker.create(p)
-    expect((await ok(p, id, 'ls /sys/class/net')).trim()).toBe('lo')
+    expect(await ok(p, id, INTERFACES)).toBe('lo\n')
     expect(await ok(p, id, 'env | grep -ci _proxy || true')).toBe('0\n')
   })
 })

@@ -183,7 +183,7 @@ impl AgentRelay {
     }
     self.conn.unroute(&self.socket, self.route);
     self.ended.notify_one();
-    let _ = self.conn.client.code_mode_close(&self.socket).await;
+    close_socket(&self.conn, &self.socket).await;
   }
 }
 
@@ -349,9 +349,19 @@ fn watch(
     }
     pending.lock().expect("pending").clear();
     if !stopped.load(Ordering::SeqCst) && !conn.client.is_closed() {
-      let _ = conn.client.code_mode_close(&socket).await;
+      close_socket(&conn, &socket).await;
     }
   });
+}
+
+/// How long the agent has to close a socket. An agent whose container stopped under a runtime
+/// that keeps the exec's stream open (gVisor's runsc) never answers: the next relay's start
+/// must not wait for it.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Asks the agent to close `socket`, within `CLOSE_WAIT`.
+async fn close_socket(conn: &Conn, socket: &str) {
+  let _ = tokio::time::timeout(CLOSE_WAIT, conn.client.code_mode_close(socket)).await;
 }
 
 /// The reply a caller in the sandbox receives for an error of ours, shaped as its client reads

@@ -22,7 +22,7 @@ pub mod session;
 pub use budget::{Budget, Pool};
 pub use by_agent::Served;
 pub use relay::{launch, Relay};
-pub use session::{Intake, Launcher, RequestSink, Session};
+pub use session::{Intake, Launcher, Liveness, RequestSink, Session};
 
 /// Where everything Code Mode puts in a sandbox lives.
 pub const DIR: &str = "/trueforge/codemode";

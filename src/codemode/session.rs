@@ -152,6 +152,33 @@ pub trait Launcher {
     socket: &str,
     intake: Intake,
   ) -> impl std::future::Future<Output = Result<Served>> + Send;
+
+  /// Whether the sandbox's container runs, and since when, as the engine says now.
+  fn liveness(&self, sandbox_id: &str) -> impl std::future::Future<Output = Liveness> + Send;
+}
+
+/// A container's state, for telling a relay whose stream looks open from one that is gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Liveness {
+  /// Running since this start (the engine's `StartedAt`).
+  Running(String),
+  Stopped,
+  /// The engine did not say (it is busy or unreachable): trust the stream.
+  Unknown,
+}
+
+/// A relay whose stream looks open is checked against its container when it was last checked
+/// longer ago than this (one inspect, a few milliseconds; a turn's quick succession of starts is
+/// spared it). Some runtimes (gVisor's runsc) keep an exec's stream open after the container
+/// stopped or restarted: the relay would look alive while nothing serves its socket.
+const VERIFY_EVERY: Duration = Duration::from_millis(100);
+
+/// The relay serving a session, the sandbox it serves and the container start it serves in.
+struct Current {
+  sandbox_id: String,
+  relay: Arc<Served>,
+  started: Liveness,
+  verified: std::time::Instant,
 }
 
 /// One transport's Code Mode session: its socket name, and the relay serving it in the sandbox
@@ -160,7 +187,7 @@ pub trait Launcher {
 pub struct Session {
   intake: Intake,
   socket: String,
-  state: tokio::sync::Mutex<Option<(String, Arc<Served>)>>,
+  state: tokio::sync::Mutex<Option<Current>>,
   current: Mutex<Option<Arc<Served>>>,
 }
 
@@ -193,14 +220,15 @@ impl Session {
       self.intake.set_timeout(t);
     }
     let mut state = self.state.lock().await;
-    if let Some((id, relay)) = state.as_ref() {
-      if id == sandbox_id && relay.is_alive() {
+    if let Some(c) = state.as_mut() {
+      let same = c.sandbox_id == sandbox_id && c.relay.is_alive();
+      if same && still_serving(launcher, sandbox_id, &c.started, &mut c.verified).await {
         return Ok(());
       }
     }
-    if let Some((_, old)) = state.take() {
+    if let Some(old) = state.take() {
       self.current.lock().expect("current").take();
-      old.stop().await;
+      old.relay.stop().await;
     }
     let relay = Arc::new(
       launcher
@@ -208,7 +236,12 @@ impl Session {
         .await?,
     );
     *self.current.lock().expect("current") = Some(relay.clone());
-    *state = Some((sandbox_id.to_string(), relay));
+    *state = Some(Current {
+      sandbox_id: sandbox_id.to_string(),
+      relay,
+      started: launcher.liveness(sandbox_id).await,
+      verified: std::time::Instant::now(),
+    });
     Ok(())
   }
 
@@ -308,10 +341,32 @@ impl Session {
   pub async fn stop(&self) {
     let mut state = self.state.lock().await;
     self.current.lock().expect("current").take();
-    if let Some((_, relay)) = state.take() {
-      relay.stop().await;
+    if let Some(c) = state.take() {
+      c.relay.stop().await;
     }
   }
+}
+
+/// Whether a relay whose stream looks open still serves: its container runs the start it was
+/// launched in (`started`), checked with the engine at most every `VERIFY_EVERY`.
+async fn still_serving(
+  launcher: &impl Launcher,
+  sandbox_id: &str,
+  started: &Liveness,
+  verified: &mut std::time::Instant,
+) -> bool {
+  if verified.elapsed() < VERIFY_EVERY {
+    return true;
+  }
+  let serving = match (launcher.liveness(sandbox_id).await, started) {
+    (Liveness::Unknown, _) | (_, Liveness::Unknown) => true,
+    (Liveness::Running(at), Liveness::Running(was)) => &at == was,
+    _ => false,
+  };
+  if serving {
+    *verified = std::time::Instant::now();
+  }
+  serving
 }
 
 #[cfg(test)]
@@ -327,5 +382,41 @@ mod tests {
     assert!(a.socket_path().starts_with(SOCKET_DIR));
     // sun_path holds 108 bytes.
     assert!(a.socket_path().len() < 108);
+  }
+
+  /// A launcher whose container is in the state `now` says.
+  struct Engine(Liveness);
+
+  impl Launcher for Engine {
+    async fn launch_relay(&self, _: &str, _: &str, _: Intake) -> Result<Served> {
+      unreachable!("not launched here")
+    }
+    async fn liveness(&self, _: &str) -> Liveness {
+      self.0.clone()
+    }
+  }
+
+  #[tokio::test]
+  async fn a_relay_serves_while_its_container_runs_the_start_it_was_launched_in() {
+    let was = Liveness::Running("2026-12-06T05:00:00Z".into());
+    let long_ago = || std::time::Instant::now() - VERIFY_EVERY * 2;
+    for (now, serving) in [
+      (was.clone(), true),
+      (Liveness::Running("2026-12-06T06:00:00Z".into()), false),
+      (Liveness::Stopped, false),
+      (Liveness::Unknown, true),
+    ] {
+      let mut verified = long_ago();
+      let got = still_serving(&Engine(now.clone()), "id", &was, &mut verified).await;
+      assert_eq!(got, serving, "{now:?}");
+      assert_eq!(
+        verified.elapsed() < VERIFY_EVERY,
+        serving,
+        "verified again only when serving"
+      );
+    }
+    // Checked a moment ago: the engine is not asked again.
+    let mut recent = std::time::Instant::now();
+    assert!(still_serving(&Engine(Liveness::Stopped), "id", &was, &mut recent).await);
   }
 }

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use std::sync::{Arc, Mutex};
 
-use crate::codemode::{self, Budget, Intake, Launcher, Pool, Served};
+use crate::codemode::{self, Budget, Intake, Launcher, Liveness, Pool, Served};
 use crate::config::{Gpus, ProviderConfig};
 use crate::engine::runtime::Hold;
 use crate::engine::{self, Engine};
@@ -510,6 +510,23 @@ impl Launcher for Provider {
     self
       .launch_code_mode_relay(sandbox_id, socket, intake)
       .await
+  }
+
+  async fn liveness(&self, sandbox_id: &str) -> Liveness {
+    let (Ok(name), Ok(engine)) = (
+      container::name_for(&self.cfg.namespace, sandbox_id),
+      self.engine().await,
+    ) else {
+      return Liveness::Unknown;
+    };
+    match engine.inspect_container("inspect the sandbox", &name).await {
+      Ok(Some(info)) => match info.state {
+        Some(s) if s.running == Some(true) => Liveness::Running(s.started_at.unwrap_or_default()),
+        _ => Liveness::Stopped,
+      },
+      Ok(None) => Liveness::Stopped,
+      Err(_) => Liveness::Unknown,
+    }
   }
 }
 
