@@ -20,7 +20,8 @@
 //                         BENCH_SKIP_AGENT=1 the agent probe; BENCH_SKIP_CODEMODE=1 Code Mode
 //                         (its round trip and the pressure runs; BENCH_CM_PRESSURE: their
 //                         sandbox counts, default 1,4,16); BENCH_SKIP_EGRESS=1 the egress
-//                         proxy's section (BENCH_EGRESS_ROUNDS, default 5)
+//                         proxy's section (BENCH_EGRESS_ROUNDS, default 5); BENCH_SKIP_RUNSC=1
+//                         gVisor's (it starts and stops scripts/gvisor-engine.sh)
 //   BENCH_WARM_POOL_SIZE  pool size for the "addon (warm pool)" rows (default 2)
 //   BENCH_WARM_SETTLE_MS  pause after each warm-pool create so the refill does not load the
 //                         next measurement (default 1500)
@@ -845,6 +846,50 @@ function codeModePressureBench() {
   return childJson([path.join(__dirname, 'codemode-pressure.js'), process.env.BENCH_CM_PRESSURE || '1,4,16'], 1_200_000)
 }
 
+/**
+ * gVisor beside runc (bench/runsc.js) on the engine of scripts/gvisor-engine.sh, started for it
+ * and stopped after (`{ error }` where it cannot run: no root, no runsc package).
+ */
+async function runscBench() {
+  const script = path.join(__dirname, '..', 'scripts', 'gvisor-engine.sh')
+  const sh = (cmd) =>
+    new Promise((resolve) =>
+      execFile('bash', [script, cmd], { timeout: 300_000 }, (err, _o, e) =>
+        resolve(err ? (e || err.message).trim() : null),
+      ),
+    )
+  const failed = await sh('start')
+  if (failed) {
+    await sh('teardown')
+    return { error: `the gVisor engine did not start: ${failed.split('\n').slice(-2).join(' ')}` }
+  }
+  try {
+    return await childJson([path.join(__dirname, 'runsc.js')], 900_000)
+  } finally {
+    await sh('teardown')
+  }
+}
+
+/** gVisor's target: the agent's exec within 0.2 of the engine's exec floor, both on runsc. */
+function runscTargets(r) {
+  const name = 'gVisor: exec `true` through the agent on runsc, p50 ≤ 0.2 × the engine exec floor on runsc'
+  if (r.error) return [{ name, status: 'N/A', detail: r.error }]
+  const agent = r.runsc?.agent?.execTrueP50Ms
+  const floorMs = r.runsc?.agentFalse?.floorExecTrueP50Ms
+  if (agent === undefined || floorMs === undefined) {
+    return [{ name, status: 'N/A', detail: JSON.stringify(r.runsc).slice(0, 300) }]
+  }
+  const ratio = Math.round((agent / floorMs) * 100) / 100
+  const shell = r.runsc.agent.shellSpawnMs
+  return [
+    {
+      name,
+      status: ratio <= 0.2 ? 'MET' : 'MISSED',
+      detail: `agent ${agent} ms, floor ${floorMs} ms: ${ratio}×; spawning the command's shell alone takes ${shell} ms in the sandbox on runsc, ${Math.round((shell / floorMs) * 100) / 100}× the floor (every system call crosses gVisor's ptrace platform)`,
+    },
+  ]
+}
+
 /** The egress proxy (bench/egress.js). */
 function egressBench() {
   return childJson([path.join(__dirname, 'egress.js'), process.env.BENCH_EGRESS_ROUNDS || '5'], 900_000)
@@ -1041,6 +1086,40 @@ function renderMarkdown({
     }
     L.push('')
   }
+  if (runsc) {
+    L.push("## gVisor (`runtime: 'runsc'`) beside runc (`bench/runsc.js`)")
+    L.push('')
+    if (runsc.error) L.push(`Could not run: ${runsc.error}`)
+    else {
+      const row = (label, f) => [
+        label,
+        ...['runc', 'runsc'].flatMap((rt) => ['agent', 'agentFalse'].map((a) => f(runsc[rt]?.[a] ?? {}))),
+      ]
+      L.push(
+        mdTable(
+          ['p50', 'runc, agent', 'runc, agent: false', 'runsc, agent', 'runsc, agent: false'],
+          [
+            row('exec `true`, ms', (x) => x.execTrueP50Ms ?? x.error ?? '–'),
+            row('engine exec floor `true`, ms', (x) => x.floorExecTrueP50Ms ?? ''),
+            row('a shell `-c true` spawned in the sandbox, ms', (x) => x.shellSpawnMs ?? ''),
+            row('create → first exec, ms', (x) => x.createToFirstExecP50Ms ?? '–'),
+            row('1 KiB upload / download, ms', (x) =>
+              x.files ? `${x.files['1KiB'].uploadP50Ms} / ${x.files['1KiB'].downloadP50Ms}` : '–',
+            ),
+            row('100 MiB upload / download, MB/s', (x) =>
+              x.files ? `${x.files['100MiB'].uploadMBps} / ${x.files['100MiB'].downloadMBps}` : '–',
+            ),
+          ],
+          [1, 2, 3, 4],
+        ),
+      )
+      L.push('')
+      L.push(
+        `Image ${runsc.image}, ${runsc.runs} execs, on a private engine (scripts/gvisor-engine.sh) that runs both runtimes, so the two columns share everything but the runtime. The floor is the fewest raw requests for an exec (create, start to the stream's end, inspect) in the same sandbox.`,
+      )
+    }
+    L.push('')
+  }
   if (egress) {
     L.push('## Egress under a policy (`bench/egress.js`)')
     L.push('')
@@ -1204,6 +1283,7 @@ async function bench() {
   let codemode = null
   let pressure = null
   let egress = null
+  let runsc = null
   let agent = null
   try {
     // One long-lived sandbox per implementation for the exec and transfer operations.
@@ -1283,6 +1363,12 @@ async function bench() {
       codemode = await codeModeBench()
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
+    if (process.env.BENCH_SKIP_RUNSC !== '1' && (!wantOps || wantOps.includes('runsc'))) {
+      const t0 = performance.now()
+      log('gVisor beside runc (bench/runsc.js on the engine of scripts/gvisor-engine.sh) …')
+      runsc = await runscBench()
+      log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
+    }
     if (process.env.BENCH_SKIP_EGRESS !== '1' && (!wantOps || wantOps.includes('egress'))) {
       const t0 = performance.now()
       log('egress (bench/egress.js: a 100 MiB download and connection set-ups through the proxy) …')
@@ -1321,6 +1407,7 @@ async function bench() {
   if (codemode) targets.push(...codeModeTargets(codemode))
   if (pressure) targets.push(...codeModePressureTargets(pressure))
   if (egress) targets.push(...egressTargets(egress))
+  if (runsc) targets.push(...runscTargets(runsc))
   const wallMs = performance.now() - started
 
   log('')

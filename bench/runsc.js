@@ -15,6 +15,7 @@ process.env.DOCKER_HOST ??= 'unix:///var/run/docker-gvisor.sock'
 const { randomBytes } = require('node:crypto')
 
 const { DockerSandboxProvider } = require('..')
+const floor = require('./impl/floor')
 
 const RUNS = Number(process.env.BENCH_RUNS || 20)
 const IMAGE = process.env.BENCH_IMAGE || 'trueforge-sandbox-busybox:1'
@@ -73,9 +74,26 @@ async function measure(runtime, agent) {
       }
     }
     const status = await p.agentStatus(id)
+    // What a command's shell costs inside the sandbox on this runtime: the limit for any exec.
+    const shell = 'command -v bash >/dev/null && echo bash || echo sh'
+    const sh = (await p.exec({ sandboxId: id, command: shell })).response?.result.trim() || 'sh'
+    // Timed from here: a loop of RUNS spawns less an empty loop, per spawn (the best of three).
+    const loop = async (n) => {
+      let best = Infinity
+      for (let i = 0; i < 3; i++) {
+        const t0 = process.hrtime.bigint()
+        await p.exec({ sandboxId: id, command: `for i in $(seq ${n}); do ${sh} -c true; done` })
+        best = Math.min(best, ms(t0))
+      }
+      return best
+    }
+    const spawnMs = ((await loop(RUNS)) - (await loop(0))) / RUNS
     return {
+      shellSpawnMs: round(spawnMs),
       served: status.mode === 'agent' ? 'agent' : `engine (${status.reason})`,
       execTrueP50Ms: round(p50(execs)),
+      // The engine's exec floor on this runtime: create + start + inspect of `true`, raw requests.
+      ...(agent ? {} : { floorExecTrueP50Ms: round(p50(await floorExecs(id))) }),
       createToFirstExecP50Ms: round(p50(creates)),
       files,
     }
@@ -83,6 +101,22 @@ async function measure(runtime, agent) {
     for (const id of ids) await p.removeSandbox(id).catch(() => {})
     await p.dispose()
   }
+}
+
+/** Raw exec floors (bench/impl/floor.js) of `true` in sandbox `id`'s container. */
+async function floorExecs(id) {
+  const socket = process.env.DOCKER_HOST.replace(/^unix:\/\//, '')
+  const filters = encodeURIComponent(JSON.stringify({ label: [`trueforge.sandbox.id=${id}`] }))
+  const { data } = await floor.client(socket).json('GET', `/containers/json?filters=${filters}`)
+  const f = floor.create({ socket })
+  const out = []
+  for (let i = 0; i < RUNS; i++) {
+    const t0 = process.hrtime.bigint()
+    const r = await f.exec(data[0].Id, 'true')
+    if (r.exitCode !== 0) throw new Error(`the floor's exec exited ${r.exitCode}`)
+    out.push(ms(t0))
+  }
+  return out
 }
 
 async function main() {

@@ -330,4 +330,4 @@ async function sweepNetworks() {
   return data.length
 }
 
-module.exports = { create, createExecStream, sweep, engineVersion, imageExists, ensureNetwork, sweepNetworks }
+module.exports = { client, create, createExecStream, sweep, engineVersion, imageExists, ensureNetwork, sweepNetworks }
