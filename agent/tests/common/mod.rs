@@ -130,15 +130,19 @@ pub struct TempDir(pub std::path::PathBuf);
 
 impl TempDir {
   pub fn new(name: &str) -> TempDir {
+    // The clock alone can give two tests running at once the same name (and one of them then
+    // finds the other's files): a counter keeps them apart.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let p = std::env::temp_dir().join(format!(
-      "tf-agent-{name}-{}-{}",
+      "tf-agent-{name}-{}-{}-{}",
       std::process::id(),
+      SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
       std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos()
     ));
-    std::fs::create_dir_all(&p).unwrap();
+    std::fs::create_dir(&p).unwrap();
     TempDir(p)
   }
 
