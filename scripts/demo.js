@@ -22,7 +22,13 @@ async function main() {
   const build = await timed('getImageBuildStatus()', () => provider.getImageBuildStatus())
   if (build.status !== 'ready') throw new Error(`image not ready: ${build.reason}`)
   const { sandboxId } = await timed('createSandbox()', () => provider.createSandbox())
-  console.log(`  -> sandbox ${sandboxId}\n`)
+  console.log(`  -> sandbox ${sandboxId}`)
+  const served = await provider.agentStatus(sandboxId)
+  console.log(
+    served.mode === 'agent'
+      ? `  -> served by the in-sandbox agent ${served.version} (${served.arch})\n`
+      : `  -> served by the engine's exec and archive endpoints (slower): ${served.reason}\n`,
+  )
   try {
     const run = async (command, opts = {}) => {
       const r = await timed(`exec: ${command.length > 38 ? command.slice(0, 35) + '...' : command}`, () =>
