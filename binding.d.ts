@@ -111,6 +111,9 @@ export declare class NativeProvider {
   getImageBuildStatus(): Promise<NativeBuild>
 }
 
+/** Largest Code Mode request or reply, in bytes (the agent's protocol defines it). */
+export declare const CODE_MODE_MAX_MESSAGE_BYTES: number
+
 export declare function codeModeClient(): NativeCodeModeClient
 
 /**

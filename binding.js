@@ -837,6 +837,7 @@ module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __n
 module.exports = nativeBinding
 module.exports.NativeCodeModeSession = nativeBinding.NativeCodeModeSession
 module.exports.NativeProvider = nativeBinding.NativeProvider
+module.exports.CODE_MODE_MAX_MESSAGE_BYTES = nativeBinding.CODE_MODE_MAX_MESSAGE_BYTES
 module.exports.codeModeClient = nativeBinding.codeModeClient
 module.exports.codeModeMeasure = nativeBinding.codeModeMeasure
 module.exports.codeModePlanOps = nativeBinding.codeModePlanOps

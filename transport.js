@@ -6,11 +6,10 @@
 
 const { Socket } = require('node:net')
 
-const { codeModeClient, codeModePlanOps } = require('./loader.js')
+const { CODE_MODE_MAX_MESSAGE_BYTES, codeModeClient, codeModePlanOps } = require('./loader.js')
 const { argumentError, fromNative } = require('./errors.js')
 const { parseCodeModeRequest } = require('./validate.js')
 
-const CODE_MODE_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 // Where TrueForge links the Python CLI when the agent's static `mcp-client` is in place.
 const PYTHON_CLI_LINK = '/trueforge/codemode/bin/mcp-client-python'
 const MALFORMED_REQUEST = { ok: false, error: 'Malformed Code Mode request', source: 'caller' }

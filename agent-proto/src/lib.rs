@@ -4,6 +4,7 @@
 //! reader cannot stall the others, and a version handshake. `PROTOCOL.md` describes the wire
 //! format. With the `client` feature, `client::AgentClient` is the host's side.
 
+pub mod codemode;
 pub mod frame;
 pub mod msg;
 pub mod output;

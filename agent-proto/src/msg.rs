@@ -12,8 +12,6 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// Root-owned file whose mtime the agent refreshes on host calls (see `LayoutSpec`). In the
 /// sticky /tmp, so a sandbox user can neither remove it nor put a file of its own in its place.
 pub const ACTIVITY_FILE: &str = "/tmp/.trueforge-agent-activity";
-/// Largest Code Mode request or reply, as TrueForge's own transports allow.
-pub const MAX_CODE_MODE_MESSAGE: usize = 64 * 1024 * 1024;
 /// Code Mode calls the agent carries at once; more connections wait in the agent. As many as a
 /// client's `asyncio.gather` of a few dozen calls needs: the host's memory is bounded by what
 /// it admits (each call's size comes before its bytes), not by this count.

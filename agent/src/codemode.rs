@@ -15,9 +15,9 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
+use trueforge_agent_proto::codemode::{MAX_MESSAGE_BYTES, MAX_REPLY_BYTES};
 use trueforge_agent_proto::msg::{
   AgentError, AgentRequest, CodeModeListenSpec, ErrorKind, Outcome, MAX_CODE_MODE_CALLS,
-  MAX_CODE_MODE_MESSAGE,
 };
 
 use crate::conn::In;
@@ -198,18 +198,16 @@ pub(crate) async fn read_request(conn: &mut UnixStream) -> Option<Result<BytesMu
       Ok(0) => break,
       Ok(n) => {
         size += n;
-        if size > MAX_CODE_MODE_MESSAGE {
+        if size > MAX_MESSAGE_BYTES {
           body.clear();
         }
       }
       Err(_) => return None,
     }
   }
-  if size > MAX_CODE_MODE_MESSAGE {
+  if size > MAX_MESSAGE_BYTES {
     return Some(Err(error_reply(
-      &format!(
-        "Code Mode request of {size} bytes exceeds the limit of {MAX_CODE_MODE_MESSAGE} bytes"
-      ),
+      &format!("Code Mode request of {size} bytes exceeds the limit of {MAX_MESSAGE_BYTES} bytes"),
       "caller",
     )));
   }
@@ -242,7 +240,7 @@ async fn serve(ctx: Rc<Ctx>, socket: String, mut conn: UnixStream) {
   let answer: Option<Bytes> = loop {
     match io.recv().await {
       Some(In::Data(b)) => {
-        if reply.len() + b.len() > MAX_CODE_MODE_MESSAGE + 4096 {
+        if reply.len() + b.len() > MAX_REPLY_BYTES {
           io.cancel();
           break Some(error_reply("the Code Mode reply is over the limit", "transport").into());
         }

@@ -14,21 +14,19 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
-use trueforge_agent_proto::msg::{MAX_CODE_MODE_CALLS, MAX_CODE_MODE_MESSAGE};
+use trueforge_agent_proto::codemode::{
+  encode as frame, Head, HEADER_LEN, KIND_READY, KIND_REPLY, KIND_REQUEST, MAX_REPLY_BYTES,
+};
+use trueforge_agent_proto::msg::MAX_CODE_MODE_CALLS;
 
 use crate::codemode;
 use crate::sys::{self, Identity};
 use crate::users::Users;
-
-const READY: u8 = 1;
-const REQUEST: u8 = 2;
-const REPLY: u8 = 3;
-const HEADER: usize = 9;
 
 /// Replies awaited, by the id their request went out with.
 type Waiting = Rc<RefCell<HashMap<u32, oneshot::Sender<Bytes>>>>;
@@ -92,15 +90,6 @@ fn identity(path: &str) -> Option<(u64, u64)> {
     .map(|m| (m.dev(), m.ino()))
 }
 
-fn frame(kind: u8, id: u32, payload: &[u8]) -> Bytes {
-  let mut b = BytesMut::with_capacity(HEADER + payload.len());
-  b.extend_from_slice(&[kind]);
-  b.extend_from_slice(&id.to_be_bytes());
-  b.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-  b.extend_from_slice(payload);
-  b.freeze()
-}
-
 async fn serve(input: OwnedFd, output: OwnedFd, listener: std::os::unix::net::UnixListener) {
   let ready = (|| {
     sys::set_nonblocking(input.as_raw_fd())?;
@@ -116,7 +105,11 @@ async fn serve(input: OwnedFd, output: OwnedFd, listener: std::os::unix::net::Un
   let (out, rx) = mpsc::unbounded_channel::<Bytes>();
   tokio::task::spawn_local(write_loop(output, rx));
   let pid = std::process::id();
-  let _ = out.send(frame(READY, 0, format!("{{\"pid\": {pid}}}").as_bytes()));
+  let _ = out.send(frame(
+    KIND_READY,
+    0,
+    format!("{{\"pid\": {pid}}}").as_bytes(),
+  ));
   let waiting = Waiting::default();
   let calls = Rc::new(Semaphore::new(MAX_CODE_MODE_CALLS));
   let accepting = tokio::task::spawn_local(accept(listener, out, waiting.clone(), calls));
@@ -138,20 +131,17 @@ async fn write_loop(mut output: pipe::Sender, mut rx: mpsc::UnboundedReceiver<By
 async fn read_loop(mut input: pipe::Receiver, waiting: Waiting) {
   let mut buf = BytesMut::with_capacity(64 * 1024);
   loop {
-    while buf.len() >= HEADER {
-      let kind = buf[0];
-      let id = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
-      let len = u32::from_be_bytes([buf[5], buf[6], buf[7], buf[8]]) as usize;
-      if len > MAX_CODE_MODE_MESSAGE + 4096 {
+    while let Some(Head { kind, id, len }) = Head::parse(&buf) {
+      if len > MAX_REPLY_BYTES {
         return;
       }
-      if buf.len() < HEADER + len {
-        buf.reserve(HEADER + len - buf.len());
+      if buf.len() < HEADER_LEN + len {
+        buf.reserve(HEADER_LEN + len - buf.len());
         break;
       }
-      let _ = buf.split_to(HEADER);
+      buf.advance(HEADER_LEN);
       let payload = buf.split_to(len).freeze();
-      if kind == REPLY {
+      if kind == KIND_REPLY {
         if let Some(tx) = waiting.borrow_mut().remove(&id) {
           let _ = tx.send(payload);
         }
@@ -218,7 +208,7 @@ async fn call(
   };
   let (tx, rx) = oneshot::channel();
   waiting.borrow_mut().insert(id, tx);
-  if out.send(frame(REQUEST, id, &body)).is_err() {
+  if out.send(frame(KIND_REQUEST, id, &body)).is_err() {
     return;
   }
   drop(body);
@@ -227,16 +217,4 @@ async fn call(
     let _ = conn.write_all(&reply).await;
   }
   let _ = conn.shutdown().await;
-}
-
-/// The lane's frames as the host's decoder reads them.
-#[cfg(test)]
-mod tests {
-  use super::*;
-
-  #[test]
-  fn frames_carry_kind_id_and_length_big_endian() {
-    let f = frame(REQUEST, 0x01020304, b"hey");
-    assert_eq!(&f[..], b"\x02\x01\x02\x03\x04\x00\x00\x00\x03hey");
-  }
 }

@@ -10,9 +10,10 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use trueforge_agent_proto::codemode::MAX_MESSAGE_BYTES;
+
 use crate::pyjson::{self, format_g, py_str, Value};
 
-const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 const DEFAULT_TIMEOUT_SECONDS: f64 = 300.0;
 const PROG: &str = "mcp-client";
 

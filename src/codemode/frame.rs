@@ -1,18 +1,13 @@
-//! The relay stream's frames: a 9-byte header (kind u8, request id u32, payload length u32,
-//! big endian) and a payload, reassembled from chunks whatever their boundaries.
+//! The relay stream's frames (`trueforge_agent_proto::codemode` defines them), reassembled from
+//! chunks whatever their boundaries.
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
+pub use trueforge_agent_proto::codemode::{
+  encode, Head, HEADER_LEN, KIND_READY, KIND_REPLY, KIND_REQUEST,
+};
 
 use crate::codemode::meter::{Measured, Meter, Unfit};
 use crate::codemode::MAX_MESSAGE_BYTES;
-
-pub const HEADER_LEN: usize = 9;
-
-pub const KIND_READY: u8 = 1;
-
-pub const KIND_REQUEST: u8 = 2;
-
-pub const KIND_REPLY: u8 = 3;
 
 /// One frame of the relay stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,14 +19,6 @@ pub struct Frame {
   pub measured: Option<Result<Measured, Unfit>>,
 }
 
-/// A frame's header, given before its payload is read so that room for it can be found first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Head {
-  pub kind: u8,
-  pub id: u32,
-  pub len: usize,
-}
-
 /// What the decoder has next.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Event {
@@ -40,16 +27,6 @@ pub enum Event {
   Head(Head),
   /// An accepted frame, whole.
   Frame(Frame),
-}
-
-/// Encodes one frame.
-pub fn encode(kind: u8, id: u32, payload: &[u8]) -> Bytes {
-  let mut out = BytesMut::with_capacity(HEADER_LEN + payload.len());
-  out.extend_from_slice(&[kind]);
-  out.extend_from_slice(&id.to_be_bytes());
-  out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-  out.extend_from_slice(payload);
-  out.freeze()
 }
 
 #[derive(Default)]
@@ -96,19 +73,16 @@ impl Decoder {
     loop {
       match &mut self.state {
         State::Header => {
-          if self.buf.len() < HEADER_LEN {
+          let Some(head) = Head::parse(&self.buf) else {
             return Ok(None);
-          }
-          let kind = self.buf[0];
-          let id = u32::from_be_bytes(self.buf[1..5].try_into().expect("4 bytes"));
-          let len = u32::from_be_bytes(self.buf[5..9].try_into().expect("4 bytes")) as usize;
+          };
+          let len = head.len;
           if len > MAX_MESSAGE_BYTES {
             return Err(format!(
               "the relay sent a frame of {len} bytes, over the limit of {MAX_MESSAGE_BYTES}"
             ));
           }
           self.buf.advance(HEADER_LEN);
-          let head = Head { kind, id, len };
           self.state = State::Decide(head);
           return Ok(Some(Event::Head(head)));
         }

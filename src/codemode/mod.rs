@@ -39,7 +39,7 @@ pub const RELAY_SOURCE: &str = include_str!("../../codemode/relay.py");
 pub const CLIENT_SOURCE: &str = include_str!("../../codemode/mcp_client.py");
 
 /// Largest request or reply, as TrueForge's own transports allow.
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+pub use trueforge_agent_proto::codemode::MAX_MESSAGE_BYTES;
 
 /// $1 = the socket path. Fails fast (exit 127, a message on stderr) without python3.
 pub(crate) const LAUNCHER: &str = r#"if ! command -v python3 >/dev/null 2>&1; then
@@ -51,10 +51,37 @@ exec python3 -I -S /trueforge/codemode/relay.py "$1""#;
 #[cfg(test)]
 mod tests {
   use super::*;
+  use crate::codemode::frame::{KIND_READY, KIND_REPLY, KIND_REQUEST};
+
+  /// The value of `NAME = a * b * …` in a Python source.
+  fn py_product(source: &str, name: &str) -> usize {
+    let line = source
+      .lines()
+      .find_map(|l| l.strip_prefix(&format!("{name} = ")))
+      .unwrap_or_else(|| panic!("{name} is not assigned"));
+    line
+      .split('*')
+      .map(|f| f.trim().parse::<usize>().expect("a product of integers"))
+      .product()
+  }
+
+  /// The Python relay and client speak the frames and limits the agent's protocol defines.
+  #[test]
+  fn the_python_sides_carry_the_protocols_values() {
+    use trueforge_agent_proto::codemode::{HEADER_LEN, REPLY_ENVELOPE_BYTES};
+    for source in [RELAY_SOURCE, CLIENT_SOURCE] {
+      assert_eq!(py_product(source, "MAX_MESSAGE_BYTES"), MAX_MESSAGE_BYTES);
+    }
+    assert!(RELAY_SOURCE.contains("HEADER = struct.Struct(\">BII\")"));
+    assert_eq!(1 + 4 + 4, HEADER_LEN);
+    let kinds = format!("READY, REQUEST, REPLY = {KIND_READY}, {KIND_REQUEST}, {KIND_REPLY}");
+    assert!(RELAY_SOURCE.contains(&kinds), "{kinds}");
+    let envelope = format!("MAX_MESSAGE_BYTES + {REPLY_ENVELOPE_BYTES}");
+    assert!(RELAY_SOURCE.contains(&envelope), "{envelope}");
+  }
 
   #[test]
   fn relay_script_matches_the_paths() {
-    assert!(RELAY_SOURCE.contains("MAX_MESSAGE_BYTES = 64 * 1024 * 1024"));
     assert!(LAUNCHER.contains(RELAY_PATH));
     assert!(CLIENT_PATH.ends_with("/mcp_client.py"));
     assert_eq!(format!("{DIR}/bin"), BIN_DIR);

@@ -15,7 +15,7 @@ use base64::Engine as _;
 use bollard::auth::DockerCredentials;
 use serde_json::Value;
 
-use crate::engine::endpoint::{config_dir, Env};
+use crate::engine::endpoint::{read_docker_config, Env};
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -53,26 +53,9 @@ fn failure(registry: &str, reason: String) -> String {
 
 /// Credentials for `registry` from the Docker config; `None` when it has none.
 pub fn from_docker_config(registry: &str, env: &dyn Env) -> Result<Option<DockerCredentials>> {
-  let Some(dir) = config_dir(env) else {
+  let Some((path, cfg)) = read_docker_config(env).map_err(|e| failure(registry, e))? else {
     return Ok(None);
   };
-  let path = dir.join("config.json");
-  let text = match std::fs::read_to_string(&path) {
-    Ok(t) => t,
-    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-    Err(e) => {
-      return Err(failure(
-        registry,
-        format!("cannot read {}: {e}", path.display()),
-      ))
-    }
-  };
-  let cfg: Value = serde_json::from_str(&text).map_err(|e| {
-    failure(
-      registry,
-      format!("{} is not valid JSON: {e}", path.display()),
-    )
-  })?;
   let helper = cfg
     .get("credHelpers")
     .and_then(Value::as_object)
@@ -108,28 +91,19 @@ pub fn from_docker_config(registry: &str, env: &dyn Env) -> Result<Option<Docker
   }
   let (username, password) = match s("auth") {
     Some(auth) => {
+      let not_basic = || {
+        let what = "is not base64 of user:password";
+        failure(
+          registry,
+          format!("its `auths` entry in {} {what}", path.display()),
+        )
+      };
       let decoded = base64::engine::general_purpose::STANDARD
         .decode(auth.trim())
         .ok()
         .and_then(|b| String::from_utf8(b).ok())
-        .ok_or_else(|| {
-          failure(
-            registry,
-            format!(
-              "its `auths` entry in {} is not base64 of user:password",
-              path.display()
-            ),
-          )
-        })?;
-      let (u, p) = decoded.split_once(':').ok_or_else(|| {
-        failure(
-          registry,
-          format!(
-            "its `auths` entry in {} is not base64 of user:password",
-            path.display()
-          ),
-        )
-      })?;
+        .ok_or_else(not_basic)?;
+      let (u, p) = decoded.split_once(':').ok_or_else(not_basic)?;
       (u.to_string(), p.to_string())
     }
     None => match (s("username"), s("password")) {

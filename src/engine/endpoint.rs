@@ -217,6 +217,23 @@ pub fn config_dir(env: &dyn Env) -> Option<PathBuf> {
     .or_else(|| env.home().map(|h| h.join(".docker")))
 }
 
+/// The Docker config (`config.json` in `config_dir`): its path and its JSON; `None` when there
+/// is none. `Err` says what is wrong with the file, for the caller to put in its own words.
+pub fn read_docker_config(env: &dyn Env) -> std::result::Result<Option<(PathBuf, Value)>, String> {
+  let Some(dir) = config_dir(env) else {
+    return Ok(None);
+  };
+  let path = dir.join("config.json");
+  let text = match std::fs::read_to_string(&path) {
+    Ok(t) => t,
+    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+    Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+  };
+  serde_json::from_str(&text)
+    .map(|v| Some((path.clone(), v)))
+    .map_err(|e| format!("{} is not valid JSON: {e}", path.display()))
+}
+
 fn invalid(option: &str, reason: impl Into<String>) -> SandboxError {
   SandboxError::InvalidOption {
     option: option.to_string(),
@@ -365,26 +382,9 @@ fn read_cert_dir(dir: &Path, verify: bool, option: &str, origin: String) -> Resu
 
 /// The `currentContext` of the Docker config, if any.
 fn current_context(env: &dyn Env) -> Result<Option<String>> {
-  let Some(dir) = config_dir(env) else {
+  let Some((_, v)) = read_docker_config(env).map_err(|e| invalid("currentContext", e))? else {
     return Ok(None);
   };
-  let path = dir.join("config.json");
-  let text = match std::fs::read_to_string(&path) {
-    Ok(t) => t,
-    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-    Err(e) => {
-      return Err(invalid(
-        "currentContext",
-        format!("cannot read {}: {e}", path.display()),
-      ))
-    }
-  };
-  let v: Value = serde_json::from_str(&text).map_err(|e| {
-    invalid(
-      "currentContext",
-      format!("{} is not valid JSON: {e}", path.display()),
-    )
-  })?;
   Ok(
     v.get("currentContext")
       .and_then(Value::as_str)

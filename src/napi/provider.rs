@@ -574,6 +574,10 @@ pub struct NativePlanOps {
   pub escaped: u32,
 }
 
+/// Largest Code Mode request or reply, in bytes (the agent's protocol defines it).
+#[napi]
+pub const CODE_MODE_MAX_MESSAGE_BYTES: u32 = codemode::MAX_MESSAGE_BYTES as u32;
+
 #[napi]
 pub fn code_mode_plan_ops() -> NativePlanOps {
   use codemode::meter::*;

@@ -15,6 +15,8 @@ use futures_util::{Stream, StreamExt};
 use rand::Rng;
 use tokio::io::AsyncWrite;
 
+use trueforge_agent_proto::output::{format_secs, timed_out_text};
+
 use crate::engine::Engine;
 use crate::sandbox::output::{CappedOutput, MarkerReader, ReadEnd, ReadResult, Until};
 use crate::util::errors::{Result, SandboxError};
@@ -358,17 +360,9 @@ fn kill_unverified(host: &str, timeout: Duration, waited: Duration) -> SandboxEr
 
 /// The result of a command killed by its timeout: its output so far and a line saying so.
 fn timed_out_output(output: CappedOutput, timeout: Duration) -> ExecOutput {
-  let mut text = output.into_text();
-  if !text.is_empty() && !text.ends_with('\n') {
-    text.push('\n');
-  }
-  text.push_str(&format!(
-    "[timed out after {} s: the command and every process it started were killed]",
-    format_secs(timeout)
-  ));
   ExecOutput {
     exit_code: TIMEOUT_EXIT_CODE,
-    output: text,
+    output: timed_out_text(output, timeout),
     timed_out: true,
   }
 }
@@ -385,15 +379,6 @@ async fn finish(engine: &Engine, exec_id: &str, read: ReadResult) -> Result<Exec
     output: read.output.into_text(),
     timed_out: false,
   })
-}
-
-fn format_secs(d: Duration) -> String {
-  let s = d.as_secs_f64();
-  if s.fract() == 0.0 {
-    format!("{}", s as u64)
-  } else {
-    format!("{s:.1}")
-  }
 }
 
 /// Whether the engine's or the runtime's words say the container is not running (any more):

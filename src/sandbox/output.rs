@@ -247,46 +247,6 @@ fn parse_marker(body: &[u8]) -> Option<Marker> {
 mod tests {
   use super::*;
 
-  fn text(cap: usize, chunks: &[&[u8]]) -> (String, u64) {
-    let mut c = CappedOutput::new(cap);
-    for ch in chunks {
-      c.push(ch);
-    }
-    let o = c.omitted();
-    (c.into_text(), o)
-  }
-
-  #[test]
-  fn under_the_cap_is_untouched() {
-    assert_eq!(text(10, &[b"abc", b"def"]), ("abcdef".into(), 0));
-    assert_eq!(text(10, &[b"0123456789"]), ("0123456789".into(), 0));
-  }
-
-  #[test]
-  fn over_the_cap_keeps_head_and_tail() {
-    let (t, o) = text(10, &[b"01234", b"56789", b"abcdef"]);
-    assert_eq!(o, 6);
-    assert_eq!(t, "01234\n[... 6 bytes of output omitted ...]\nbcdef");
-    let (t, o) = text(10, &[b"0123456789abcdefghij"]);
-    assert_eq!(o, 10);
-    assert_eq!(t, "01234\n[... 10 bytes of output omitted ...]\nfghij");
-    // Many small pushes through the ring.
-    let mut c = CappedOutput::new(8);
-    for b in b"abcdefghijklmnopqrstuvwxyz" {
-      c.push(&[*b]);
-    }
-    assert_eq!(c.omitted(), 18);
-    assert_eq!(
-      c.into_text(),
-      "abcd\n[... 18 bytes of output omitted ...]\nwxyz"
-    );
-  }
-
-  #[test]
-  fn invalid_utf8_becomes_replacement() {
-    assert_eq!(text(100, &[b"a\xffb"]).0, "a\u{fffd}b");
-  }
-
   fn scan(token: &str, chunks: &[&[u8]]) -> (Vec<u8>, Vec<Marker>) {
     let mut s = MarkerScanner::new(token);
     let mut out = Vec::new();

@@ -18,12 +18,13 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::{mpsc, watch};
 
+use crate::codemode::{MAX_MESSAGE_BYTES, MAX_REPLY_BYTES};
 use crate::frame::{self, Frame, Kind, AGENT_STREAM, MAX_DATA, MAX_PAYLOAD, WINDOW};
 use crate::msg::{
   ActivityInfo, AgentError, AgentRequest, CodeModeListenSpec, DownloadDone, DownloadHead,
   DownloadSpec, EgressListenSpec, ExecDone, ExecSpec, Hello, LayoutSpec, Outcome, PingInfo,
   Request, StagedDone, StagedHead, StagedUploadSpec, StatInfo, StatSpec, UploadDone, UploadSpec,
-  MAX_CODE_MODE_CALLS, MAX_CODE_MODE_MESSAGE, TIMEOUT_EXIT_CODE,
+  MAX_CODE_MODE_CALLS, TIMEOUT_EXIT_CODE,
 };
 use crate::output::{timed_out_text, CappedOutput};
 pub use egress::{EgressConn, EgressHandler};
@@ -244,7 +245,7 @@ impl CodeModeCall {
   }
 
   fn limit(&self) -> u64 {
-    let most = (MAX_CODE_MODE_MESSAGE + 4096) as u64;
+    let most = MAX_REPLY_BYTES as u64;
     self.size.unwrap_or(most).min(most)
   }
 
@@ -294,11 +295,11 @@ impl CodeModeCall {
 
   /// Sends `reply` to the client, streamed under the agent's credit.
   pub async fn reply(mut self, reply: Bytes) -> Result<(), ClientError> {
-    if reply.len() > MAX_CODE_MODE_MESSAGE + 4096 {
+    if reply.len() > MAX_REPLY_BYTES {
       let msg = format!(
         "Code Mode reply of {} bytes exceeds the limit of {} bytes",
         reply.len(),
-        MAX_CODE_MODE_MESSAGE
+        MAX_MESSAGE_BYTES
       );
       self.stream.finish_with(&Outcome::<()>::Err(AgentError::new(
         crate::msg::ErrorKind::TooLarge,
@@ -542,7 +543,7 @@ impl Shared {
       refuse("too many Code Mode calls at once");
       return Ok(());
     }
-    if size.is_some_and(|n| n > MAX_CODE_MODE_MESSAGE as u64) {
+    if size.is_some_and(|n| n > MAX_MESSAGE_BYTES as u64) {
       drop(st);
       refuse("Code Mode request over the limit");
       return Ok(());
