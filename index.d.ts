@@ -79,7 +79,7 @@ export interface DockerSandboxProviderOptions {
   /**
    * GPUs. Like `docker run --gpus`: `'all'`, a count, or device indexes/UUIDs; or CDI device names
    * (`'nvidia.com/gpu=all'`, `['nvidia.com/gpu=0']`; Docker 25+ with CDI enabled, Podman 5+); or
-   * `{ count, exclusive: true }`: GPUs no other running sandbox on the engine holds (see README).
+   * `{ count, exclusive: true }`: GPUs no other running sandbox on the engine holds (see docs/gpus.md).
    * Default: no GPU.
    */
   gpus?: 'all' | number | string[] | { count: number; exclusive?: boolean | undefined } | undefined

@@ -601,7 +601,7 @@ test('constructor options: constructs, or throws TypeError INVALID_OPTION; escap
         // Documented refusals must never construct.
         expect({ options, network: o.network === 'host' || String(o.network ?? '').startsWith('container:') }).toEqual({ options, network: false })
         const caps: unknown[] = Array.isArray(o.capabilities) ? o.capabilities : []
-        // Only Docker's default set may be kept (README Security).
+        // Only Docker's default set may be kept (docs/security.md).
         const escalating = caps.filter((c) => typeof c === 'string' && !ALLOWED_CAPS.includes(c.toUpperCase().replace(/^CAP_/, '')))
         expect({ options, escalating }).toEqual({ options, escalating: [] })
         expect(o.labels && Object.keys(o.labels).some((k) => k.startsWith('trueforge.sandbox.'))).toBeFalsy()

@@ -1,7 +1,7 @@
 // Capabilities a sandbox may keep (issue 20, item 4): Docker's default set only. Every other
 // Linux capability, `ALL` and unknown names are refused by the constructor with INVALID_OPTION
-// naming `capabilities` and the capability, for the reason the README's Security table gives;
-// an allowed capability beyond the defaults is really held in a sandbox.
+// naming `capabilities` and the capability, for the reason the Capabilities table of
+// docs/security.md gives; an allowed capability beyond the defaults is really held in a sandbox.
 
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
@@ -20,12 +20,12 @@ afterAll(async () => {
   for (const q of providers) q.dispose()
 })
 
-/** The README Security table's rows: [capability, why it is refused]. */
-function readmeTable(): [string, string][] {
-  const readme = readFileSync(join(__dirname, '..', 'README.md'), 'utf8')
-  const security = readme.split('\n## ').find((s) => s.startsWith('Security\n'))
-  if (!security) throw new Error('README has no Security section')
-  return security
+/** The rows of docs/security.md's Capabilities table: [capability, why it is refused]. */
+function docTable(): [string, string][] {
+  const doc = readFileSync(join(__dirname, '..', 'docs', 'security.md'), 'utf8')
+  const table = doc.split('\n## ').find((s) => s.startsWith('Capabilities\n'))
+  if (!table) throw new Error('docs/security.md has no Capabilities section')
+  return table
     .split('\n')
     .map((l) => /^\| `([A-Z_]+)` \| (.*) \|$/.exec(l))
     .filter((m): m is RegExpExecArray => m !== null)
@@ -45,8 +45,8 @@ function refusal(capabilities: unknown[]): any {
 // linux/capability.h
 const CAP_NUMBERS: Record<string, number> = { CHOWN: 0, SYS_CHROOT: 18, MKNOD: 27, NET_RAW: 13, SYSLOG: 34, BPF: 39 }
 
-test('every capability in the README table is refused at construction, with the README reason', () => {
-  const rows = readmeTable()
+test('every capability in the docs/security.md table is refused at construction, with its reason', () => {
+  const rows = docTable()
   // Linux has 41 capabilities; Docker's default set (14) is allowed, the rest listed.
   expect(rows.length).toBe(27)
   for (const [name, why] of rows) {

@@ -340,7 +340,7 @@ function agentCheck(add, st) {
       'agent',
       'warn',
       `commands and files use the engine's exec and archive endpoints: ${st.reason}`,
-      'the sandbox works without the agent, with slower calls; the provider tries the agent again a minute later (doubling up to 30 minutes) and when it restarts the container. For a missing binary, build the agent (npm run build:agent) or install a package that carries agent-bin/; see the README, "In-sandbox agent"',
+      'the sandbox works without the agent, with slower calls; the provider tries the agent again a minute later (doubling up to 30 minutes) and when it restarts the container. For a missing binary, build the agent (npm run build:agent) or install a package that carries agent-bin/; see docs/agent.md, "When it cannot run"',
     )
   }
 }

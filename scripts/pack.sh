@@ -15,7 +15,7 @@
 # npm installs the platform package that matches the
 # machine's os/cpu/libc. scripts/install-packed.sh installs DIR as the registry would serve it;
 # a pnpm project points `pnpm.overrides` (or `overrides:` in pnpm-workspace.yaml) at the files
-# (see docs/trueforge.md).
+# (see integrations/trueforge/docs.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

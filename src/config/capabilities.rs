@@ -1,6 +1,6 @@
 //! The `capabilities` option: which Linux capabilities a sandbox may keep. Only Docker's default
-//! set is allowed; every other capability is refused by name with the reason the README's
-//! Security table gives (a test holds the two equal).
+//! set is allowed; every other capability is refused by name with the reason the Capabilities
+//! table of docs/security.md gives (a test holds the two equal).
 
 use crate::config::options::Given;
 use crate::config::{bad, typed};
@@ -39,7 +39,7 @@ pub const ALLOWED_CAPABILITIES: [&str; 14] = [
 ];
 
 /// Every other Linux capability (linux/capability.h, 0 to 40), with why a sandbox may not keep
-/// it. The README's Security table lists the same, word for word.
+/// it. The Capabilities table of docs/security.md lists the same, word for word.
 pub const REFUSED_CAPABILITIES: [(&str, &str); 27] = [
   ("AUDIT_CONTROL", "changes or switches off the host's audit rules"),
   ("AUDIT_READ", "reads the host's audit events, other tenants' included"),
@@ -175,15 +175,16 @@ mod tests {
     assert_eq!((count, names.len()), (41, 41));
   }
 
-  /// The README's Security table names every refused capability with the same reason.
+  /// The Capabilities table of docs/security.md names every refused capability with the same
+  /// reason.
   #[test]
-  fn the_readme_table_matches_the_code() {
-    let readme = include_str!("../../README.md");
-    let security = readme
+  fn the_security_doc_table_matches_the_code() {
+    let doc = include_str!("../../docs/security.md");
+    let table = doc
       .split("\n## ")
-      .find(|s| s.starts_with("Security\n"))
-      .expect("a Security section");
-    let rows: Vec<(String, String)> = security
+      .find(|s| s.starts_with("Capabilities\n"))
+      .expect("a Capabilities section in docs/security.md");
+    let rows: Vec<(String, String)> = table
       .lines()
       .filter_map(|l| {
         let rest = l.strip_prefix("| `")?;

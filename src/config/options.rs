@@ -347,6 +347,45 @@ mod tests {
     }
   }
 
+  /// README.md's Options table has one row per option the constructor takes (the struct's
+  /// fields as serde names them, and the options index.js takes), and no other row.
+  #[test]
+  fn the_readme_options_table_names_every_option_once() {
+    let readme = include_str!("../../README.md");
+    let section = readme
+      .split("\n## ")
+      .find(|s| s.starts_with("Options\n"))
+      .expect("README.md has an Options section");
+    let rows: Vec<&str> = section
+      .lines()
+      .filter_map(|l| l.strip_prefix("| `")?.split_once('`').map(|(name, _)| name))
+      .collect();
+    let known: Vec<&str> = field_names::<ProviderOptions>()
+      .iter()
+      .chain(JS_OPTIONS.iter())
+      .copied()
+      .collect();
+    let missing: Vec<&str> = known
+      .iter()
+      .filter(|n| !rows.contains(n))
+      .copied()
+      .collect();
+    let unknown: Vec<&str> = rows
+      .iter()
+      .filter(|n| !known.contains(n))
+      .copied()
+      .collect();
+    let twice: Vec<&str> = known
+      .iter()
+      .filter(|n| rows.iter().filter(|r| r == n).count() > 1)
+      .copied()
+      .collect();
+    assert!(
+      missing.is_empty() && unknown.is_empty() && twice.is_empty(),
+      "README.md's Options table: options missing from it {missing:?}; rows that are no option {unknown:?}; options listed twice {twice:?}"
+    );
+  }
+
   #[test]
   fn a_non_object_is_refused_as_options() {
     for v in [json!(null), json!("busybox"), json!(["x"]), json!(3)] {

@@ -1,5 +1,6 @@
-//! The container definition of a new sandbox: least privilege by default (see README), the
-//! init that stops an idle sandbox by itself, and what Podman needs changed.
+//! The container definition of a new sandbox: least privilege by default (see
+//! docs/security.md), the init that stops an idle sandbox by itself, and what Podman needs
+//! changed.
 
 use std::collections::HashMap;
 
@@ -154,7 +155,7 @@ fn environment(cfg: &ProviderConfig) -> Vec<String> {
   env
 }
 
-/// The container definition for a new sandbox: least privilege by default (see README).
+/// The container definition for a new sandbox: least privilege by default (see docs/security.md).
 pub fn container_body(
   cfg: &ProviderConfig,
   sandbox_id: &str,
