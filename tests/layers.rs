@@ -217,3 +217,192 @@ fn the_scanner_sees_paths_and_groups() {
     ]
   );
 }
+
+/// The module a source file is: `codemode/session.rs` is `codemode::session`, `sandbox/agent/mod.rs`
+/// is `sandbox::agent`, `lib.rs` and `main.rs` are the crate root (empty).
+fn module_of(rel: &Path) -> String {
+  let mut parts: Vec<String> = rel
+    .components()
+    .map(|c| c.as_os_str().to_string_lossy().to_string())
+    .collect();
+  let last = parts.pop().unwrap_or_default();
+  let stem = last.trim_end_matches(".rs");
+  if !matches!(stem, "mod" | "lib" | "main") {
+    parts.push(stem.to_string());
+  }
+  parts.join("::")
+}
+
+/// Each module of the crate under `src` (test files left out: `tests.rs` and `tests/`), with the
+/// modules of the crate it names through `crate::` paths.
+fn module_edges(src: &Path) -> Vec<(String, Vec<(String, usize)>)> {
+  let mut files = Vec::new();
+  sources(src, &mut files);
+  files.sort();
+  let is_test = |p: &Path| {
+    p.components()
+      .any(|c| c.as_os_str() == "tests" || c.as_os_str() == "tests.rs")
+  };
+  let files: Vec<PathBuf> = files
+    .into_iter()
+    .filter(|f| !is_test(f.strip_prefix(src).expect("under src")))
+    .collect();
+  let modules: Vec<String> = files
+    .iter()
+    .map(|f| module_of(f.strip_prefix(src).expect("under src")))
+    .collect();
+  let mut out = Vec::new();
+  for (file, module) in files.iter().zip(&modules) {
+    let text = std::fs::read_to_string(file).expect("read");
+    // A file's own unit tests may use anything; they are not part of its dependencies.
+    let code = text.split("#[cfg(test)]").next().unwrap_or("");
+    let mut used = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+      for (_, item) in crate_paths(code_part(line)) {
+        let item = item.trim_end_matches("::self");
+        // The longest module that the path starts with.
+        let target = modules
+          .iter()
+          .filter(|m| !m.is_empty())
+          .filter(|m| item == m.as_str() || item.starts_with(&format!("{m}::")))
+          .max_by_key(|m| m.len());
+        if let Some(t) = target {
+          // A folder's root declares its modules and is their front: it may use them.
+          let own_child = module.is_empty() || t.starts_with(&format!("{module}::"));
+          if t != module && !own_child && !used.iter().any(|(u, _): &(String, usize)| u == t) {
+            used.push((t.clone(), n + 1));
+          }
+        }
+      }
+    }
+    out.push((module.clone(), used));
+  }
+  out
+}
+
+/// The circles among modules: each as the modules in it, in the order the edges run.
+fn circles(edges: &[(String, Vec<(String, usize)>)]) -> Vec<Vec<String>> {
+  // Tarjan's strongly connected components.
+  struct St<'a> {
+    edges: &'a [(String, Vec<(String, usize)>)],
+    index: Vec<Option<usize>>,
+    low: Vec<usize>,
+    on: Vec<bool>,
+    stack: Vec<usize>,
+    next: usize,
+    out: Vec<Vec<String>>,
+  }
+  fn find(edges: &[(String, Vec<(String, usize)>)], name: &str) -> Option<usize> {
+    edges.iter().position(|(m, _)| m == name)
+  }
+  fn visit(st: &mut St, v: usize) {
+    st.index[v] = Some(st.next);
+    st.low[v] = st.next;
+    st.next += 1;
+    st.stack.push(v);
+    st.on[v] = true;
+    let targets: Vec<usize> = st.edges[v]
+      .1
+      .iter()
+      .filter_map(|(t, _)| find(st.edges, t))
+      .collect();
+    for w in targets {
+      match st.index[w] {
+        None => {
+          visit(st, w);
+          st.low[v] = st.low[v].min(st.low[w]);
+        }
+        Some(i) if st.on[w] => st.low[v] = st.low[v].min(i),
+        Some(_) => {}
+      }
+    }
+    if Some(st.low[v]) == st.index[v] {
+      let mut component = Vec::new();
+      while let Some(w) = st.stack.pop() {
+        st.on[w] = false;
+        component.push(st.edges[w].0.clone());
+        if w == v {
+          break;
+        }
+      }
+      if component.len() > 1 {
+        component.sort();
+        st.out.push(component);
+      }
+    }
+  }
+  let n = edges.len();
+  let mut st = St {
+    edges,
+    index: vec![None; n],
+    low: vec![0; n],
+    on: vec![false; n],
+    stack: Vec::new(),
+    next: 0,
+    out: Vec::new(),
+  };
+  for v in 0..n {
+    if st.index[v].is_none() {
+      visit(&mut st, v);
+    }
+  }
+  st.out
+}
+
+/// Where each module of a circle names the next ones: `file:line` per edge inside it.
+fn describe(edges: &[(String, Vec<(String, usize)>)], circle: &[String]) -> String {
+  let mut lines = Vec::new();
+  for (m, used) in edges.iter().filter(|(m, _)| circle.contains(m)) {
+    for (t, line) in used.iter().filter(|(t, _)| circle.contains(t)) {
+      lines.push(format!("  {m} uses {t} (line {line})"));
+    }
+  }
+  format!("{}:\n{}", circle.join(", "), lines.join("\n"))
+}
+
+/// No module, in the addon, the agent or the protocol crate, depends on itself through others:
+/// what two modules share sits in a third both can see. A folder's root (`mod.rs`) may use the
+/// modules it declares; their uses of it count.
+#[test]
+fn no_circles_between_modules() {
+  let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+  let mut problems = Vec::new();
+  for krate in ["src", "agent/src", "agent-proto/src"] {
+    let edges = module_edges(&root.join(krate));
+    for circle in circles(&edges) {
+      problems.push(format!("{krate}: {}", describe(&edges, &circle)));
+    }
+  }
+  assert!(
+    problems.is_empty(),
+    "circles between modules:\n{}",
+    problems.join("\n")
+  );
+}
+
+#[test]
+fn the_circle_finder_finds_circles() {
+  let e = |m: &str, used: &[&str]| {
+    (
+      m.to_string(),
+      used.iter().map(|u| (u.to_string(), 1)).collect::<Vec<_>>(),
+    )
+  };
+  let edges = vec![
+    e("a", &["b"]),
+    e("b", &["c"]),
+    e("c", &["a"]),
+    e("d", &["a"]),
+  ];
+  assert_eq!(circles(&edges), vec![vec!["a", "b", "c"]]);
+  assert!(circles(&[e("a", &["b"]), e("b", &[])]).is_empty());
+  assert_eq!(
+    module_of(Path::new("codemode/session.rs")),
+    "codemode::session"
+  );
+  assert_eq!(
+    module_of(Path::new("sandbox/agent/mod.rs")),
+    "sandbox::agent"
+  );
+  assert_eq!(module_of(Path::new("lib.rs")), "");
+}

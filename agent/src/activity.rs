@@ -7,13 +7,11 @@
 use std::cell::Cell;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 use trueforge_agent_proto::msg::ActivityInfo;
 
-use crate::ctx::Ctx;
 use crate::sys;
 
 /// At most one touch of the file per this interval.
@@ -67,15 +65,15 @@ impl Activity {
   }
 }
 
-/// Refreshes the activity file while commands run.
-pub async fn ticker(ctx: Rc<Ctx>) {
+/// Refreshes the activity file while commands run (`running` counts them).
+pub async fn ticker(activity: &Activity, running: impl Fn() -> u32) {
   loop {
-    if ctx.running.get() == 0 {
-      ctx.activity.wake.notified().await;
+    if running() == 0 {
+      activity.wake.notified().await;
     }
     tokio::time::sleep(TOUCH_EVERY).await;
-    if ctx.running.get() > 0 {
-      ctx.activity.touch(false);
+    if running() > 0 {
+      activity.touch(false);
     }
   }
 }

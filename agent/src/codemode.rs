@@ -4,8 +4,6 @@
 //! a `{"ok": false, …, "source": "caller"}` reply), with each request carried to the host as a
 //! stream of our own and the host's reply carried back.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -14,53 +12,17 @@ use std::rc::Rc;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
 use trueforge_agent_proto::codemode::{MAX_MESSAGE_BYTES, MAX_REPLY_BYTES};
 use trueforge_agent_proto::msg::{
-  AgentError, AgentRequest, CodeModeListenSpec, ErrorKind, Outcome, MAX_CODE_MODE_CALLS,
+  AgentError, AgentRequest, CodeModeListenSpec, ErrorKind, Outcome,
 };
 
 use crate::conn::In;
 use crate::ctx::Ctx;
+use crate::held::{remove_socket, Relay};
 use crate::pyjson::{self, Value};
 use crate::resolve::{self, Links};
-use crate::sys::{self, Creds};
-
-/// The relays by socket path.
-pub struct Relays {
-  open: RefCell<HashMap<String, Relay>>,
-  calls: Semaphore,
-}
-
-struct Relay {
-  task: tokio::task::JoinHandle<()>,
-  creds: Creds,
-}
-
-impl Relays {
-  pub fn new() -> Relays {
-    Relays {
-      open: RefCell::new(HashMap::new()),
-      calls: Semaphore::new(MAX_CODE_MODE_CALLS),
-    }
-  }
-
-  /// Stops every relay and removes its socket (the agent is exiting).
-  pub fn close_all(&self, ctx: &Ctx) {
-    let all: Vec<(String, Relay)> = self.open.borrow_mut().drain().collect();
-    for (path, relay) in all {
-      relay.task.abort();
-      remove_socket(ctx, &path, &relay.creds);
-    }
-  }
-}
-
-fn remove_socket(ctx: &Ctx, path: &str, creds: &Creds) {
-  if let Ok(p) = CString::new(path) {
-    // As the user: a socket in the user's directory is the user's to remove.
-    let _ = sys::as_user(&ctx.me, creds, || unsafe { libc::unlink(p.as_ptr()) });
-  }
-}
+use crate::sys;
 
 fn bad(kind: ErrorKind, msg: String) -> Outcome<()> {
   Outcome::Err(AgentError::new(kind, msg))
@@ -119,7 +81,7 @@ pub fn close(ctx: &Ctx, socket: &str) -> Outcome<()> {
   let relay = ctx.relays.open.borrow_mut().remove(socket);
   if let Some(r) = relay {
     r.task.abort();
-    remove_socket(ctx, socket, &r.creds);
+    remove_socket(&ctx.me, socket, &r.creds);
   }
   Outcome::Ok(())
 }

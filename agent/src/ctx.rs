@@ -5,8 +5,8 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use crate::activity::Activity;
-use crate::codemode::Relays;
 use crate::conn::Conn;
+use crate::held::{Egress, Relays};
 use crate::pool::Pool;
 use crate::sys::{Creds, Identity};
 use crate::users::{User, Users};
@@ -31,7 +31,7 @@ pub struct Ctx {
   pub started: Instant,
   pub relays: Relays,
   /// The egress port and its connections.
-  pub egress: crate::egress::Egress,
+  pub egress: Egress,
   /// Whether downloads move file pages pipe to pipe (`TRUEFORGE_AGENT_NO_SPLICE=1` copies them
   /// instead, so tests cover the path taken where a file system takes no splice).
   pub splice: bool,

@@ -6,7 +6,6 @@
 //! can close (the host fails it or goes away, the agent exits or is killed) resets it: a client
 //! must never take a connection cut short for a complete answer.
 
-use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -17,12 +16,12 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::task::JoinHandle;
 use trueforge_agent_proto::frame::{MAX_DATA, WINDOW};
 use trueforge_agent_proto::msg::{AgentError, AgentRequest, EgressListenSpec, ErrorKind, Outcome};
 
 use crate::conn::{In, Sender, StreamIo};
 use crate::ctx::Ctx;
+use crate::held::Listening;
 use crate::sys;
 
 /// Connections the kernel queues before we accept them.
@@ -30,39 +29,6 @@ const BACKLOG: u32 = 1024;
 
 /// Room a client's bytes are read into (each read is also capped by the stream's credit).
 const READ_CHUNK: usize = 64 * 1024;
-
-/// The egress listener and the connections it carries.
-#[derive(Default)]
-pub struct Egress {
-  listening: RefCell<Option<Listening>>,
-  /// Connections carried now.
-  in_flight: Cell<u32>,
-  /// Connections reset unopened because `max_connections` were in flight.
-  turned_away: Cell<u64>,
-}
-
-impl Egress {
-  pub fn turned_away(&self) -> u64 {
-    self.turned_away.get()
-  }
-}
-
-struct Listening {
-  spec: EgressListenSpec,
-  /// The listening sockets (127.0.0.1, and ::1 where there is one), each with its accept task.
-  listeners: Vec<(Rc<TcpListener>, JoinHandle<()>)>,
-}
-
-impl Drop for Listening {
-  fn drop(&mut self) {
-    for (l, task) in &self.listeners {
-      // Stops listening now, not when the aborted task is next polled: a client connecting
-      // after the answer must be refused.
-      unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
-      task.abort();
-    }
-  }
-}
 
 fn invalid(message: String) -> Outcome<()> {
   Outcome::Err(AgentError::new(ErrorKind::InvalidRequest, message))

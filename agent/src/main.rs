@@ -10,6 +10,7 @@ mod ctx;
 mod egress;
 mod exec;
 mod files;
+mod held;
 mod lane;
 mod mcp_client;
 mod pool;

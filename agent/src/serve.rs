@@ -17,9 +17,10 @@ use trueforge_agent_proto::msg::{
 };
 
 use crate::activity::{self, Activity};
-use crate::codemode::{self, Relays};
+use crate::codemode;
 use crate::conn::{Conn, Out, Pipe};
 use crate::ctx::Ctx;
+use crate::held::Relays;
 use crate::pool::Pool;
 use crate::sys::{self, Identity};
 use crate::users::Users;
@@ -138,7 +139,8 @@ async fn serve(
       c.procs.reaped(sys::reap_all());
     }
   });
-  tokio::task::spawn_local(activity::ticker(ctx.clone()));
+  let c = ctx.clone();
+  tokio::task::spawn_local(async move { activity::ticker(&c.activity, || c.running.get()).await });
   conn.send(&Frame::json(
     Kind::Hello,
     0,
@@ -185,7 +187,7 @@ async fn serve(
   }
   // Commands still running are killed by their shepherds as their control pipes close with
   // this process.
-  ctx.relays.close_all(&ctx);
+  ctx.relays.close_all(&ctx.me);
   ctx.conn.close_all();
   Ok(if why.is_some() { 3 } else { 0 })
 }

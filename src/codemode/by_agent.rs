@@ -17,9 +17,9 @@ use trueforge_agent_proto::client::{CallHandler, CodeModeCall};
 use trueforge_agent_proto::msg::CodeModeListenSpec;
 
 use crate::codemode::budget::{self, Admission, Budget, Claim};
+use crate::codemode::intake::{Intake, Request};
 use crate::codemode::meter::{self, Measured, Unfit};
 use crate::codemode::relay::{next_generation, Relay};
-use crate::codemode::session::{Intake, Request};
 use crate::codemode::MAX_MESSAGE_BYTES;
 use crate::engine::Engine;
 use crate::sandbox::agent::Conn;

@@ -31,10 +31,10 @@ use crate::codemode::budget::{self, Admission, Budget, Claim};
 use crate::codemode::frame::{
   encode, Decoder, Event, Frame, Head, KIND_READY, KIND_REPLY, KIND_REQUEST,
 };
+use crate::codemode::intake::{Intake, Request};
 use crate::codemode::meter::Unfit;
 use crate::codemode::reader::{error_reply, Inflight};
 use crate::codemode::relay::next_generation;
-use crate::codemode::session::{Intake, Request};
 use crate::engine::Engine;
 use crate::sandbox::agent::Conn;
 use crate::sandbox::container::Target;

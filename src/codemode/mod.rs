@@ -12,6 +12,7 @@
 pub mod budget;
 pub mod by_agent;
 pub mod frame;
+pub mod intake;
 #[cfg(unix)]
 pub mod lane;
 pub mod meter;
@@ -21,8 +22,9 @@ pub mod session;
 
 pub use budget::{Budget, Pool};
 pub use by_agent::Served;
+pub use intake::{Intake, Request, RequestSink};
 pub use relay::{launch, Relay};
-pub use session::{Intake, Launcher, Liveness, RequestSink, Session};
+pub use session::{Launcher, Liveness, Session};
 
 /// Where everything Code Mode puts in a sandbox lives.
 pub const DIR: &str = "/trueforge/codemode";

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::codemode::budget::{self, Admission, Budget, Claim};
 use crate::codemode::frame::{encode, Decoder, Event, Frame, KIND_REPLY, KIND_REQUEST};
-use crate::codemode::session::{Intake, Request};
+use crate::codemode::intake::{Intake, Request};
 use crate::engine::Engine;
 use crate::util::logging::{Level, Logger};
 

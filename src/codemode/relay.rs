@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::codemode::budget::Budget;
 use crate::codemode::frame::{encode, Decoder, Event, KIND_READY, KIND_REPLY};
+use crate::codemode::intake::Intake;
 use crate::codemode::reader::{self, Inflight, Output, Reader};
-use crate::codemode::session::Intake;
 use crate::codemode::{LAUNCHER, RELAY_PATH, RELAY_SOURCE};
 use crate::engine::Engine;
 use crate::sandbox::container::Target;

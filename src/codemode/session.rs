@@ -1,69 +1,17 @@
 //! One Code Mode transport's session: its socket name, and the relay serving it in the sandbox
 //! it was last started for.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
-use tokio::sync::futures::Notified;
-use tokio::sync::Notify;
 
-use crate::codemode::budget::Claim;
 use crate::codemode::by_agent::Served;
+use crate::codemode::intake::{Intake, RequestSink};
 #[cfg(unix)]
 use crate::codemode::lane::Fed;
-use crate::codemode::meter::Measured;
 use crate::codemode::SOCKET_DIR;
 use crate::util::errors::Result;
-
-/// One request for the JavaScript side: its JSON text, checked and measured.
-pub struct Request {
-  pub payload: Vec<u8>,
-  pub measured: Measured,
-}
-
-/// Receives each request: the relay's generation, the request's number and the request. The
-/// answer goes back through `Session::reply` with the same generation and number.
-pub type RequestSink = Arc<dyn Fn(u32, u32, Request) + Send + Sync>;
-
-/// The room of the requests handed to the JavaScript side, held until the dispatcher is done
-/// with them, whatever became of their relays or their callers meanwhile: until its reply is
-/// handed back, or, for a large request whose values the JavaScript side watches, until they
-/// are collected (`Session::collected`).
-#[derive(Default)]
-pub struct Holds(Mutex<HashMap<(u32, u32), Hold>>);
-
-struct Hold {
-  _claim: Claim,
-  heap: u64,
-}
-
-impl Holds {
-  /// Request `seq` of relay `generation` is handed over, holding `claim` for values of `heap`
-  /// bytes.
-  pub fn hold(&self, generation: u32, seq: u32, claim: Claim, heap: u64) {
-    let mut held = self.0.lock().expect("holds");
-    held.insert(
-      (generation, seq),
-      Hold {
-        _claim: claim,
-        heap,
-      },
-    );
-  }
-
-  fn release(&self, generation: u32, seq: u32) {
-    let hold = self.0.lock().expect("holds").remove(&(generation, seq));
-    drop(hold);
-  }
-
-  fn heap_of(&self, generation: u32, seq: u32) -> Option<u64> {
-    let held = self.0.lock().expect("holds");
-    held.get(&(generation, seq)).map(|h| h.heap)
-  }
-}
 
 /// A request whose values take this much is worth a collection when its dispatcher is done:
 /// its room comes back once they are collected, and other requests may be waiting for it.
@@ -91,57 +39,6 @@ fn collection_due(heap: u64) -> bool {
 /// Past V8's allowance for external memory since its last collection (64 MiB), so that the
 /// pressure starts one.
 const COLLECTION_PRESSURE: i64 = 64 << 20;
-
-/// How long a request waits for its reply when `start` was given no timeout: the client's own
-/// default (`DEFAULT_TIMEOUT_SECONDS` in mcp_client.py), after which nobody waits for it.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// What a relay needs from its session: where requests go, and how long each waits for its
-/// reply before the caller is told it timed out and its bytes are given back.
-#[derive(Clone)]
-pub struct Intake {
-  pub sink: RequestSink,
-  pub holds: Arc<Holds>,
-  timeout_ms: Arc<AtomicU64>,
-  /// Told when the timeout gets shorter: a relay waiting out the old one looks again.
-  shorter: Arc<Notify>,
-}
-
-impl Intake {
-  pub fn new(sink: RequestSink) -> Self {
-    Self {
-      sink,
-      holds: Arc::default(),
-      timeout_ms: Arc::new(AtomicU64::new(DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)),
-      shorter: Arc::new(Notify::new()),
-    }
-  }
-
-  pub fn timeout(&self) -> Duration {
-    Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
-  }
-
-  /// Hands request `seq` of relay `generation` to the sink, its room held until the
-  /// dispatcher is done with it.
-  pub fn deliver(&self, generation: u32, seq: u32, request: Request, claim: Claim) {
-    self
-      .holds
-      .hold(generation, seq, claim, request.measured.heap);
-    (self.sink)(generation, seq, request);
-  }
-
-  /// Completes once the timeout is set shorter than it was.
-  pub fn shortened(&self) -> Notified<'_> {
-    self.shorter.notified()
-  }
-
-  fn set_timeout(&self, t: Duration) {
-    let ms = t.as_millis().clamp(1, u64::MAX as u128) as u64;
-    if self.timeout_ms.swap(ms, Ordering::Relaxed) > ms {
-      self.shorter.notify_waiters();
-    }
-  }
-}
 
 /// Launches a relay for one sandbox; the provider supplies it (it knows how to resolve, start
 /// and re-resolve a sandbox).
@@ -372,6 +269,7 @@ async fn still_serving(
 #[cfg(test)]
 mod tests {
   use super::*;
+  use crate::codemode::intake::Request;
 
   #[test]
   fn sessions_have_distinct_owner_only_socket_paths() {

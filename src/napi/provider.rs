@@ -10,8 +10,7 @@ use napi::Env;
 use napi_derive::napi;
 use serde_json::Value;
 
-use crate::codemode::session::Request;
-use crate::codemode::{self, RequestSink, Session};
+use crate::codemode::{self, Request, RequestSink, Session};
 use crate::config::ProviderConfig;
 use crate::images::Build;
 use crate::napi::js::{promise, to_js};

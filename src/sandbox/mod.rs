@@ -11,6 +11,7 @@ pub mod exec;
 mod fuzz_tests;
 pub mod layout;
 pub mod network;
+pub mod ours;
 pub mod output;
 pub mod owner;
 pub mod swap;

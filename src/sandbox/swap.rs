@@ -16,11 +16,7 @@ use crate::util::errors::Result;
 use crate::util::labels::{LABEL_CARRIED_VOLUMES, LABEL_SAVED_FROM, LABEL_SAVED_IMAGE};
 use crate::util::logging::Logger;
 
-/// Suffix of the new container's name until it takes the sandbox's name.
-pub const MOVING_SUFFIX: &str = ".gpu-move";
-
-/// Suffix of the old container's name between the renames.
-pub const MOVED_SUFFIX: &str = ".gpu-moved";
+pub use crate::sandbox::ours::{MOVED_SUFFIX, MOVING_SUFFIX};
 
 /// A saved image no container uses is swept once older than this (a move that crashed).
 pub const SAVED_IMAGE_STALE: Duration = Duration::from_secs(600);
@@ -126,6 +122,6 @@ fn set_aside_of(info: &ContainerInspectResponse, name: &str) -> bool {
   let moved = format!("{name}{MOVED_SUFFIX}");
   let labels = info.config.as_ref().and_then(|c| c.labels.as_ref());
   info.name.as_deref() == Some(format!("/{moved}").as_str())
-    && crate::sandbox::container::owned(&moved, labels, None)
-      .is_some_and(|o| o.role == crate::sandbox::container::Role::SetAside)
+    && crate::sandbox::ours::owned(&moved, labels, None)
+      .is_some_and(|o| o.role == crate::sandbox::ours::Role::SetAside)
 }
