@@ -134,11 +134,16 @@ test('the real agent killed again and again by a root workload: the calls it was
   const results = []
   for (let i = 0; i < 8; i++) results.push(await p.exec({ sandboxId: id, command: 'sleep 1; echo served' }))
   const failed = results.filter((r) => !r.success)
-  // At most the calls that counted the losses failed (under gVisor one more: a killed agent
-  // there can go silent before its stream ends, and a silent agent is not counted as dead).
+  // The killer also kills a command's supervisor (a fork of the agent, with its name) when it
+  // finds that before the agent: the agent lives on and says so; no loss is counted for it.
+  const lost = failed.filter((r) => /agent ended while the call was in flight/.test(r.error))
+  const supervisorKilled = /its supervisor died before it could report how the command ended/
+  for (const r of failed) if (!lost.includes(r)) expect(r).toEqual({ success: false, error: expect.stringMatching(supervisorKilled) })
+  // At most the calls that counted the losses lost their agent (under gVisor one more: a killed
+  // agent there can go silent before its stream ends, and a silent agent is not counted as dead).
   const most = onRunsc ? 4 : 3
-  expect({ failed: failed.length, errors: failed.map((r) => r.error) }).toEqual({ failed: Math.min(failed.length, most), errors: expect.anything() })
-  for (const r of failed) expect(r).toEqual({ success: false, error: expect.stringMatching(/agent ended while the call was in flight/) })
+  expect({ lost: lost.length, errors: lost.map((r) => r.error) }).toEqual({ lost: Math.min(lost.length, most), errors: expect.anything() })
+  expect(lost.length).toBeGreaterThan(0)
   expect(results.slice(-3)).toEqual(Array(3).fill({ success: true, response: { exitCode: 0, result: 'served\n' } }))
   const st = await p.agentStatus(id)
   expect(st).toEqual({ mode: 'engine-exec', reason: expect.stringMatching(/died|ended/) })

@@ -255,27 +255,126 @@ fn module_edges(src: &Path) -> Vec<(String, Vec<(String, usize)>)> {
   for (file, module) in files.iter().zip(&modules) {
     let text = std::fs::read_to_string(file).expect("read");
     // A file's own unit tests may use anything; they are not part of its dependencies.
-    let code = text.split("#[cfg(test)]").next().unwrap_or("");
+    let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+    let code: String = code.lines().map(code_part).collect::<Vec<_>>().join("\n");
+    let mut paths = module_paths(&code, module);
+    paths.extend(child_paths(&code, module));
     let mut used = Vec::new();
-    for (n, line) in code.lines().enumerate() {
-      for (_, item) in crate_paths(code_part(line)) {
-        let item = item.trim_end_matches("::self");
-        // The longest module that the path starts with.
-        let target = modules
-          .iter()
-          .filter(|m| !m.is_empty())
-          .filter(|m| item == m.as_str() || item.starts_with(&format!("{m}::")))
-          .max_by_key(|m| m.len());
-        if let Some(t) = target {
-          // A folder's root declares its modules and is their front: it may use them.
-          let own_child = module.is_empty() || t.starts_with(&format!("{module}::"));
-          if t != module && !own_child && !used.iter().any(|(u, _): &(String, usize)| u == t) {
-            used.push((t.clone(), n + 1));
-          }
+    for (item, line) in paths {
+      let item = item.trim_end_matches("::self");
+      // The longest module that the path starts with.
+      let target = modules
+        .iter()
+        .filter(|m| !m.is_empty())
+        .filter(|m| item == m.as_str() || item.starts_with(&format!("{m}::")))
+        .max_by_key(|m| m.len());
+      if let Some(t) = target {
+        // A module declaring others may re-export them (`pub use`, its front for the folders
+        // after it) without depending on them; anything else it takes from them counts.
+        let own_child = module.is_empty() || t.starts_with(&format!("{module}::"));
+        let reexport = code
+          .lines()
+          .nth(line - 1)
+          .is_some_and(|l| l.trim_start().starts_with("pub use "));
+        if t != module
+          && !(own_child && reexport)
+          && !used.iter().any(|(u, _): &(String, usize)| u == t)
+        {
+          used.push((t.clone(), line));
         }
       }
     }
     out.push((module.clone(), used));
+  }
+  out
+}
+
+/// Every path `code` names into the crate, from the crate root, with the line it starts on:
+/// `crate::a::{b, c::D}` gives `a::b` and `a::c::D` (a group may span lines); `super::x` in
+/// module `m::n` gives `m::x`.
+fn module_paths(code: &str, module: &str) -> Vec<(String, usize)> {
+  let mut out = Vec::new();
+  let sup = module
+    .rsplit_once("::")
+    .map_or(String::new(), |(p, _)| p.to_string());
+  let line_of = |offset: usize| code[..offset].matches('\n').count() + 1;
+  for (prefix, base) in [("crate::", String::new()), ("super::", sup)] {
+    let mut from = 0;
+    while let Some(at) = code[from..].find(prefix).map(|i| i + from) {
+      from = at + prefix.len();
+      // Not the tail of a longer path (`x::crate::`, `super::super::`) or of a name.
+      if code[..at].ends_with(|c: char| c == ':' || c.is_alphanumeric() || c == '_') {
+        continue;
+      }
+      let after = &code[from..];
+      let join = |p: &str| match (base.is_empty(), p.is_empty()) {
+        (true, _) => p.to_string(),
+        (false, true) => base.clone(),
+        (false, false) => format!("{base}::{p}"),
+      };
+      let end = after
+        .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+        .unwrap_or(after.len());
+      let head = after[..end].trim_end_matches(':');
+      if after[end..].starts_with('{') {
+        let close = after[end..].find('}').map_or(after.len(), |i| end + i);
+        for item in after[end + 1..close].split(',').map(str::trim) {
+          let item = item
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .trim_start_matches('{');
+          if item.is_empty() {
+            continue;
+          }
+          let full = if head.is_empty() {
+            item.to_string()
+          } else {
+            format!("{head}::{item}")
+          };
+          out.push((join(&full), line_of(at)));
+        }
+      } else if !head.is_empty() {
+        out.push((join(head), line_of(at)));
+      }
+    }
+  }
+  out
+}
+
+/// The paths `code` names through the modules it declares (`mod x;`, then `x::y` or
+/// `use x::{…}`), from the crate root.
+fn child_paths(code: &str, module: &str) -> Vec<(String, usize)> {
+  let children: Vec<&str> = code
+    .lines()
+    .filter_map(|l| {
+      let t = l.trim_start();
+      let t = t
+        .strip_prefix("pub(crate) ")
+        .or_else(|| t.strip_prefix("pub "))
+        .unwrap_or(t);
+      t.strip_prefix("mod ")?.strip_suffix(';')
+    })
+    .collect();
+  let mut out = Vec::new();
+  for child in children {
+    let prefix = format!("{child}::");
+    // As if it were written `crate::<module>::<child>::…`.
+    let text = code.replace(
+      &prefix,
+      &format!(
+        "crate::{module}{}{prefix}",
+        if module.is_empty() { "" } else { "::" }
+      ),
+    );
+    for (p, line) in module_paths(&text, module) {
+      if p.starts_with(&format!(
+        "{module}{}{child}",
+        if module.is_empty() { "" } else { "::" }
+      )) {
+        out.push((p, line));
+      }
+    }
   }
   out
 }
@@ -361,8 +460,8 @@ fn describe(edges: &[(String, Vec<(String, usize)>)], circle: &[String]) -> Stri
 }
 
 /// No module, in the addon, the agent or the protocol crate, depends on itself through others:
-/// what two modules share sits in a third both can see. A folder's root (`mod.rs`) may use the
-/// modules it declares; their uses of it count.
+/// what two modules share sits in a third both can see. A module may re-export the modules it
+/// declares (`pub use`) without that counting as a use of them.
 #[test]
 fn no_circles_between_modules() {
   let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -405,4 +504,18 @@ fn the_circle_finder_finds_circles() {
     "sandbox::agent"
   );
   assert_eq!(module_of(Path::new("lib.rs")), "");
+  let paths = module_paths(
+    "use crate::sandbox::agent::{ops, conn::Conn};\nuse super::addr::{\n  canonical,\n  Cidr,\n};\nlet x = super::name::f();",
+    "egress::rule",
+  );
+  assert_eq!(
+    paths,
+    vec![
+      ("sandbox::agent::ops".to_string(), 1),
+      ("sandbox::agent::conn::Conn".to_string(), 1),
+      ("egress::addr::canonical".to_string(), 2),
+      ("egress::addr::Cidr".to_string(), 2),
+      ("egress::name::f".to_string(), 6),
+    ]
+  );
 }
