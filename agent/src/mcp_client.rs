@@ -140,34 +140,23 @@ fn usage_error(usage: &str, prog: &str, msg: String) -> Exit {
   }
 }
 
-/// argparse's behaviour for this CLI's two subcommands.
-fn parse_args(args: &[String]) -> Result<Command, Exit> {
+/// The main parser's part: options before the subcommand (kept in `extras`), then the
+/// subcommand and where its arguments start.
+fn subcommand(args: &[String], extras: &mut Vec<String>) -> Result<(String, usize), Exit> {
+  let required = || {
+    usage_error(
+      MAIN_USAGE,
+      PROG,
+      "the following arguments are required: command".into(),
+    )
+  };
   let mut i = 0;
-  let mut extras: Vec<String> = Vec::new();
-  // Options before the subcommand belong to the main parser.
-  let command = loop {
-    let Some(a) = args.get(i) else {
-      return Err(usage_error(
-        MAIN_USAGE,
-        PROG,
-        "the following arguments are required: command".into(),
-      ));
-    };
+  loop {
+    let a = args.get(i).ok_or_else(required)?;
     i += 1;
     if a == "--" {
-      match args.get(i) {
-        Some(c) => {
-          i += 1;
-          break c.clone();
-        }
-        None => {
-          return Err(usage_error(
-            MAIN_USAGE,
-            PROG,
-            "the following arguments are required: command".into(),
-          ))
-        }
-      }
+      let c = args.get(i).ok_or_else(required)?;
+      return Ok((c.clone(), i + 1));
     }
     if looks_like_option(a) {
       if is_help(a) {
@@ -176,8 +165,34 @@ fn parse_args(args: &[String]) -> Result<Command, Exit> {
       extras.push(a.clone());
       continue;
     }
-    break a.clone();
-  };
+    return Ok((a.clone(), i));
+  }
+}
+
+/// `call-tool`'s JSON arguments: an object, or a usage error.
+fn arguments_of(text: Option<&String>, usage: &str, sub: &str) -> Result<Value, Exit> {
+  match text {
+    None => Ok(Value::Dict(Vec::new())),
+    Some(text) => match pyjson::loads(text) {
+      Ok(v @ Value::Dict(_)) => Ok(v),
+      Ok(_) => Err(usage_error(
+        usage,
+        sub,
+        "argument args-json: must be a JSON object".into(),
+      )),
+      Err(e) => Err(usage_error(
+        usage,
+        sub,
+        format!("argument args-json: not JSON: {e}"),
+      )),
+    },
+  }
+}
+
+/// argparse's behaviour for this CLI's two subcommands.
+fn parse_args(args: &[String]) -> Result<Command, Exit> {
+  let mut extras: Vec<String> = Vec::new();
+  let (command, i) = subcommand(args, &mut extras)?;
   let (usage, help, sub, max) = match command.as_str() {
     "call-tool" => (CALL_USAGE, CALL_HELP, "mcp-client call-tool", 3),
     "list-tools" => (LIST_USAGE, LIST_HELP, "mcp-client list-tools", 1),
@@ -228,30 +243,10 @@ fn parse_args(args: &[String]) -> Result<Command, Exit> {
     ));
   }
   let cmd = if max == 3 {
-    let arguments = match positionals.get(2) {
-      None => Value::Dict(Vec::new()),
-      Some(text) => match pyjson::loads(text) {
-        Ok(v @ Value::Dict(_)) => v,
-        Ok(_) => {
-          return Err(usage_error(
-            usage,
-            sub,
-            "argument args-json: must be a JSON object".into(),
-          ))
-        }
-        Err(e) => {
-          return Err(usage_error(
-            usage,
-            sub,
-            format!("argument args-json: not JSON: {e}"),
-          ))
-        }
-      },
-    };
     Command::CallTool {
       server: positionals[0].clone(),
       tool: positionals[1].clone(),
-      arguments,
+      arguments: arguments_of(positionals.get(2), usage, sub)?,
     }
   } else {
     Command::ListTools {

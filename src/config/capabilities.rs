@@ -2,8 +2,8 @@
 //! set is allowed; every other capability is refused by name with the reason the Capabilities
 //! table of docs/security.md gives (a test holds the two equal).
 
+use crate::config::check::{bad, typed};
 use crate::config::options::Given;
-use crate::config::{bad, typed};
 use crate::util::errors::Result;
 
 /// The capabilities kept by default: what package managers (apt, pip, npm) need to install,

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use crate::config::bad;
+use crate::config::check::bad;
 use crate::config::options::ProviderOptions;
 use crate::egress::{Limits, Mode};
 use crate::util::errors::Result;

@@ -3,8 +3,8 @@
 
 use serde_json::{Number, Value};
 
+use crate::config::check::{bad, typed};
 use crate::config::options::Given;
-use crate::config::{bad, typed};
 use crate::util::errors::{Result, SandboxError};
 
 /// Which GPUs a sandbox gets: as `docker run --gpus` takes them, CDI device names, or a count

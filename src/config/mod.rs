@@ -2,6 +2,7 @@
 //! no I/O, so every rule here is unit-tested.
 
 pub mod capabilities;
+pub mod check;
 pub mod egress;
 pub mod gpus;
 pub mod options;
@@ -11,6 +12,7 @@ use std::collections::BTreeMap;
 use serde_json::{Number, Value};
 
 pub use crate::config::capabilities::DEFAULT_CAPABILITIES;
+use crate::config::check::{bad, must, typed};
 pub use crate::config::gpus::Gpus;
 use crate::config::gpus::{parse_gpu_wait, parse_gpus};
 use crate::config::options::{BuildOptions, Given, ProviderOptions, WarmPoolOptions};
@@ -136,13 +138,6 @@ pub struct ProviderConfig {
 pub struct InflightBounds {
   pub per_sandbox: u64,
   pub per_provider: u64,
-}
-
-pub(crate) fn bad(option: &str, reason: impl Into<String>) -> SandboxError {
-  SandboxError::InvalidOption {
-    option: option.to_string(),
-    reason: reason.into(),
-  }
 }
 
 pub use crate::util::labels::LABEL_PREFIX;
@@ -361,28 +356,6 @@ impl Sizes {
       code_mode_inflight,
     })
   }
-}
-
-/// The value when it has the type the option takes; otherwise a refusal naming the option (or
-/// the unknown key in it), `expected` saying what it takes given what came.
-fn must<T>(v: Given<T>, option: &str, expected: impl FnOnce(&Value) -> String) -> Result<T> {
-  match v {
-    Given::Typed(t) => Ok(t),
-    Given::Mistyped(v) => Err(bad(option, expected(&v))),
-    Given::Unknown { key, known } => Err(bad(
-      &format!("{option}.{key}"),
-      format!("unknown; known ones are {}", known.join(", ")),
-    )),
-  }
-}
-
-/// As `must`, for an option that may be absent.
-pub(crate) fn typed<T>(
-  v: Option<Given<T>>,
-  option: &str,
-  expected: impl FnOnce(&Value) -> String,
-) -> Result<Option<T>> {
-  v.map(|v| must(v, option, expected)).transpose()
 }
 
 type StringMap = Option<Given<BTreeMap<String, Given<String>>>>;

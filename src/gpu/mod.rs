@@ -9,45 +9,16 @@ pub mod inventory;
 pub mod lock;
 pub mod relocate;
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use bollard::models::ContainerInspectResponse;
 use futures_util::future::BoxFuture;
 
-use crate::config::ProviderConfig;
 use crate::engine::Engine;
 use crate::sandbox::container::{Placement, Plain, Target};
 use crate::sandbox::devices::gpus_of;
 use crate::util::errors::Result;
 use crate::util::logging::Logger;
 
-/// The image GPU discovery runs `nvidia-smi -L` in (the provider's), asked for only when
-/// discovery must run a container.
-pub type ImageFn = Arc<dyn Fn() -> BoxFuture<'static, Result<String>> + Send + Sync>;
-
-/// What starting an exclusive sandbox again needs from its provider.
-#[derive(Clone)]
-pub struct StartSettings {
-  /// `gpuDevices`: the GPUs to hand out; empty = discovered.
-  pub devices: Vec<String>,
-  /// `gpuWaitMs`: how long a start waits for GPUs to free up.
-  pub wait: Duration,
-  pub image: ImageFn,
-  /// The provider's namespace, which GPU discovery's throwaway container is made in.
-  pub namespace: String,
-}
-
-impl StartSettings {
-  pub fn of(cfg: &ProviderConfig, image: ImageFn) -> Self {
-    Self {
-      devices: cfg.gpu_devices.clone(),
-      wait: Duration::from_millis(cfg.gpu_wait_ms),
-      image,
-      namespace: cfg.namespace.clone(),
-    }
-  }
-}
+pub use relocate::{ImageFn, StartSettings};
 
 /// Starts and removes exclusive-GPU sandboxes under the engine's GPU lock, and every other
 /// container plainly; which one a container is comes from its label, since any provider of a

@@ -10,19 +10,20 @@
 //! Between the two renames the name is briefly absent: `container::resolve` waits that out.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bollard::models::{
   ContainerCreateBody, ContainerInspectResponse, HostConfig, Mount, MountType,
 };
+use futures_util::future::BoxFuture;
 use serde_json::json;
 
-use crate::config::Gpus;
+use crate::config::{Gpus, ProviderConfig};
 use crate::engine::Engine;
 use crate::gpu::alloc::{held, unavailable};
 use crate::gpu::inventory::inventory;
 use crate::gpu::lock::{self, Lock};
-use crate::gpu::StartSettings;
 use crate::sandbox::container::{self, remove_container, Role, Target};
 use crate::sandbox::devices;
 use crate::sandbox::swap::{MOVED_SUFFIX, MOVING_SUFFIX};
@@ -31,6 +32,33 @@ use crate::util::labels::{
   LABEL_CARRIED_VOLUMES, LABEL_GPUS, LABEL_ID, LABEL_SAVED_FROM, LABEL_SAVED_IMAGE,
 };
 use crate::util::logging::Logger;
+
+/// The image GPU discovery runs `nvidia-smi -L` in (the provider's), asked for only when
+/// discovery must run a container.
+pub type ImageFn = Arc<dyn Fn() -> BoxFuture<'static, Result<String>> + Send + Sync>;
+
+/// What starting an exclusive sandbox again needs from its provider.
+#[derive(Clone)]
+pub struct StartSettings {
+  /// `gpuDevices`: the GPUs to hand out; empty = discovered.
+  pub devices: Vec<String>,
+  /// `gpuWaitMs`: how long a start waits for GPUs to free up.
+  pub wait: Duration,
+  pub image: ImageFn,
+  /// The provider's namespace, which GPU discovery's throwaway container is made in.
+  pub namespace: String,
+}
+
+impl StartSettings {
+  pub fn of(cfg: &ProviderConfig, image: ImageFn) -> Self {
+    Self {
+      devices: cfg.gpu_devices.clone(),
+      wait: Duration::from_millis(cfg.gpu_wait_ms),
+      image,
+      namespace: cfg.namespace.clone(),
+    }
+  }
+}
 
 /// How long a commit may take: it copies everything the sandbox wrote outside its volumes.
 const COMMIT_LIMIT: Duration = Duration::from_secs(600);

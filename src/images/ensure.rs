@@ -2,7 +2,8 @@
 //! engine's lease (`images::work`) telling every process on the engine who does it; and the
 //! status the settings page reads.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bollard::models::ImageInspect;
@@ -12,10 +13,11 @@ use serde_json::json;
 
 use crate::config::BuildSpec;
 use crate::engine::Engine;
+use crate::images::context;
 use crate::images::probe::{probe, warning};
+use crate::images::source::ImageSource;
 use crate::images::source::{registry_of, split_reference};
 use crate::images::work::{self, Acquired, Liveness, Record};
-use crate::images::{context, present, Build, BuildStatus, ImageSource, State};
 use crate::util::errors::{Result, SandboxError};
 use crate::util::labels;
 use crate::util::logging::Logger;
@@ -53,6 +55,53 @@ fn human(b: u64) -> String {
   }
 }
 
+/// The three states TrueForge's settings page knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildStatus {
+  Pending,
+  Ready,
+  Failed,
+}
+
+impl BuildStatus {
+  pub fn as_str(self) -> &'static str {
+    match self {
+      BuildStatus::Pending => "pending",
+      BuildStatus::Ready => "ready",
+      BuildStatus::Failed => "failed",
+    }
+  }
+}
+
+/// What `buildImage()` and `getImageBuildStatus()` return.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Build {
+  pub status: BuildStatus,
+  pub reason: Option<String>,
+  pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// The pulls and builds this process runs or ran, per engine (`EngineShared::state`).
+#[derive(Default)]
+pub struct Works {
+  /// By image reference.
+  pub(crate) works: Mutex<HashMap<String, Work>>,
+  /// (reference, image id) pairs whose shortcomings were logged already.
+  pub(crate) warned: Mutex<HashSet<(String, String)>>,
+}
+
+impl Works {
+  /// Pulls and builds remembered (running or failed).
+  pub fn works(&self) -> usize {
+    self.works.lock().expect("works").len()
+  }
+}
+
+/// The image's inspect data when present; `None` when the engine does not have it.
+pub async fn present(engine: &Engine, image: &str) -> Result<Option<ImageInspect>> {
+  engine.inspect_image(image).await
+}
+
 #[derive(Debug, Clone)]
 pub(crate) enum Work {
   Pulling(Progress),
@@ -62,7 +111,7 @@ pub(crate) enum Work {
 
 /// Runs `f` on the engine's pulls and builds, under their lock.
 fn with_works<R>(engine: &Engine, f: impl FnOnce(&mut HashMap<String, Work>) -> R) -> R {
-  f(&mut engine.shared.state::<State>().works.lock().expect("works"))
+  f(&mut engine.shared.state::<Works>().works.lock().expect("works"))
 }
 
 fn key(image: &str) -> String {
@@ -129,7 +178,7 @@ async fn ready(
   if let Some(w) = warning(&src.reference, &p) {
     let first = engine
       .shared
-      .state::<State>()
+      .state::<Works>()
       .warned
       .lock()
       .expect("warned")
@@ -233,7 +282,7 @@ pub async fn build(engine: &Engine, src: &ImageSource, log: &Logger) -> Result<B
 fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
   let k = key(&src.reference);
   let first = {
-    let works = engine.shared.state::<State>();
+    let works = engine.shared.state::<Works>();
     let mut w = works.works.lock().expect("works");
     if matches!(w.get(&k), Some(Work::Pulling(_) | Work::Building(_))) {
       return;
@@ -318,7 +367,7 @@ fn start(engine: &Engine, src: &ImageSource, log: &Logger) {
         );
       }
     }
-    let works = &engine.shared.state::<State>();
+    let works = &engine.shared.state::<Works>();
     let mut w = works.works.lock().expect("works");
     match outcome {
       Ok(()) => w.remove(&k),
@@ -530,7 +579,7 @@ async fn pull(
       .any(|p| st.starts_with(p))
     };
     if let (Some(id), Some(status)) = (info.id, info.status.filter(|s| is_layer(s))) {
-      let works = engine.shared.state::<State>();
+      let works = engine.shared.state::<Works>();
       let mut w = works.works.lock().expect("works");
       if let Some(Work::Pulling(p)) = w.get_mut(k) {
         let entry = p.layers.entry(id).or_insert((0, 0, false));
@@ -613,7 +662,7 @@ async fn run_build(
     if let Some(line) = info.stream {
       if let Some(step) = line.lines().find(|l| l.starts_with("Step ")) {
         let step = step.split(" : ").next().unwrap_or(step).to_string();
-        let works = engine.shared.state::<State>();
+        let works = engine.shared.state::<Works>();
         let mut w = works.works.lock().expect("works");
         if let Some(Work::Building(s)) = w.get_mut(k) {
           *s = format!("building {tag}: {step}");

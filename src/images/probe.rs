@@ -1,12 +1,13 @@
 //! What a ready image holds for TrueForge's skill init (a shell, Python with pydantic 2, git …),
 //! learnt once per image id by running a short script in a throwaway container.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 
 use crate::engine::{claim, Engine};
-use crate::images::State;
 use crate::sandbox::transfer;
 use crate::util::errors::{Result, SandboxError};
 
@@ -163,12 +164,28 @@ pub(crate) fn warning(image: &str, p: &Probe) -> Option<String> {
   (!parts.is_empty()).then(|| parts.join("; "))
 }
 
+/// The probes of images, per engine (`EngineShared::state`).
+#[derive(Default)]
+pub struct Probes {
+  /// By image id (an image id never changes content).
+  pub(crate) probes: Mutex<HashMap<String, Probe>>,
+  /// One probe at a time per image id; entries go when the probe is done.
+  pub probe_locks: crate::engine::runtime::KeyedLocks<String>,
+}
+
+impl Probes {
+  /// Images probed.
+  pub fn probes(&self) -> usize {
+    self.probes.lock().expect("probes").len()
+  }
+}
+
 /// Probes an image once per image id per process: a throwaway container of `namespace` (no
 /// network) runs a short script; `/bin/sh` is checked first through the archive stat, since
 /// without it nothing can run at all.
 pub async fn probe(engine: &Engine, image: &str, image_id: &str, namespace: &str) -> Result<Probe> {
   // One probe per image at a time: racing first reads wait for it instead of probing again.
-  let state = &engine.shared.state::<State>();
+  let state = &engine.shared.state::<Probes>();
   let _guard = state.probe_locks.lock(image_id.to_string()).await;
   if let Some(p) = state.probes.lock().expect("probes").get(image_id) {
     return Ok(p.clone());

@@ -42,15 +42,16 @@ impl NativeEngineStats {
     let shared = &engine.shared;
     let own = shared.stats();
     let containers = shared.peek::<container::State>();
-    let images = shared.peek::<images::State>();
+    let works = shared.peek::<images::Works>();
+    let probes = shared.peek::<images::Probes>();
     Self {
       providers: n(own.providers),
       background_tasks: n(own.background_tasks),
       start_locks: n(containers.as_ref().map_or(0, |c| c.start_locks.len())),
-      probe_locks: n(images.as_ref().map_or(0, |i| i.probe_locks.len())),
+      probe_locks: n(probes.as_ref().map_or(0, |i| i.probe_locks.len())),
       cached_targets: n(containers.as_ref().map_or(0, |c| c.cached())),
-      probes: n(images.as_ref().map_or(0, |i| i.probes())),
-      image_works: n(images.as_ref().map_or(0, |i| i.works())),
+      probes: n(probes.as_ref().map_or(0, |i| i.probes())),
+      image_works: n(works.as_ref().map_or(0, |i| i.works())),
       pool_refills: n(shared.peek::<pool::State>().map_or(0, |p| p.refills())),
       reaper_leases: n(shared.peek::<reaper::State>().map_or(0, |r| r.leases())),
       agent_connections: n(shared.peek::<agent::State>().map_or(0, |a| a.connections())),
