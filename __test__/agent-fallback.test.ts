@@ -17,7 +17,6 @@ import {
   SandboxTracker,
   containerNameFor,
   docker,
-
   ok,
   onRunsc,
   uniqueNamespace,
@@ -104,12 +103,18 @@ test('doctor says why the agent does not serve the test sandbox, and that it sti
   const dir = fakeAgentDir('exits', version)
   dirs.push(dir)
   const cli = path.join(__dirname, '..', 'cli.js')
-  const r = spawnSync(process.execPath, [cli, 'doctor', '--image', BUSYBOX, '--network', 'none', '--namespace', namespace], {
-    encoding: 'utf8',
-    env: { ...process.env, TRUEFORGE_AGENT_BIN_DIR: dir },
-    timeout: 60_000,
-  })
-  expect(r.stdout).toMatch(/^warn {2}agent: commands and files use the engine's exec and archive endpoints: .*giving up at once/m)
+  const r = spawnSync(
+    process.execPath,
+    [cli, 'doctor', '--image', BUSYBOX, '--network', 'none', '--namespace', namespace],
+    {
+      encoding: 'utf8',
+      env: { ...process.env, TRUEFORGE_AGENT_BIN_DIR: dir },
+      timeout: 60_000,
+    },
+  )
+  expect(r.stdout).toMatch(
+    /^warn {2}agent: commands and files use the engine's exec and archive endpoints: .*giving up at once/m,
+  )
   expect(r.stdout).toMatch(/tries the agent again a minute later/)
   expect(r.stdout).toMatch(/^ok {4}test sandbox: create \d+ ms, exec \d+ ms/m)
 })
@@ -138,24 +143,34 @@ test('the real agent killed again and again by a root workload: the calls it was
   // finds that before the agent: the agent lives on and says so; no loss is counted for it.
   const lost = failed.filter((r) => /agent ended while the call was in flight/.test(r.error))
   const supervisorKilled = /its supervisor died before it could report how the command ended/
-  for (const r of failed) if (!lost.includes(r)) expect(r).toEqual({ success: false, error: expect.stringMatching(supervisorKilled) })
+  for (const r of failed)
+    if (!lost.includes(r)) expect(r).toEqual({ success: false, error: expect.stringMatching(supervisorKilled) })
   // At most the calls that counted the losses lost their agent (under gVisor one more: a killed
   // agent there can go silent before its stream ends, and a silent agent is not counted as dead).
   const most = onRunsc ? 4 : 3
-  expect({ lost: lost.length, errors: lost.map((r) => r.error) }).toEqual({ lost: Math.min(lost.length, most), errors: expect.anything() })
+  expect({ lost: lost.length, errors: lost.map((r) => r.error) }).toEqual({
+    lost: Math.min(lost.length, most),
+    errors: expect.anything(),
+  })
   expect(lost.length).toBeGreaterThan(0)
   expect(results.slice(-3)).toEqual(Array(3).fill({ success: true, response: { exitCode: 0, result: 'served\n' } }))
   const st = await p.agentStatus(id)
   expect(st).toEqual({ mode: 'engine-exec', reason: expect.stringMatching(/died|ended/) })
   // Besides each failed call's own warning, one says the agent was given up.
   const fallbacks = () => warnings.filter((w) => /engine's exec and archive endpoints/.test(w.message))
-  expect(fallbacks()).toEqual([{ message: expect.stringMatching(/keeps dying|cannot run here/), meta: expect.objectContaining({ sandboxId: id }) }])
+  expect(fallbacks()).toEqual([
+    { message: expect.stringMatching(/keeps dying|cannot run here/), meta: expect.objectContaining({ sandboxId: id }) },
+  ])
   // Files too take the engine's endpoints, without a failure.
   await served(p, id)
   // A stopped container (which takes the killer with it), started again by the next call: the
   // agent serves again, and no second warning is given.
   docker(['stop', '-t', '1', container])
   expect(await ok(p, id, 'echo restarted')).toBe('restarted\n')
-  await waitFor(async () => (await p.agentStatus(id)).mode === 'agent', 20_000, 'the agent to serve the restarted sandbox')
+  await waitFor(
+    async () => (await p.agentStatus(id)).mode === 'agent',
+    20_000,
+    'the agent to serve the restarted sandbox',
+  )
   expect(fallbacks()).toHaveLength(1)
 })

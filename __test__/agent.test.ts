@@ -232,22 +232,25 @@ describe('hostile workloads (the image user agent, not root)', () => {
 
 // gVisor's ptrace platform counts its own host threads and stub processes against the pids
 // limit: at 64 the sandbox dies before it starts.
-;(onRunsc ? test.skip : test)('a fork bomb that outlives its exec: the next command runs (the agent killed the workload) and says so (skipped on runsc: a pids limit of 64 stops the gVisor sandbox itself)', async () => {
-  const p = provider({ image: DEBIAN, resources: { pidsLimit: 64 } })
-  const id = await tracker.create(p)
-  await ok(p, id, 'echo kept > before.txt')
-  const containerId = inspectContainer(containerNameFor(namespace, id)).Id as string
-  // A bomb that keeps every process it makes: once it has them all, nothing else can fork.
-  await ok(p, id, "nohup sh -c 'while :; do sleep 1000 & done' >/dev/null 2>&1 &")
-  // The host's count of the container's pids reaches the limit.
-  const pids = () => Number(readFileSync(`/sys/fs/cgroup/pids/docker/${containerId}/pids.current`, 'utf8').trim())
-  await waitFor(async () => pids() >= 62, 20_000, 'the bomb to fill the pids cgroup')
-  await sleep(500)
-  const r = await run(p, id, 'cat before.txt', { timeoutSeconds: 30 })
-  expect(r.exitCode).toBe(0)
-  expect(r.result).toMatch(/^kept\n\[the sandbox had run out of processes: the agent killed \d+ processes .+\]$/)
-  expect(await ok(p, id, 'echo fine')).toBe('fine\n')
-})
+;(onRunsc ? test.skip : test)(
+  'a fork bomb that outlives its exec: the next command runs (the agent killed the workload) and says so (skipped on runsc: a pids limit of 64 stops the gVisor sandbox itself)',
+  async () => {
+    const p = provider({ image: DEBIAN, resources: { pidsLimit: 64 } })
+    const id = await tracker.create(p)
+    await ok(p, id, 'echo kept > before.txt')
+    const containerId = inspectContainer(containerNameFor(namespace, id)).Id as string
+    // A bomb that keeps every process it makes: once it has them all, nothing else can fork.
+    await ok(p, id, "nohup sh -c 'while :; do sleep 1000 & done' >/dev/null 2>&1 &")
+    // The host's count of the container's pids reaches the limit.
+    const pids = () => Number(readFileSync(`/sys/fs/cgroup/pids/docker/${containerId}/pids.current`, 'utf8').trim())
+    await waitFor(async () => pids() >= 62, 20_000, 'the bomb to fill the pids cgroup')
+    await sleep(500)
+    const r = await run(p, id, 'cat before.txt', { timeoutSeconds: 30 })
+    expect(r.exitCode).toBe(0)
+    expect(r.result).toMatch(/^kept\n\[the sandbox had run out of processes: the agent killed \d+ processes .+\]$/)
+    expect(await ok(p, id, 'echo fine')).toBe('fine\n')
+  },
+)
 
 describe('the agent itself', () => {
   const p = provider({ image: BUSYBOX })
@@ -383,9 +386,9 @@ describe('sandboxes made without the agent', () => {
     expect(st.path).toMatch(/^\/\.trueforge-agent\/[0-9.]+-[0-9a-f]{12}\/trueforge-agent-(x86_64|aarch64)$/)
     const placed = `/.trueforge-agent ${st.path.replace(/\/[^/]+$/, '')} ${st.path}`
     // find where stat fails: gVisor (runsc 20221219) answers GNU coreutils' statx with EINVAL.
-    expect(asRoot(id, `stat -c '%u %a' ${placed} 2>/dev/null || find ${placed} -maxdepth 0 -printf '%U %m\\n'`).stdout).toBe(
-      '0 755\n0 755\n0 755',
-    )
+    expect(
+      asRoot(id, `stat -c '%u %a' ${placed} 2>/dev/null || find ${placed} -maxdepth 0 -printf '%U %m\\n'`).stdout,
+    ).toBe('0 755\n0 755\n0 755')
     expect(await ok(now, id, 'echo through-agent')).toBe('through-agent\n')
     await now.uploadFile({ sandboxId: id, remotePath: 'f.txt', content: Buffer.from('ok') })
     expect(String(await now.downloadFile({ sandboxId: id, path: 'f.txt' }))).toBe('ok')

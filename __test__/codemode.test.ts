@@ -25,7 +25,6 @@ import {
   uniqueNamespace,
   type Provider,
   engineSocket,
-  onRunsc,
 } from './helpers'
 
 jest.setTimeout(90_000)
@@ -217,7 +216,11 @@ async function runningRelayExecs(container: string): Promise<number> {
 /** The sockets served in a sandbox (the agent serves them all; the relays, one each). */
 async function sockets(provider: Provider, sandboxId: string): Promise<string[]> {
   // find, not ls: gVisor (runsc 20221219) answers GNU coreutils' statx with EINVAL.
-  const out = await ok(provider, sandboxId, `find /trueforge/codemode/run -maxdepth 1 -name '*.sock' -printf '%f\\n' 2>/dev/null || true`)
+  const out = await ok(
+    provider,
+    sandboxId,
+    `find /trueforge/codemode/run -maxdepth 1 -name '*.sock' -printf '%f\\n' 2>/dev/null || true`,
+  )
   return out.split('\n').filter(Boolean).sort()
 }
 
@@ -542,7 +545,9 @@ describe.each([['agent'], ['agent connection'], ['python']] as const)('Code Mode
     })
 
     test('the socket and its directory are owner-only', async () => {
-      const out = await ok(main, sb, `find /trueforge/codemode/run "$TFY_CM_SOCK" -maxdepth 0 -printf '%m %u\\n'`, { env })
+      const out = await ok(main, sb, `find /trueforge/codemode/run "$TFY_CM_SOCK" -maxdepth 0 -printf '%m %u\\n'`, {
+        env,
+      })
       const [dirMode, sockMode] = out.trim().split('\n')
       expect(dirMode).toBe('700 root')
       expect(sockMode).toBe('600 root')

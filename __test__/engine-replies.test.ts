@@ -37,7 +37,9 @@ class FakeEngine {
     const path = url.split('?')[0]
     if (path.endsWith('/version')) {
       res.writeHead(200, { 'Content-Type': 'application/json' })
-      res.end(JSON.stringify({ ApiVersion: '1.41', MinAPIVersion: '1.12', Version: '20.10.24', Os: 'linux', Arch: 'amd64' }))
+      res.end(
+        JSON.stringify({ ApiVersion: '1.41', MinAPIVersion: '1.12', Version: '20.10.24', Os: 'linux', Arch: 'amd64' }),
+      )
       return
     }
     const e = this.endless
@@ -116,9 +118,13 @@ function callInChild(dockerHost: string, call: 'download' | 'reap', sandboxId: s
     sampleMs: 2,
   }
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--expose-gc', join(__dirname, 'fixtures', 'engine-call.js'), JSON.stringify(job)], {
-      stdio: ['ignore', 'pipe', 'inherit'],
-    })
+    const child = spawn(
+      process.execPath,
+      ['--expose-gc', join(__dirname, 'fixtures', 'engine-call.js'), JSON.stringify(job)],
+      {
+        stdio: ['ignore', 'pipe', 'inherit'],
+      },
+    )
     let out = ''
     child.stdout.on('data', (d) => (out += d))
     const timer = setTimeout(() => child.kill('SIGKILL'), 30_000)

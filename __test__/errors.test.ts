@@ -125,9 +125,7 @@ describe('errors thrown by the provider', () => {
   })
 
   test('too large, both ways: SandboxFileTooLargeError with fileSize and maxSize', async () => {
-    const up = await rejection(
-      provider.uploadFile({ sandboxId, remotePath: 'up.bin', content: Buffer.alloc(2000, 1) }),
-    )
+    const up = await rejection(provider.uploadFile({ sandboxId, remotePath: 'up.bin', content: Buffer.alloc(2000, 1) }))
     expect(up).toBeInstanceOf(SandboxFileTooLargeError)
     expect(up.statusCode).toBe(413)
     expect(up.code).toBe('FILE_TOO_LARGE')
@@ -184,7 +182,8 @@ describe('errors thrown by the provider', () => {
 describe('one translation for every call path', () => {
   // errors.js is internal; its translator is what every entry point goes through.
   const { fromNative } = require('../errors.js') as { fromNative: (e: unknown, injected?: object) => any }
-  const coded = (code: string, message: string, fields: object = {}) => Object.assign(new Error(message), { code }, fields)
+  const coded = (code: string, message: string, fields: object = {}) =>
+    Object.assign(new Error(message), { code }, fields)
 
   test('reapSandboxes: a bad option is the TypeError naming it, an unreachable engine a SandboxEngineError', async () => {
     const bad = await rejection(reapSandboxes({ namespace: 'NOT OK' }))
@@ -211,7 +210,12 @@ describe('one translation for every call path', () => {
   })
 
   test("napi's and Node's own codes, and errors already translated, pass through unchanged", () => {
-    for (const e of [coded('InvalidArg', 'x'), coded('ERR_INVALID_ARG_TYPE', 'x'), new SandboxFileNotFoundError('/a'), 'text']) {
+    for (const e of [
+      coded('InvalidArg', 'x'),
+      coded('ERR_INVALID_ARG_TYPE', 'x'),
+      new SandboxFileNotFoundError('/a'),
+      'text',
+    ]) {
       expect(fromNative(e)).toBe(e)
     }
   })
@@ -371,11 +375,21 @@ describe('a host module namespace with an abstract base, as TrueForge exports it
 
   test("request errors it has no class for are built on the host's base, with their status codes", async () => {
     const cases: Array<[Promise<unknown>, string, string, number]> = [
-      [hosted.uploadFile({ sandboxId, remotePath: 'a/../../b', content: Buffer.from('x') }), 'SandboxPathTraversalError', 'PATH_TRAVERSAL', 400],
+      [
+        hosted.uploadFile({ sandboxId, remotePath: 'a/../../b', content: Buffer.from('x') }),
+        'SandboxPathTraversalError',
+        'PATH_TRAVERSAL',
+        400,
+      ],
       [hosted.downloadFile({ sandboxId, path: 'bad\0path' }), 'SandboxInvalidPathError', 'INVALID_PATH', 400],
       [hosted.downloadFile({ sandboxId, path: 'pipe' }), 'SandboxNotRegularFileError', 'NOT_REGULAR_FILE', 400],
       [hosted.downloadFile({ sandboxId, path: 'adir' }), 'SandboxPathIsDirectoryError', 'PATH_IS_DIRECTORY', 400],
-      [hosted.uploadFile({ sandboxId, remotePath: 'adir', content: Buffer.from('x') }), 'SandboxPathIsDirectoryError', 'PATH_IS_DIRECTORY', 400],
+      [
+        hosted.uploadFile({ sandboxId, remotePath: 'adir', content: Buffer.from('x') }),
+        'SandboxPathIsDirectoryError',
+        'PATH_IS_DIRECTORY',
+        400,
+      ],
     ]
     for (const [call, name, code, status] of cases) {
       const e = await rejection(call)
@@ -447,8 +461,16 @@ describe('option validation', () => {
     ['env with a bad name', 'env', { image: BUSYBOX, env: { 'A=B': '1' } }],
     ['reserved label', 'labels', { image: BUSYBOX, labels: { 'trueforge.sandbox.id': 'x' } }],
     ['dockerHost npipe (Windows only)', 'dockerHost', { image: BUSYBOX, dockerHost: 'npipe:////./pipe/docker_engine' }],
-    ['dockerHost ssh with an option for a host', 'dockerHost', { image: BUSYBOX, dockerHost: 'ssh://-oProxyCommand=x' }],
-    ['tls without a CA while verifying', 'tls', { image: BUSYBOX, dockerHost: 'tcp://127.0.0.1:2376', tls: { cert: '/c.pem', key: '/k.pem' } }],
+    [
+      'dockerHost ssh with an option for a host',
+      'dockerHost',
+      { image: BUSYBOX, dockerHost: 'ssh://-oProxyCommand=x' },
+    ],
+    [
+      'tls without a CA while verifying',
+      'tls',
+      { image: BUSYBOX, dockerHost: 'tcp://127.0.0.1:2376', tls: { cert: '/c.pem', key: '/k.pem' } },
+    ],
     ['unknown option', 'imgae', { image: BUSYBOX, imgae: 'typo' }],
     ['unknown injected error', 'errors.NopeError', { image: BUSYBOX, errors: { NopeError: class {} } }],
     ['injected class not a constructor', 'errors.SandboxError', { image: BUSYBOX, errors: { SandboxError: 'x' } }],
@@ -501,8 +523,13 @@ describe('fixed members', () => {
     // The default egress policy: the proxy and what it allows.
     expect(text).toContain('connections go through a proxy set in the environment')
     expect(text).toContain('every public host by name')
-    const listed = new DockerSandboxProvider({ image: BUSYBOX, egress: { allow: ['pkgs.example', '*.git.example'], deny: ['bad.git.example'] } })
-    expect(listed.getAdditionalInstructions()).toContain('allowed: pkgs.example, *.git.example; denied: bad.git.example')
+    const listed = new DockerSandboxProvider({
+      image: BUSYBOX,
+      egress: { allow: ['pkgs.example', '*.git.example'], deny: ['bad.git.example'] },
+    })
+    expect(listed.getAdditionalInstructions()).toContain(
+      'allowed: pkgs.example, *.git.example; denied: bad.git.example',
+    )
     const open = new DockerSandboxProvider({ image: BUSYBOX, egress: 'open' })
     expect(open.getAdditionalInstructions()).not.toMatch(/proxy|network/)
     const none = new DockerSandboxProvider({ image: BUSYBOX, egress: 'none' })

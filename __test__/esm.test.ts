@@ -8,7 +8,9 @@ const entry = resolve(__dirname, '..', 'index.js')
 
 test('an ES module imports every export by name', () => {
   const cjsNames = Object.keys(require('..')).sort()
-  expect(cjsNames).toEqual(expect.arrayContaining(['DockerSandboxProvider', 'reapSandboxes', 'SandboxNotAvailableError']))
+  expect(cjsNames).toEqual(
+    expect.arrayContaining(['DockerSandboxProvider', 'reapSandboxes', 'SandboxNotAvailableError']),
+  )
   const url = pathToFileURL(entry).href
   // A named import of a name Node cannot see statically fails at link time, before any code runs.
   const source = [

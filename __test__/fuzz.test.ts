@@ -29,7 +29,13 @@ import {
 const namespace = uniqueNamespace('t-fuzz')
 const otherNamespace = uniqueNamespace('t-fuzzo')
 const FILE_MAX = 1024
-const provider = new DockerSandboxProvider({ image: BUSYBOX, namespace, network: 'none', fileMaxBytes: FILE_MAX, uploadMaxBytes: FILE_MAX })
+const provider = new DockerSandboxProvider({
+  image: BUSYBOX,
+  namespace,
+  network: 'none',
+  fileMaxBytes: FILE_MAX,
+  uploadMaxBytes: FILE_MAX,
+})
 
 /** Calls made into the provider (and constructor calls), reported at the end. */
 const cases = new Map<string, number>()
@@ -42,7 +48,8 @@ function short(v: unknown): unknown {
   if (typeof v === 'string') return v.length > 80 ? `${v.slice(0, 60)}…(${v.length} chars)` : v
   if (v instanceof Uint8Array) return `<${v.length} bytes>`
   if (Array.isArray(v)) return v.map(short)
-  if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [short(k) as string, short(x)]))
+  if (v && typeof v === 'object')
+    return Object.fromEntries(Object.entries(v).map(([k, x]) => [short(k) as string, short(x)]))
   return v
 }
 
@@ -97,10 +104,20 @@ beforeAll(async () => {
     const id = `/workspace/${ulid}`
     const name = `trueforge-${ns}-${ulid.toLowerCase()}`
     const containerId = docker([
-      'run', '-d', '--init', '--network', 'none', '--name', name,
-      '--label', `${LABEL_TEST_NAMESPACE}=${namespace}`,
+      'run',
+      '-d',
+      '--init',
+      '--network',
+      'none',
+      '--name',
+      name,
+      '--label',
+      `${LABEL_TEST_NAMESPACE}=${namespace}`,
       ...labels.flatMap((l) => ['--label', l.replace('<id>', id)]),
-      BUSYBOX, 'sh', '-c', 'sleep 3600',
+      BUSYBOX,
+      'sh',
+      '-c',
+      'sleep 3600',
     ])
     canaries.push({ label, name, id, containerId })
   }
@@ -112,7 +129,11 @@ beforeAll(async () => {
   // A sandbox of another namespace in every respect.
   mk('another namespace', otherNamespace, [...ours, `${LABEL_NAMESPACE}=${otherNamespace}`])
   // Ours in every label, but of a tenant (this provider has none).
-  mk('ours but another tenant', namespace, [...ours, `${LABEL_NAMESPACE}=${namespace}`, 'trueforge.sandbox.tenant=someone-else'])
+  mk('ours but another tenant', namespace, [
+    ...ours,
+    `${LABEL_NAMESPACE}=${namespace}`,
+    'trueforge.sandbox.tenant=someone-else',
+  ])
   realId = (await provider.createSandbox()).sandboxId
   await ok(provider, realId, 'true')
   before = Object.fromEntries(canaries.map((c) => [c.name, snapshot(c.name)]))
@@ -140,13 +161,35 @@ const nearMissId = fc.oneof(
   ulidArb.map((u) => `/workspace/${u}0`),
   ulidArb.map((u) => `/workspace/8${u.slice(1)}`),
   ulidArb.map((u) => `/workspace/Z${u.slice(1)}`),
-  fc.tuple(ulidArb, fc.constantFrom('I', 'L', 'O', 'U', 'i', '-', '_', ' ', '\0', '\n', '/', '.', 'é', '０'), fc.nat(25)).map(
-    ([u, c, i]) => `/workspace/${u.slice(0, i)}${c}${u.slice(i + 1)}`,
-  ),
-  fc.tuple(ulidArb, fc.constantFrom('workspace/', '/workspace//', '//workspace/', '/workspace/./', '/workspace/../workspace/', ' /workspace/', '/WORKSPACE/', '\\workspace\\', '/tmp/', '/', '', '/workspace/x/../')).map(
-    ([u, prefix]) => `${prefix}${u}`,
-  ),
-  fc.tuple(ulidArb, fc.constantFrom('/', '\n', '\0', ' ', '/.', '/..', '/x', '\r\n')).map(([u, suffix]) => `/workspace/${u}${suffix}`),
+  fc
+    .tuple(
+      ulidArb,
+      fc.constantFrom('I', 'L', 'O', 'U', 'i', '-', '_', ' ', '\0', '\n', '/', '.', 'é', '０'),
+      fc.nat(25),
+    )
+    .map(([u, c, i]) => `/workspace/${u.slice(0, i)}${c}${u.slice(i + 1)}`),
+  fc
+    .tuple(
+      ulidArb,
+      fc.constantFrom(
+        'workspace/',
+        '/workspace//',
+        '//workspace/',
+        '/workspace/./',
+        '/workspace/../workspace/',
+        ' /workspace/',
+        '/WORKSPACE/',
+        '\\workspace\\',
+        '/tmp/',
+        '/',
+        '',
+        '/workspace/x/../',
+      ),
+    )
+    .map(([u, prefix]) => `${prefix}${u}`),
+  fc
+    .tuple(ulidArb, fc.constantFrom('/', '\n', '\0', ' ', '/.', '/..', '/x', '\r\n'))
+    .map(([u, suffix]) => `/workspace/${u}${suffix}`),
   ulidArb.map((u) => `trueforge-${namespace}-${u.toLowerCase()}`),
   ulidArb.map((u) => `trueforge-${otherNamespace}-${u.toLowerCase()}`),
   fc.constantFrom('', '/workspace', '/workspace/', '..', '../etc', '/etc/passwd', 'default', '*', '%', '$(id)', '`id`'),
@@ -172,13 +215,41 @@ const arbitraryString = fc.oneof(
 )
 
 const malformedId = fc
-  .oneof({ weight: 3, arbitrary: nearMissId }, { weight: 2, arbitrary: arbitraryString }, { weight: 1, arbitrary: canaryNameLike.map((f) => f()) })
+  .oneof(
+    { weight: 3, arbitrary: nearMissId },
+    { weight: 2, arbitrary: arbitraryString },
+    { weight: 1, arbitrary: canaryNameLike.map((f) => f()) },
+  )
   .filter((id) => !ID_GRAMMAR.test(id))
 
 const segment = fc.oneof(
   { weight: 5, arbitrary: fc.stringMatching(/^[A-Za-z0-9_.-]{1,12}$/) },
-  { weight: 2, arbitrary: fc.string({ unit: 'grapheme', minLength: 1, maxLength: 8 }).map((s) => s.replace(/\//g, '_')) },
-  { weight: 1, arbitrary: fc.constantFrom('..', '.', '', '...', '.. ', ' ..', 'a..b', '..a', '~', '$HOME', '*', ' ', '\ud800', '🎉', 'ü', 'x'.repeat(255), 'y'.repeat(256)) },
+  {
+    weight: 2,
+    arbitrary: fc.string({ unit: 'grapheme', minLength: 1, maxLength: 8 }).map((s) => s.replace(/\//g, '_')),
+  },
+  {
+    weight: 1,
+    arbitrary: fc.constantFrom(
+      '..',
+      '.',
+      '',
+      '...',
+      '.. ',
+      ' ..',
+      'a..b',
+      '..a',
+      '~',
+      '$HOME',
+      '*',
+      ' ',
+      '\ud800',
+      '🎉',
+      'ü',
+      'x'.repeat(255),
+      'y'.repeat(256),
+    ),
+  },
 )
 
 /** Paths: relative and absolute, `..`, NUL, very long, unicode, kernel trees. */
@@ -187,33 +258,128 @@ const pathArb = fc.oneof(
   {
     weight: 3,
     arbitrary: fc
-      .tuple(fc.constantFrom('/', '/tmp/', '/workspace/', '/trueforge/', '/trueforge/uploads/', '/etc/', '/dev/', '/proc/', '/sys/', '/proc/self/', '/dev/shm/'), fc.array(segment, { maxLength: 3 }))
+      .tuple(
+        fc.constantFrom(
+          '/',
+          '/tmp/',
+          '/workspace/',
+          '/trueforge/',
+          '/trueforge/uploads/',
+          '/etc/',
+          '/dev/',
+          '/proc/',
+          '/sys/',
+          '/proc/self/',
+          '/dev/shm/',
+        ),
+        fc.array(segment, { maxLength: 3 }),
+      )
       .map(([p, s]) => p + s.join('/')),
   },
-  { weight: 1, arbitrary: fc.tuple(segment, fc.constantFrom('\0', '/\0', '\0/x'), segment).map(([a, n, b]) => a + n + b) },
-  { weight: 1, arbitrary: fc.tuple(segment, fc.integer({ min: 4000, max: 4200 })).map(([s, n]) => (s + '/').repeat(Math.ceil(n / (s.length + 1))).slice(0, n)) },
-  { weight: 1, arbitrary: fc.constantFrom('', '/', '.', './', 'dir/', '/.', '..', '../..', '/..', 'a/../b', '/dev/null', '/dev/zero', '/dev/random', '/proc/self/environ', '/proc/1/mem', '/proc/kcore', '/sys/kernel', '/etc/shadow', '/etc/hostname') },
+  {
+    weight: 1,
+    arbitrary: fc.tuple(segment, fc.constantFrom('\0', '/\0', '\0/x'), segment).map(([a, n, b]) => a + n + b),
+  },
+  {
+    weight: 1,
+    arbitrary: fc
+      .tuple(segment, fc.integer({ min: 4000, max: 4200 }))
+      .map(([s, n]) => (s + '/').repeat(Math.ceil(n / (s.length + 1))).slice(0, n)),
+  },
+  {
+    weight: 1,
+    arbitrary: fc.constantFrom(
+      '',
+      '/',
+      '.',
+      './',
+      'dir/',
+      '/.',
+      '..',
+      '../..',
+      '/..',
+      'a/../b',
+      '/dev/null',
+      '/dev/zero',
+      '/dev/random',
+      '/proc/self/environ',
+      '/proc/1/mem',
+      '/proc/kcore',
+      '/sys/kernel',
+      '/etc/shadow',
+      '/etc/hostname',
+    ),
+  },
   { weight: 2, arbitrary: arbitraryString },
 )
 
 const envName = fc.oneof(
   { weight: 4, arbitrary: fc.stringMatching(/^[A-Za-z_][A-Za-z0-9_]{0,10}$/) },
-  { weight: 1, arbitrary: fc.constantFrom('TRUEFORGE_EXEC_ID', 'A=B', '=', '', '1A', 'A-B', 'A B', 'A\0', 'É', 'PATH', 'LD_PRELOAD', 'BASH_ENV', 'ENV', 'IFS', 'A'.repeat(1025)) },
+  {
+    weight: 1,
+    arbitrary: fc.constantFrom(
+      'TRUEFORGE_EXEC_ID',
+      'A=B',
+      '=',
+      '',
+      '1A',
+      'A-B',
+      'A B',
+      'A\0',
+      'É',
+      'PATH',
+      'LD_PRELOAD',
+      'BASH_ENV',
+      'ENV',
+      'IFS',
+      'A'.repeat(1025),
+    ),
+  },
   { weight: 1, arbitrary: fc.string({ maxLength: 8 }) },
 )
-const envValue = fc.oneof(fc.string({ maxLength: 20 }), fc.constantFrom('', '=', 'a=b', 'a\0b', '\0', '\n', '$(id)', '\ud800', '🎉'.repeat(10)))
+const envValue = fc.oneof(
+  fc.string({ maxLength: 20 }),
+  fc.constantFrom('', '=', 'a=b', 'a\0b', '\0', '\n', '$(id)', '\ud800', '🎉'.repeat(10)),
+)
 const envArb = fc.option(fc.dictionary(envName, envValue, { maxKeys: 4 }), { nil: undefined })
 
 const commandArb = fc.oneof(
   { weight: 4, arbitrary: arbitraryString },
-  { weight: 1, arbitrary: fc.constantFrom('', ' ', ';', '&&', '|', '$(', '`', '"', "'", '\\', '\0', 'exit 3', 'echo $TRUEFORGE_EXEC_ID', 'cat /proc/self/status', "printf '\\036TFX'", 'true & false', 'echo x >&2') },
+  {
+    weight: 1,
+    arbitrary: fc.constantFrom(
+      '',
+      ' ',
+      ';',
+      '&&',
+      '|',
+      '$(',
+      '`',
+      '"',
+      "'",
+      '\\',
+      '\0',
+      'exit 3',
+      'echo $TRUEFORGE_EXEC_ID',
+      'cat /proc/self/status',
+      "printf '\\036TFX'",
+      'true & false',
+      'echo x >&2',
+    ),
+  },
 )
 
 const cwdArb = fc.option(fc.oneof(pathArb, fc.constantFrom('', '/', '..', '/proc', '/dev', '\0')), { nil: undefined })
-const timeoutArb = fc.option(fc.constantFrom(3, 0.5, 0, -1, Number.NaN, Number.POSITIVE_INFINITY, 1e12, 7 * 86400 + 1), { nil: undefined })
+const timeoutArb = fc.option(
+  fc.constantFrom(3, 0.5, 0, -1, Number.NaN, Number.POSITIVE_INFINITY, 1e12, 7 * 86400 + 1),
+  { nil: undefined },
+)
 const contentArb = fc.oneof(
   { weight: 5, arbitrary: fc.uint8Array({ maxLength: 64 }) },
-  { weight: 1, arbitrary: fc.integer({ min: FILE_MAX - 2, max: FILE_MAX + 2 }).map((n) => new Uint8Array(n).fill(0x61)) },
+  {
+    weight: 1,
+    arbitrary: fc.integer({ min: FILE_MAX - 2, max: FILE_MAX + 2 }).map((n) => new Uint8Array(n).fill(0x61)),
+  },
 )
 
 // ---------------------------------------------------------------------------------------------
@@ -241,7 +407,12 @@ function pathRefusal(sandboxId: string, path: string, forUpload: boolean): strin
 }
 
 /** Why exec must return `{ success: false }` without running (null: the parameters are fine). */
-function execRefusal(p: { command?: string; cwd?: string; env?: Record<string, string>; timeoutSeconds?: number }): string | null {
+function execRefusal(p: {
+  command?: string
+  cwd?: string
+  env?: Record<string, string>
+  timeoutSeconds?: number
+}): string | null {
   const t = p.timeoutSeconds
   if (t !== undefined && !(Number.isFinite(t) && t > 0 && t <= 7 * 86400)) return 'timeoutSeconds'
   // A command the kernel could never start: a NUL byte, or over one argument's limit.
@@ -259,13 +430,17 @@ function execRefusal(p: { command?: string; cwd?: string; env?: Record<string, s
 function typedCode(e: any, context: unknown): string {
   if (e instanceof SandboxError) {
     const code = (e as any).code
-    if (typeof code !== 'string' || !DOCUMENTED_CODES.has(code) || (e.constructor === SandboxError)) {
-      throw new Error(`untyped SandboxError ${e.constructor?.name} code=${code}: ${e.message} for ${JSON.stringify(context)}`)
+    if (typeof code !== 'string' || !DOCUMENTED_CODES.has(code) || e.constructor === SandboxError) {
+      throw new Error(
+        `untyped SandboxError ${e.constructor?.name} code=${code}: ${e.message} for ${JSON.stringify(context)}`,
+      )
     }
     return code
   }
   if (e instanceof TypeError && ['INVALID_ARGUMENT', 'INVALID_OPTION'].includes((e as any).code)) return (e as any).code
-  throw new Error(`not a typed error: ${e?.constructor?.name} ${JSON.stringify(e?.code)} ${e?.message} for ${JSON.stringify(context)}`)
+  throw new Error(
+    `not a typed error: ${e?.constructor?.name} ${JSON.stringify(e?.code)} ${e?.message} for ${JSON.stringify(context)}`,
+  )
 }
 
 async function outcome<T>(p: Promise<T>): Promise<{ ok: true; value: T } | { ok: false; error: any }> {
@@ -277,7 +452,16 @@ async function outcome<T>(p: Promise<T>): Promise<{ ok: true; value: T } | { ok:
 }
 
 /** Runs the four id-taking calls for an id that names no sandbox of ours and checks each outcome. */
-async function probeForeignId(p: Provider, id: string, path: string, content: Uint8Array, command: string, cwd: string | undefined, env: Record<string, string> | undefined, timeoutSeconds: number | undefined) {
+async function probeForeignId(
+  p: Provider,
+  id: string,
+  path: string,
+  content: Uint8Array,
+  command: string,
+  cwd: string | undefined,
+  env: Record<string, string> | undefined,
+  timeoutSeconds: number | undefined,
+) {
   const ctx = short({ id, path, command, cwd, env, timeoutSeconds })
   // exec: a refusal of the parameters, else SandboxNotAvailableError; it never runs.
   count('exec')
@@ -287,7 +471,11 @@ async function probeForeignId(p: Provider, id: string, path: string, content: Ui
     expect({ ctx, result: ex.value }).toEqual({ ctx, result: { success: false, error: expect.any(String) } })
     expect({ ctx, refusal }).toEqual({ ctx, refusal: expect.any(String) })
   } else {
-    expect({ ctx, code: typedCode(ex.error, ctx), refusal }).toEqual({ ctx, code: 'SANDBOX_NOT_AVAILABLE', refusal: null })
+    expect({ ctx, code: typedCode(ex.error, ctx), refusal }).toEqual({
+      ctx,
+      code: 'SANDBOX_NOT_AVAILABLE',
+      refusal: null,
+    })
     expect(ex.error).toBeInstanceOf(SandboxNotAvailableError)
     expect(ex.error.sandboxId).toBe(id)
   }
@@ -316,9 +504,18 @@ async function probeForeignId(p: Provider, id: string, path: string, content: Ui
 
 test('malformed ids: every call is a typed refusal before any engine request (thousands of cases)', async () => {
   await fc.assert(
-    fc.asyncProperty(malformedId, pathArb, contentArb, commandArb, cwdArb, envArb, timeoutArb, async (id, path, content, command, cwd, env, t) => {
-      await probeForeignId(provider, id, path, content, command, cwd, env, t)
-    }),
+    fc.asyncProperty(
+      malformedId,
+      pathArb,
+      contentArb,
+      commandArb,
+      cwdArb,
+      envArb,
+      timeoutArb,
+      async (id, path, content, command, cwd, env, t) => {
+        await probeForeignId(provider, id, path, content, command, cwd, env, t)
+      },
+    ),
     { numRuns: 4000, interruptAfterTimeLimit: 15_000, markInterruptAsFailure: false },
   )
 }, 60_000)
@@ -329,18 +526,40 @@ test('valid-looking ids of canaries and of nobody: SandboxNotAvailableError, nev
     ulidArb.map((u) => `/workspace/${u}`),
   )
   await fc.assert(
-    fc.asyncProperty(ids, pathArb, contentArb, commandArb, cwdArb, envArb, timeoutArb, async (id, path, content, command, cwd, env, t) => {
-      await probeForeignId(provider, id, path, content, command, cwd, env, t)
-    }),
+    fc.asyncProperty(
+      ids,
+      pathArb,
+      contentArb,
+      commandArb,
+      cwdArb,
+      envArb,
+      timeoutArb,
+      async (id, path, content, command, cwd, env, t) => {
+        await probeForeignId(provider, id, path, content, command, cwd, env, t)
+      },
+    ),
     { numRuns: 400, interruptAfterTimeLimit: 15_000, markInterruptAsFailure: false },
   )
   // A provider of the other namespace and one with a tenant see the same about ours.
-  const tenantProvider = new DockerSandboxProvider({ image: BUSYBOX, namespace, network: 'none', fileMaxBytes: FILE_MAX, uploadMaxBytes: FILE_MAX, tenantName: 'fuzz-tenant' })
+  const tenantProvider = new DockerSandboxProvider({
+    image: BUSYBOX,
+    namespace,
+    network: 'none',
+    fileMaxBytes: FILE_MAX,
+    uploadMaxBytes: FILE_MAX,
+    tenantName: 'fuzz-tenant',
+  })
   try {
     await fc.assert(
-      fc.asyncProperty(fc.constantFrom(realId, ...canaries.map((c) => c.id)), pathArb, contentArb, commandArb, async (id, path, content, command) => {
-        await probeForeignId(tenantProvider, id, path, content, command, undefined, undefined, 3)
-      }),
+      fc.asyncProperty(
+        fc.constantFrom(realId, ...canaries.map((c) => c.id)),
+        pathArb,
+        contentArb,
+        commandArb,
+        async (id, path, content, command) => {
+          await probeForeignId(tenantProvider, id, path, content, command, undefined, undefined, 3)
+        },
+      ),
       { numRuns: 60 },
     )
   } finally {
@@ -350,9 +569,13 @@ test('valid-looking ids of canaries and of nobody: SandboxNotAvailableError, nev
 
 test('our own sandbox: arbitrary commands, paths, env and cwd give results or typed errors', async () => {
   const resolvedOf = (path: string) =>
-    `/${(path.startsWith('/') ? path : `${realId}/${path}`).split('/').filter((x) => x !== '' && x !== '.').join('/')}`
+    `/${(path.startsWith('/') ? path : `${realId}/${path}`)
+      .split('/')
+      .filter((x) => x !== '' && x !== '.')
+      .join('/')}`
   // Round trips are checked where the engine can stat the file (see the long-path test below).
-  const noRoundTrip = (path: string) => /^\/(dev|proc|sys)(\/|$)/.test(resolvedOf(path)) || bytes(resolvedOf(path)) > 3900
+  const noRoundTrip = (path: string) =>
+    /^\/(dev|proc|sys)(\/|$)/.test(resolvedOf(path)) || bytes(resolvedOf(path)) > 3900
   await fc.assert(
     fc.asyncProperty(commandArb, cwdArb, envArb, pathArb, contentArb, async (command, cwd, env, path, content) => {
       const ctx = short({ command, cwd, env, path })
@@ -377,7 +600,8 @@ test('our own sandbox: arbitrary commands, paths, env and cwd give results or ty
       const up = await outcome(provider.uploadFile({ sandboxId: realId, remotePath: path, content: buf }))
       const want = pathRefusal(realId, path, true) ?? (buf.length > FILE_MAX ? 'FILE_TOO_LARGE' : null)
       if (want) expect({ ctx, upload: up.ok ? 'resolved' : typedCode(up.error, ctx) }).toEqual({ ctx, upload: want })
-      else if (!up.ok) expect({ ctx, code: typedCode(up.error, ctx) }).not.toEqual({ ctx, code: 'SANDBOX_NOT_AVAILABLE' })
+      else if (!up.ok)
+        expect({ ctx, code: typedCode(up.error, ctx) }).not.toEqual({ ctx, code: 'SANDBOX_NOT_AVAILABLE' })
       // download of the same path.
       count('downloadFile')
       const down = await outcome(provider.downloadFile({ sandboxId: realId, path }))
@@ -390,7 +614,9 @@ test('our own sandbox: arbitrary commands, paths, env and cwd give results or ty
         const refused = pathRefusal(realId, path, false)
         if (refused) expect({ ctx, code }).toEqual({ ctx, code: refused })
         else if (up.ok && !noRoundTrip(path)) {
-          throw new Error(`uploaded ${JSON.stringify(short(path))} but its download failed: ${code} ${short(down.error.message)}`)
+          throw new Error(
+            `uploaded ${JSON.stringify(short(path))} but its download failed: ${code} ${short(down.error.message)}`,
+          )
         }
       }
     }),
@@ -410,7 +636,10 @@ test('non-object and non-string arguments: exec says success: false, the others 
       count('exec')
       const r = await provider.exec(v as any)
       expect(r).toEqual({ success: false, error: expect.any(String) })
-      for (const params of [{ sandboxId: v, command: 'true' }, { sandboxId: realId, command: v }]) {
+      for (const params of [
+        { sandboxId: v, command: 'true' },
+        { sandboxId: realId, command: v },
+      ]) {
         if (typeof v === 'string') continue
         count('exec')
         expect(await provider.exec(params as any)).toEqual({ success: false, error: expect.any(String) })
@@ -445,8 +674,14 @@ test('README: a bad call argument is a TypeError with code INVALID_ARGUMENT', as
   const calls: Array<[string, () => Promise<unknown>]> = [
     ['downloadFile({ sandboxId: 5 })', () => provider.downloadFile({ sandboxId: 5, path: 'x' } as any)],
     ['downloadFile({ path: null })', () => provider.downloadFile({ sandboxId: realId, path: null } as any)],
-    ['uploadFile({ remotePath: 1 })', () => provider.uploadFile({ sandboxId: realId, remotePath: 1, content: Buffer.from('x') } as any)],
-    ["uploadFile({ content: 'text' })", () => provider.uploadFile({ sandboxId: realId, remotePath: 'x', content: 'text' } as any)],
+    [
+      'uploadFile({ remotePath: 1 })',
+      () => provider.uploadFile({ sandboxId: realId, remotePath: 1, content: Buffer.from('x') } as any),
+    ],
+    [
+      "uploadFile({ content: 'text' })",
+      () => provider.uploadFile({ sandboxId: realId, remotePath: 'x', content: 'text' } as any),
+    ],
     ['removeSandbox(undefined)', () => provider.removeSandbox(undefined as any)],
   ]
   const got = []
@@ -479,14 +714,19 @@ test('an upload either lands where the sandbox reads it or is refused (kernel tr
   const got = []
   for (const path of ['/dev/fuzz-up', '/dev/shm/fuzz-up', '/proc/fuzz-up', '/sys/fuzz-up']) {
     count('uploadFile')
-    const up = await outcome(provider.uploadFile({ sandboxId: realId, remotePath: path, content: Buffer.from('landed') }))
+    const up = await outcome(
+      provider.uploadFile({ sandboxId: realId, remotePath: path, content: Buffer.from('landed') }),
+    )
     if (!up.ok) {
       got.push({ path, outcome: `refused ${typedCode(up.error, path)}` })
       continue
     }
     count('exec')
     const seen = await provider.exec({ sandboxId: realId, command: `cat ${path}` })
-    got.push({ path, outcome: seen.success && seen.response.result === 'landed' ? 'readable' : 'resolved but not in the sandbox' })
+    got.push({
+      path,
+      outcome: seen.success && seen.response.result === 'landed' ? 'readable' : 'resolved but not in the sandbox',
+    })
   }
   expect(got.filter((g) => !/^(readable|refused [A-Z_]+)$/.test(g.outcome))).toEqual([])
 })
@@ -521,48 +761,150 @@ const junkValue: fc.Arbitrary<unknown> = fc.letrec((tie) => ({
   ),
 })).value
 
-const ALLOWED_CAPS = ['AUDIT_WRITE', 'CHOWN', 'DAC_OVERRIDE', 'FOWNER', 'FSETID', 'KILL', 'MKNOD', 'NET_BIND_SERVICE', 'NET_RAW', 'SETFCAP', 'SETGID', 'SETPCAP', 'SETUID', 'SYS_CHROOT']
-const FORBIDDEN_CAPS = ['SYS_ADMIN', 'SYS_MODULE', 'SYS_PTRACE', 'SYS_RAWIO', 'SYS_BOOT', 'NET_ADMIN', 'DAC_READ_SEARCH', 'SYS_TIME', 'MAC_ADMIN']
+const ALLOWED_CAPS = [
+  'AUDIT_WRITE',
+  'CHOWN',
+  'DAC_OVERRIDE',
+  'FOWNER',
+  'FSETID',
+  'KILL',
+  'MKNOD',
+  'NET_BIND_SERVICE',
+  'NET_RAW',
+  'SETFCAP',
+  'SETGID',
+  'SETPCAP',
+  'SETUID',
+  'SYS_CHROOT',
+]
+const FORBIDDEN_CAPS = [
+  'SYS_ADMIN',
+  'SYS_MODULE',
+  'SYS_PTRACE',
+  'SYS_RAWIO',
+  'SYS_BOOT',
+  'NET_ADMIN',
+  'DAC_READ_SEARCH',
+  'SYS_TIME',
+  'MAC_ADMIN',
+]
 const capName = fc.oneof(
-  fc.constantFrom('CHOWN', 'KILL', 'NET_RAW', 'MKNOD', 'SYSLOG', 'BPF', 'BOGUS', 'ALL', 'all', '', ' CHOWN', ...FORBIDDEN_CAPS),
-  fc.constantFrom(...FORBIDDEN_CAPS).chain((c) => fc.constantFrom(c.toLowerCase(), `CAP_${c}`, `cap_${c.toLowerCase()}`, `Cap_${c}`)),
+  fc.constantFrom(
+    'CHOWN',
+    'KILL',
+    'NET_RAW',
+    'MKNOD',
+    'SYSLOG',
+    'BPF',
+    'BOGUS',
+    'ALL',
+    'all',
+    '',
+    ' CHOWN',
+    ...FORBIDDEN_CAPS,
+  ),
+  fc
+    .constantFrom(...FORBIDDEN_CAPS)
+    .chain((c) => fc.constantFrom(c.toLowerCase(), `CAP_${c}`, `cap_${c.toLowerCase()}`, `Cap_${c}`)),
   arbitraryString,
 )
 const optionValues: Record<string, fc.Arbitrary<unknown>> = {
-  image: fc.constantFrom(BUSYBOX, 'python:3.12', 'a', '', ' x', 'a b', '-x', 'x'.repeat(600), 'reg.example:5000/a/b@sha256:00'),
-  dockerHost: fc.constantFrom('unix:///var/run/docker.sock', 'unix://rel', 'tcp://127.0.0.1:1', 'http://h:1', 'ssh://h', 'tcp://', '', 'npipe:////./pipe/docker'),
-  namespace: fc.oneof(fc.stringMatching(/^[a-z0-9-]{0,34}$/), fc.constantFrom('default', 'A', '-a', namespace, otherNamespace)),
+  image: fc.constantFrom(
+    BUSYBOX,
+    'python:3.12',
+    'a',
+    '',
+    ' x',
+    'a b',
+    '-x',
+    'x'.repeat(600),
+    'reg.example:5000/a/b@sha256:00',
+  ),
+  dockerHost: fc.constantFrom(
+    'unix:///var/run/docker.sock',
+    'unix://rel',
+    'tcp://127.0.0.1:1',
+    'http://h:1',
+    'ssh://h',
+    'tcp://',
+    '',
+    'npipe:////./pipe/docker',
+  ),
+  namespace: fc.oneof(
+    fc.stringMatching(/^[a-z0-9-]{0,34}$/),
+    fc.constantFrom('default', 'A', '-a', namespace, otherNamespace),
+  ),
   execTimeoutMs: fc.oneof(fc.integer(), fc.constantFrom(0, 1, 1.5, 60000, 7 * 24 * 3600 * 1000 + 1, -0)),
   fileMaxBytes: fc.oneof(fc.integer(), fc.constantFrom(1, 2 ** 30, 2 ** 30 + 1, 2 ** 53)),
   maxOutputBytes: fc.oneof(fc.integer(), fc.constantFrom(1023, 1024)),
   gpus: fc.oneof(fc.constantFrom('all', 'some', 0, 1, 64, 65, [], ['0'], ['0;rm -rf /'], ['GPU-abc'])),
   env: fc.dictionary(envName, envValue, { maxKeys: 3 }),
-  labels: fc.dictionary(fc.oneof(arbitraryString, fc.constantFrom('trueforge.sandbox.id', 'trueforge.sandbox.namespace', 'team', '')), arbitraryString, { maxKeys: 3 }),
-  autoStopIntervalInMinutes: fc.oneof(fc.double({ noNaN: true, noDefaultInfinity: true }), fc.constantFrom(0, 0.05, -1, 5_256_001)),
+  labels: fc.dictionary(
+    fc.oneof(arbitraryString, fc.constantFrom('trueforge.sandbox.id', 'trueforge.sandbox.namespace', 'team', '')),
+    arbitraryString,
+    { maxKeys: 3 },
+  ),
+  autoStopIntervalInMinutes: fc.oneof(
+    fc.double({ noNaN: true, noDefaultInfinity: true }),
+    fc.constantFrom(0, 0.05, -1, 5_256_001),
+  ),
   autoDeleteIntervalInMinutes: fc.oneof(fc.double({ noNaN: true, noDefaultInfinity: true }), fc.constantFrom(0, 7200)),
   capabilities: fc.array(capName, { maxLength: 3 }),
   noNewPrivileges: fc.constantFrom(true, false, 'true', 0),
   resources: fc.record(
     {
-      memoryBytes: fc.oneof(fc.constant(null), fc.integer(), fc.constantFrom(6 << 20, (6 << 20) - 1, 2 ** 44, 2 ** 44 + 1)),
+      memoryBytes: fc.oneof(
+        fc.constant(null),
+        fc.integer(),
+        fc.constantFrom(6 << 20, (6 << 20) - 1, 2 ** 44, 2 ** 44 + 1),
+      ),
       nanoCpus: fc.oneof(fc.constant(null), fc.integer(), fc.constantFrom(10_000_000, 9_999_999)),
       pidsLimit: fc.oneof(fc.constant(null), fc.integer(), fc.constantFrom(15, 16, 64, 4_194_305)),
       swap: fc.integer(),
     },
     { requiredKeys: [] },
   ),
-  network: fc.oneof(fc.constantFrom('bridge', 'none', 'host', 'container:x', 'container:', 'HOST', 'my-net', '', 'a b', 'default'), arbitraryString),
-  user: fc.oneof(fc.constantFrom('1000', '1000:1000', 'nobody', 'root', '0:0', 'a:b:c', 'a;b', '', ':'), arbitraryString),
+  network: fc.oneof(
+    fc.constantFrom('bridge', 'none', 'host', 'container:x', 'container:', 'HOST', 'my-net', '', 'a b', 'default'),
+    arbitraryString,
+  ),
+  user: fc.oneof(
+    fc.constantFrom('1000', '1000:1000', 'nobody', 'root', '0:0', 'a:b:c', 'a;b', '', ':'),
+    arbitraryString,
+  ),
   readOnlyRootfs: fc.constantFrom(true, false, 1, 'yes'),
   runtime: fc.oneof(fc.constantFrom('runsc', 'runc', 'kata-runtime', '', '../x', 'a b'), arbitraryString),
   tenantName: fc.oneof(fc.constantFrom('acme', '', 'a\nb', 'a\0b', 'x'.repeat(128), 'x'.repeat(129)), arbitraryString),
-  build: fc.oneof(fc.constant({}), fc.record({ context: fc.constantFrom('/nonexistent', '', '.'), dockerfile: fc.constantFrom('Dockerfile', '../D', '/abs', ''), args: fc.dictionary(arbitraryString, arbitraryString, { maxKeys: 2 }) }, { requiredKeys: [] })),
-  registryAuth: fc.dictionary(arbitraryString, fc.oneof(fc.record({ username: arbitraryString, password: arbitraryString }), fc.record({ identityToken: arbitraryString }), junkValue), { maxKeys: 2 }),
+  build: fc.oneof(
+    fc.constant({}),
+    fc.record(
+      {
+        context: fc.constantFrom('/nonexistent', '', '.'),
+        dockerfile: fc.constantFrom('Dockerfile', '../D', '/abs', ''),
+        args: fc.dictionary(arbitraryString, arbitraryString, { maxKeys: 2 }),
+      },
+      { requiredKeys: [] },
+    ),
+  ),
+  registryAuth: fc.dictionary(
+    arbitraryString,
+    fc.oneof(
+      fc.record({ username: arbitraryString, password: arbitraryString }),
+      fc.record({ identityToken: arbitraryString }),
+      junkValue,
+    ),
+    { maxKeys: 2 },
+  ),
   engineTimeoutMs: fc.oneof(fc.integer(), fc.constantFrom(1, 600_000, 600_001)),
   codeModeSandboxInflightBytes: fc.oneof(fc.integer(), fc.constantFrom(65_535, 65_536, 2 ** 30, 2 ** 30 + 1)),
   codeModeProviderInflightBytes: fc.oneof(fc.integer(), fc.constantFrom(65_535, 2 ** 34, 2 ** 34 + 1)),
   warmPool: fc.oneof(fc.record({ size: fc.oneof(fc.integer({ min: -2, max: 70 }), fc.constant(2.5)) }), junkValue),
-  errors: fc.oneof(fc.constant({}), fc.constant({ SandboxNotAvailableError: class extends Error {} }), fc.constant({ Unknown: class extends Error {} }), fc.constant({ SandboxFileNotFoundError: 5 })),
+  errors: fc.oneof(
+    fc.constant({}),
+    fc.constant({ SandboxNotAvailableError: class extends Error {} }),
+    fc.constant({ Unknown: class extends Error {} }),
+    fc.constant({ SandboxFileNotFoundError: 5 }),
+  ),
   logger: fc.oneof(fc.constant({}), fc.constant({ info: () => undefined }), fc.constant({ info: 3 }), fc.constant(5)),
 }
 
@@ -571,12 +913,28 @@ const optionsArb = fc.oneof(
     weight: 6,
     arbitrary: fc
       .tuple(
-        fc.record(Object.fromEntries(Object.entries(optionValues).map(([k, v]) => [k, fc.oneof({ weight: 3, arbitrary: v }, { weight: 1, arbitrary: junkValue })])), { requiredKeys: [] }),
-        fc.dictionary(fc.oneof(arbitraryString, fc.constantFrom('imgae', 'Image', 'tenant', 'privileged', 'binds')), junkValue, { maxKeys: 1 }),
+        fc.record(
+          Object.fromEntries(
+            Object.entries(optionValues).map(([k, v]) => [
+              k,
+              fc.oneof({ weight: 3, arbitrary: v }, { weight: 1, arbitrary: junkValue }),
+            ]),
+          ),
+          { requiredKeys: [] },
+        ),
+        fc.dictionary(
+          fc.oneof(arbitraryString, fc.constantFrom('imgae', 'Image', 'tenant', 'privileged', 'binds')),
+          junkValue,
+          { maxKeys: 1 },
+        ),
         fc.boolean(),
         fc.boolean(),
       )
-      .map(([known, unknown, withImage, withUnknown]) => ({ ...(withImage ? { image: BUSYBOX } : {}), ...known, ...(withUnknown ? unknown : {}) })),
+      .map(([known, unknown, withImage, withUnknown]) => ({
+        ...(withImage ? { image: BUSYBOX } : {}),
+        ...known,
+        ...(withUnknown ? unknown : {}),
+      })),
   },
   { weight: 1, arbitrary: junkValue },
 )
@@ -589,7 +947,11 @@ test('constructor options: constructs, or throws TypeError INVALID_OPTION; escap
       try {
         p = new DockerSandboxProvider(options as any)
       } catch (e: any) {
-        expect({ options, type: e?.constructor?.name, code: e?.code }).toEqual({ options, type: 'TypeError', code: 'INVALID_OPTION' })
+        expect({ options, type: e?.constructor?.name, code: e?.code }).toEqual({
+          options,
+          type: 'TypeError',
+          code: 'INVALID_OPTION',
+        })
         expect(typeof e.option).toBe('string')
         expect(e.message.startsWith('invalid option `')).toBe(true)
         return
@@ -599,10 +961,15 @@ test('constructor options: constructs, or throws TypeError INVALID_OPTION; escap
         expect(p.namespace).toMatch(/^[a-z0-9-]{1,32}$/)
         const o = options as Record<string, any>
         // Documented refusals must never construct.
-        expect({ options, network: o.network === 'host' || String(o.network ?? '').startsWith('container:') }).toEqual({ options, network: false })
+        expect({ options, network: o.network === 'host' || String(o.network ?? '').startsWith('container:') }).toEqual({
+          options,
+          network: false,
+        })
         const caps: unknown[] = Array.isArray(o.capabilities) ? o.capabilities : []
         // Only Docker's default set may be kept (docs/security.md).
-        const escalating = caps.filter((c) => typeof c === 'string' && !ALLOWED_CAPS.includes(c.toUpperCase().replace(/^CAP_/, '')))
+        const escalating = caps.filter(
+          (c) => typeof c === 'string' && !ALLOWED_CAPS.includes(c.toUpperCase().replace(/^CAP_/, '')),
+        )
         expect({ options, escalating }).toEqual({ options, escalating: [] })
         expect(o.labels && Object.keys(o.labels).some((k) => k.startsWith('trueforge.sandbox.'))).toBeFalsy()
       } finally {
@@ -636,7 +1003,7 @@ test.each([
 // ---------------------------------------------------------------------------------------------
 // Last: the canaries were never touched.
 
-test('the canaries were never started, stopped, exec\'d into, written to or removed', () => {
+test("the canaries were never started, stopped, exec'd into, written to or removed", () => {
   expect(canaries).toHaveLength(4)
   for (const c of canaries) {
     const now = snapshot(c.name)
@@ -649,7 +1016,10 @@ test('the canaries were never started, stopped, exec\'d into, written to or remo
     expect(docker(['inspect', '-f', '{{len .ExecIDs}}', c.name])).toBe('0')
     // Nothing written into them either.
     const diff = dockerTry(['diff', c.name]).stdout
-    expect({ canary: c.label, diff: diff.split('\n').filter((l) => /workspace|trueforge|fuzz|intruder/.test(l)) }).toEqual({ canary: c.label, diff: [] })
+    expect({
+      canary: c.label,
+      diff: diff.split('\n').filter((l) => /workspace|trueforge|fuzz|intruder/.test(l)),
+    }).toEqual({ canary: c.label, diff: [] })
   }
   // Our own sandbox is still ours and alive; its container name is what the helpers derive.
   expect(inspectContainer(containerNameFor(namespace, realId))?.State.Running).toBe(true)

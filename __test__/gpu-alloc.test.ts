@@ -21,7 +21,12 @@ const FAKE_SMI_IMAGE = 'trueforge-test-fake-nvidia-smi:1'
 let startedHere = false
 
 function engineCli(args: string[], input?: string): string {
-  return execFileSync('docker', ['-H', HOST, ...args], { input, encoding: 'utf8', stdio: ['pipe', 'pipe', 'pipe'], timeout: 60_000 }).trim()
+  return execFileSync('docker', ['-H', HOST, ...args], {
+    input,
+    encoding: 'utf8',
+    stdio: ['pipe', 'pipe', 'pipe'],
+    timeout: 60_000,
+  }).trim()
 }
 
 function inspect(nameOrId: string): any {
@@ -29,7 +34,14 @@ function inspect(nameOrId: string): any {
 }
 
 function containerOf(ns: string, sandboxId: string): any {
-  const id = engineCli(['ps', '-aq', '--filter', `label=${LABEL_NAMESPACE}=${ns}`, '--filter', `label=trueforge.sandbox.id=${sandboxId}`])
+  const id = engineCli([
+    'ps',
+    '-aq',
+    '--filter',
+    `label=${LABEL_NAMESPACE}=${ns}`,
+    '--filter',
+    `label=trueforge.sandbox.id=${sandboxId}`,
+  ])
   expect(id).not.toBe('')
   return inspect(id)
 }
@@ -40,7 +52,9 @@ function gpusOf(ns: string, sandboxId: string): string[] {
 
 function cleanup(ns: string): void {
   try {
-    const ids = engineCli(['ps', '-aq', '--filter', `label=${LABEL_NAMESPACE}=${ns}`]).split('\n').filter(Boolean)
+    const ids = engineCli(['ps', '-aq', '--filter', `label=${LABEL_NAMESPACE}=${ns}`])
+      .split('\n')
+      .filter(Boolean)
     if (ids.length > 0) engineCli(['rm', '-f', '-v', ...ids])
   } catch (e) {
     console.warn(`cleanup of ${ns} on the GPU test engine failed: ${(e as Error).message}`)
@@ -104,10 +118,18 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
       expect.objectContaining({ DeviceIDs: ['0', '1'], Capabilities: [['gpu']] }),
     ])
     expect(info.Config.Env).toEqual(
-      expect.arrayContaining(['NVIDIA_VISIBLE_DEVICES=0,1', 'NVIDIA_DRIVER_CAPABILITIES=compute,utility', 'TRUEFORGE_GPUS=0,1']),
+      expect.arrayContaining([
+        'NVIDIA_VISIBLE_DEVICES=0,1',
+        'NVIDIA_DRIVER_CAPABILITIES=compute,utility',
+        'TRUEFORGE_GPUS=0,1',
+      ]),
     )
     // Commands see them; so does PID 1, where the engine's NVIDIA driver put its own value.
-    const seen = await ok(p, sandboxId, `echo "$NVIDIA_VISIBLE_DEVICES|$TRUEFORGE_GPUS|$NVIDIA_DRIVER_CAPABILITIES"; tr '\\0' '\\n' < /proc/1/environ | grep '^NVIDIA_VISIBLE_DEVICES=' | tail -n 1`)
+    const seen = await ok(
+      p,
+      sandboxId,
+      `echo "$NVIDIA_VISIBLE_DEVICES|$TRUEFORGE_GPUS|$NVIDIA_DRIVER_CAPABILITIES"; tr '\\0' '\\n' < /proc/1/environ | grep '^NVIDIA_VISIBLE_DEVICES=' | tail -n 1`,
+    )
     expect(seen.trim().split('\n')).toEqual(['0,1|0,1|compute,utility', 'NVIDIA_VISIBLE_DEVICES=0,1'])
     expect(p.getAdditionalInstructions()).toMatch(/yours alone.*\$TRUEFORGE_GPUS/s)
     // A second sandbox gets the one GPU left only if it asks for one: two are not free.
@@ -122,11 +144,23 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
   test('20 concurrent creates from two processes on 16 GPUs: 16 disjoint sandboxes, 4 typed 503s naming the holders', async () => {
     const n = ns('t-gpu-race')
     const devices = Array.from({ length: 16 }, (_, i) => `GPU-fake-${String(i).padStart(2, '0')}`)
-    const options = { image: BUSYBOX, dockerHost: HOST, namespace: n, network: 'none', autoStopIntervalInMinutes: 0, gpus: exclusive(1), gpuDevices: devices }
+    const options = {
+      image: BUSYBOX,
+      dockerHost: HOST,
+      namespace: n,
+      network: 'none',
+      autoStopIntervalInMinutes: 0,
+      gpus: exclusive(1),
+      gpuDevices: devices,
+    }
     const startAt = Date.now() + 2500
-    const child = spawn(process.execPath, [join(__dirname, 'gpu-child.js'), JSON.stringify({ options, count: 10, startAt })], {
-      stdio: ['ignore', 'pipe', 'inherit'],
-    })
+    const child = spawn(
+      process.execPath,
+      [join(__dirname, 'gpu-child.js'), JSON.stringify({ options, count: 10, startAt })],
+      {
+        stdio: ['ignore', 'pipe', 'inherit'],
+      },
+    )
     let childOut = ''
     child.stdout.on('data', (d) => (childOut += d))
     const childDone = new Promise<number>((r) => child.on('exit', (code) => r(code ?? -1)))
@@ -136,7 +170,14 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
       Array.from({ length: 10 }, () =>
         p.createSandbox().then(
           ({ sandboxId }) => ({ sandboxId }) as any,
-          (e: any) => ({ name: e.name, code: e.code, statusCode: e.statusCode, holders: e.holders, message: e.message, isGpuError: e instanceof SandboxGpuError }),
+          (e: any) => ({
+            name: e.name,
+            code: e.code,
+            statusCode: e.statusCode,
+            holders: e.holders,
+            message: e.message,
+            isGpuError: e instanceof SandboxGpuError,
+          }),
         ),
       ),
     )
@@ -145,7 +186,9 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     const all = [...mine, ...theirs]
     const created = all.filter((r) => r.sandboxId).map((r) => r.sandboxId as string)
     const failed = all.filter((r) => !r.sandboxId)
-    console.log(`gpu race: ${created.length} created (${mine.filter((r) => r.sandboxId).length} here, ${theirs.filter((r: any) => r.sandboxId).length} in the child), ${failed.length} refused`)
+    console.log(
+      `gpu race: ${created.length} created (${mine.filter((r) => r.sandboxId).length} here, ${theirs.filter((r: any) => r.sandboxId).length} in the child), ${failed.length} refused`,
+    )
     expect(created.length).toBe(16)
     expect(failed.length).toBe(4)
     for (const f of failed) {
@@ -206,7 +249,14 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
   }, 120_000)
 
   function containersOf(n: string, sandboxId: string): string[] {
-    return engineCli(['ps', '-aq', '--filter', `label=${LABEL_NAMESPACE}=${n}`, '--filter', `label=trueforge.sandbox.id=${sandboxId}`])
+    return engineCli([
+      'ps',
+      '-aq',
+      '--filter',
+      `label=${LABEL_NAMESPACE}=${n}`,
+      '--filter',
+      `label=trueforge.sandbox.id=${sandboxId}`,
+    ])
       .split('\n')
       .filter(Boolean)
   }
@@ -243,8 +293,18 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     expect(gpusOf(n, c)).toEqual(['m0'])
 
     // Another server process runs A's next command: GPU m0 is C's, so A moves to GPU m1.
-    const options = { image: BUSYBOX, dockerHost: HOST, namespace: n, network: 'none', autoStopIntervalInMinutes: 0, ...extra }
-    const r = execInChild(options, { sandboxId: a, command: 'cat a.txt deep/er/b.txt up.txt; echo "$NVIDIA_VISIBLE_DEVICES $TRUEFORGE_GPUS"' })
+    const options = {
+      image: BUSYBOX,
+      dockerHost: HOST,
+      namespace: n,
+      network: 'none',
+      autoStopIntervalInMinutes: 0,
+      ...extra,
+    }
+    const r = execInChild(options, {
+      sandboxId: a,
+      command: 'cat a.txt deep/er/b.txt up.txt; echo "$NVIDIA_VISIBLE_DEVICES $TRUEFORGE_GPUS"',
+    })
     expect(r).toEqual({ success: true, response: { exitCode: 0, result: 'kept\ndeeper\nuploaded\nm1 m1\n' } })
     expect(containersOf(n, a)).toHaveLength(1)
     const after = containerOf(n, a)
@@ -300,12 +360,18 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     engineCli(['stop', '-t', '1', before.Id])
     const b = (await p.createSandbox()).sandboxId
     expect(gpusOf(n, b)).toEqual(['r0'])
-    expect(await ok(p, a, `cat a.txt ${p.getFileUploadsDir(a)}/u.txt; echo $NVIDIA_VISIBLE_DEVICES`)).toBe('kept\nup\nr1\n')
+    expect(await ok(p, a, `cat a.txt ${p.getFileUploadsDir(a)}/u.txt; echo $NVIDIA_VISIBLE_DEVICES`)).toBe(
+      'kept\nup\nr1\n',
+    )
     const after = containerOf(n, a)
     expect(after.Id).not.toBe(before.Id)
     expect(after.HostConfig.ReadonlyRootfs).toBe(true)
     // The same volumes, and no new ones.
-    const volumesOf = (c: any) => (c.Mounts as any[]).filter((m) => m.Type === 'volume').map((m) => m.Name as string).sort()
+    const volumesOf = (c: any) =>
+      (c.Mounts as any[])
+        .filter((m) => m.Type === 'volume')
+        .map((m) => m.Name as string)
+        .sort()
     expect(volumesOf(after)).toEqual([...mounted].sort())
     // A second move carries them again (and still names them all for removal).
     engineCli(['stop', '-t', '1', after.Id])
@@ -333,23 +399,47 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     const before = containerOf(n, a)
     engineCli(['stop', '-t', '1', before.Id])
     expect(gpusOf(n, (await p.createSandbox()).sandboxId)).toEqual(['k0'])
-    const options = { image: BUSYBOX, dockerHost: HOST, namespace: n, network: 'none', autoStopIntervalInMinutes: 0, ...extra }
+    const options = {
+      image: BUSYBOX,
+      dockerHost: HOST,
+      namespace: n,
+      network: 'none',
+      autoStopIntervalInMinutes: 0,
+      ...extra,
+    }
     const child = () =>
       new Promise<any>((resolve, reject) => {
-        const c = spawn(process.execPath, [join(__dirname, 'gpu-child.js'), JSON.stringify({ options, exec: { sandboxId: a, command: 'cat a.txt; echo $TRUEFORGE_GPUS' } })], {
-          stdio: ['ignore', 'pipe', 'inherit'],
-        })
+        const c = spawn(
+          process.execPath,
+          [
+            join(__dirname, 'gpu-child.js'),
+            JSON.stringify({ options, exec: { sandboxId: a, command: 'cat a.txt; echo $TRUEFORGE_GPUS' } }),
+          ],
+          {
+            stdio: ['ignore', 'pipe', 'inherit'],
+          },
+        )
         let out = ''
         c.stdout.on('data', (d) => (out += d))
-        c.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out.trim().split('\n').pop() as string)) : reject(new Error(`child exited ${code}: ${out}`))))
+        c.on('exit', (code) =>
+          code === 0
+            ? resolve(JSON.parse(out.trim().split('\n').pop() as string))
+            : reject(new Error(`child exited ${code}: ${out}`)),
+        )
       })
-    const results = await Promise.all([child(), child(), p.exec({ sandboxId: a, command: 'cat a.txt; echo $TRUEFORGE_GPUS' })])
+    const results = await Promise.all([
+      child(),
+      child(),
+      p.exec({ sandboxId: a, command: 'cat a.txt; echo $TRUEFORGE_GPUS' }),
+    ])
     for (const r of results) expect(r).toEqual({ success: true, response: { exitCode: 0, result: 'kept\nk1\n' } })
     expect(containersOf(n, a)).toHaveLength(1)
     expect(containerOf(n, a).Id).not.toBe(before.Id)
     expect(engineCli(['ps', '-aq', '--filter', `name=${before.Name.slice(1)}.`])).toBe('')
     // Only the save in use is left: a process that lost the race removed its own.
-    const saves = engineCli(['images', '-q', '--no-trunc', '--filter', `label=trueforge.sandbox.saved-from=${a}`]).split('\n').filter(Boolean)
+    const saves = engineCli(['images', '-q', '--no-trunc', '--filter', `label=trueforge.sandbox.saved-from=${a}`])
+      .split('\n')
+      .filter(Boolean)
     expect(saves).toEqual([containerOf(n, a).Image])
     p.dispose()
     cleanup(n)
@@ -365,7 +455,15 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     // What a process killed after setting the old container aside leaves behind.
     engineCli(['rename', before.Id, `${before.Name.slice(1)}.gpu-moved`])
     // A process that has not seen the sandbox looks it up by name (this one has it cached by id).
-    const options = { image: BUSYBOX, dockerHost: HOST, namespace: n, network: 'none', autoStopIntervalInMinutes: 0, gpus: exclusive(1), gpuDevices: ['x0'] }
+    const options = {
+      image: BUSYBOX,
+      dockerHost: HOST,
+      namespace: n,
+      network: 'none',
+      autoStopIntervalInMinutes: 0,
+      gpus: exclusive(1),
+      gpuDevices: ['x0'],
+    }
     const r = execInChild(options, { sandboxId: a, command: 'cat a.txt' })
     expect(r).toEqual({ success: true, response: { exitCode: 0, result: 'kept\n' } })
     expect(containerOf(n, a).Id).toBe(before.Id)
@@ -381,7 +479,10 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     const info = containerOf(n, a)
     const name = info.Name.slice(1)
     // What a move whose old container could not be removed leaves: a stopped copy set aside.
-    const labels = Object.entries(info.Config.Labels as Record<string, string>).flatMap(([k, v]) => ['--label', `${k}=${v}`])
+    const labels = Object.entries(info.Config.Labels as Record<string, string>).flatMap(([k, v]) => [
+      '--label',
+      `${k}=${v}`,
+    ])
     engineCli(['create', '--name', `${name}.gpu-moved`, ...labels, BUSYBOX, 'true'])
     expect(containersOf(n, a)).toHaveLength(2)
     expect(await p.removeSandbox(a)).toBe(true)
@@ -427,12 +528,26 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     }
   })
 
-  test('the allocation lock: a dead holder\'s is broken, a live holder\'s is waited for', async () => {
+  test("the allocation lock: a dead holder's is broken, a live holder's is waited for", async () => {
     const n = ns('t-gpu-lock')
     // GPU ids of its own: GPUs held are engine-wide, and other tests' sandboxes still run.
     const p = provider(n, { gpus: exclusive(1), gpuDevices: ['lock-0', 'lock-1'] })
     const fakeLock = (atMs: number) =>
-      engineCli(['create', '--name', 'trueforge-gpu-lock', '--label', 'trueforge.sandbox.managed-by=trueforge-docker-sandbox', '--label', 'trueforge.sandbox.gpu-lock=test:1', '--label', `trueforge.sandbox.gpu-lock-at=${atMs}`, '--label', `${LABEL_NAMESPACE}=${n}`, BUSYBOX, 'true'])
+      engineCli([
+        'create',
+        '--name',
+        'trueforge-gpu-lock',
+        '--label',
+        'trueforge.sandbox.managed-by=trueforge-docker-sandbox',
+        '--label',
+        'trueforge.sandbox.gpu-lock=test:1',
+        '--label',
+        `trueforge.sandbox.gpu-lock-at=${atMs}`,
+        '--label',
+        `${LABEL_NAMESPACE}=${n}`,
+        BUSYBOX,
+        'true',
+      ])
     try {
       // Taken a minute ago by a process that died: broken at once.
       const dead = fakeLock(Date.now() - 60_000)
@@ -483,7 +598,10 @@ describe('exclusive GPUs on an engine with the NVIDIA device driver (stand-in ho
     const found = provider(n, { image: FAKE_SMI_IMAGE, gpus: exclusive(1) })
     const a = (await found.createSandbox()).sandboxId
     const b = (await found.createSandbox()).sandboxId
-    expect([gpusOf(n, a), gpusOf(n, b)]).toEqual([['GPU-11111111-0000-0000-0000-000000000000'], ['GPU-22222222-0000-0000-0000-000000000000']])
+    expect([gpusOf(n, a), gpusOf(n, b)]).toEqual([
+      ['GPU-11111111-0000-0000-0000-000000000000'],
+      ['GPU-22222222-0000-0000-0000-000000000000'],
+    ])
     expect((await rejection(found.createSandbox())).code).toBe('GPUS_UNAVAILABLE')
     bare.dispose()
     found.dispose()
@@ -499,7 +617,9 @@ function dockerTryGpu(args: string[]): void {
 }
 
 function containersInNamespaceOnGpuEngine(n: string): string[] {
-  return engineCli(['ps', '-aq', '--filter', `label=${LABEL_NAMESPACE}=${n}`]).split('\n').filter(Boolean)
+  return engineCli(['ps', '-aq', '--filter', `label=${LABEL_NAMESPACE}=${n}`])
+    .split('\n')
+    .filter(Boolean)
 }
 
 describe('an engine that cannot give GPUs (the main engine: no NVIDIA driver, no CDI)', () => {
@@ -512,15 +632,18 @@ describe('an engine that cannot give GPUs (the main engine: no NVIDIA driver, no
     ["gpus: 'all'", 'all', /NVIDIA container toolkit/],
     ['a CDI name', 'nvidia.com/gpu=all', /CDI device\(s\) nvidia\.com\/gpu=all\. .*CDI enabled/s],
     ['CDI names', ['nvidia.com/gpu=0', 'nvidia.com/gpu=1'], /CDI.*nvidia\.com\/gpu=0, nvidia\.com\/gpu=1/s],
-  ])('%s: createSandbox() fails with GPU_UNSUPPORTED saying what to install, and leaves nothing', async (_, gpus, hint) => {
-    const p = new DockerSandboxProvider({ image: BUSYBOX, namespace: main, gpus: gpus as any })
-    const e = await rejection(p.createSandbox())
-    expect(e).toBeInstanceOf(SandboxGpuError)
-    expect(e.code).toBe('GPU_UNSUPPORTED')
-    expect(e.statusCode).toBe(500)
-    expect(e.message).toMatch(hint)
-    expect(e.message).toMatch(/could not select device driver/)
-    expect(containersInNamespace(main)).toEqual([])
-    p.dispose()
-  })
+  ])(
+    '%s: createSandbox() fails with GPU_UNSUPPORTED saying what to install, and leaves nothing',
+    async (_, gpus, hint) => {
+      const p = new DockerSandboxProvider({ image: BUSYBOX, namespace: main, gpus: gpus as any })
+      const e = await rejection(p.createSandbox())
+      expect(e).toBeInstanceOf(SandboxGpuError)
+      expect(e.code).toBe('GPU_UNSUPPORTED')
+      expect(e.statusCode).toBe(500)
+      expect(e.message).toMatch(hint)
+      expect(e.message).toMatch(/could not select device driver/)
+      expect(containersInNamespace(main)).toEqual([])
+      p.dispose()
+    },
+  )
 })

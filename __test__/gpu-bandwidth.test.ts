@@ -48,11 +48,17 @@ test('bad arguments exit 64 with a usage line', () => {
 })
 
 const ptxasThere = existsSync(PTXAS)
-if (!ptxasThere) console.warn(`gpu-bandwidth.test.ts: ptxas check SKIPPED: no ${PTXAS} (run scripts/ensure-gpu-tools.sh)`)
-;(ptxasThere ? test : test.skip).each(['sm_50', 'sm_80', 'sm_89', 'sm_90'])('its PTX assembles with ptxas for %s', (arch) => {
-  const ptx = join(dir, 'copy.ptx')
-  writeFileSync(ptx, execFileSync(bin, ['--ptx']))
-  const r = spawnSync(PTXAS, [`-arch=${arch}`, '-v', ptx, '-o', join(dir, `copy-${arch}.cubin`)], { encoding: 'utf8' })
-  expect(r.stderr).toMatch(/Function properties for copy16|Compiling entry function 'copy16'/)
-  expect(r.status).toBe(0)
-})
+if (!ptxasThere)
+  console.warn(`gpu-bandwidth.test.ts: ptxas check SKIPPED: no ${PTXAS} (run scripts/ensure-gpu-tools.sh)`)
+;(ptxasThere ? test : test.skip).each(['sm_50', 'sm_80', 'sm_89', 'sm_90'])(
+  'its PTX assembles with ptxas for %s',
+  (arch) => {
+    const ptx = join(dir, 'copy.ptx')
+    writeFileSync(ptx, execFileSync(bin, ['--ptx']))
+    const r = spawnSync(PTXAS, [`-arch=${arch}`, '-v', ptx, '-o', join(dir, `copy-${arch}.cubin`)], {
+      encoding: 'utf8',
+    })
+    expect(r.stderr).toMatch(/Function properties for copy16|Compiling entry function 'copy16'/)
+    expect(r.status).toBe(0)
+  },
+)

@@ -29,8 +29,12 @@ const devices = env.TRUEFORGE_GPU_TEST_DEVICES ? env.TRUEFORGE_GPU_TEST_DEVICES.
 const network = env.TRUEFORGE_GPU_TEST_NETWORK || undefined
 
 function hostHasGpu(): { ok: boolean; why: string } {
-  if (!existsSync('/dev/nvidiactl')) return { ok: false, why: 'this host has no /dev/nvidiactl (no NVIDIA GPU or driver)' }
-  const r = spawnSync('sh', ['-c', 'ldconfig -p 2>/dev/null | grep -q "libcuda.so.1 " || ls /usr/lib*/*/libcuda.so.1 /usr/lib*/libcuda.so.1 2>/dev/null | grep -q .'])
+  if (!existsSync('/dev/nvidiactl'))
+    return { ok: false, why: 'this host has no /dev/nvidiactl (no NVIDIA GPU or driver)' }
+  const r = spawnSync('sh', [
+    '-c',
+    'ldconfig -p 2>/dev/null | grep -q "libcuda.so.1 " || ls /usr/lib*/*/libcuda.so.1 /usr/lib*/libcuda.so.1 2>/dev/null | grep -q .',
+  ])
   if (r.status !== 0) return { ok: false, why: 'this host has no libcuda.so.1 (the CUDA driver library)' }
   return { ok: true, why: 'an NVIDIA GPU and driver on this host' }
 }
@@ -52,13 +56,17 @@ function engineGivesGpus(): { ok: boolean; why: string } {
     if (!existsSync(dir)) continue
     for (const f of readdirSync(dir)) {
       try {
-        if (readFileSync(join(dir, f), 'utf8').includes('nvidia.com/gpu')) return { ok: true, why: `NVIDIA CDI spec ${join(dir, f)}` }
+        if (readFileSync(join(dir, f), 'utf8').includes('nvidia.com/gpu'))
+          return { ok: true, why: `NVIDIA CDI spec ${join(dir, f)}` }
       } catch {
         // unreadable: not a spec we can use
       }
     }
   }
-  return { ok: false, why: `runtimes ${runtimes.stdout} have no 'nvidia' and no NVIDIA CDI spec was found in ${dirs.join(', ')}` }
+  return {
+    ok: false,
+    why: `runtimes ${runtimes.stdout} have no 'nvidia' and no NVIDIA CDI spec was found in ${dirs.join(', ')}`,
+  }
 }
 
 const onHost = hostHasGpu()
@@ -77,7 +85,8 @@ const figures: Record<string, unknown> = { gpus: allGpus }
 afterAll(async () => {
   await tracker.cleanup(exclusive)
   await tracker.cleanup(all)
-  if (env.TRUEFORGE_GPU_TEST_REPORT) writeFileSync(env.TRUEFORGE_GPU_TEST_REPORT, `${JSON.stringify(figures, null, 2)}\n`)
+  if (env.TRUEFORGE_GPU_TEST_REPORT)
+    writeFileSync(env.TRUEFORGE_GPU_TEST_REPORT, `${JSON.stringify(figures, null, 2)}\n`)
 })
 
 /** `GPU i: name (UUID: GPU-…)` lines → UUIDs, in order. */
@@ -90,84 +99,108 @@ function hostList(): string {
   return r.status === 0 ? r.stdout : ''
 }
 
-maybe(`a sandbox with gpus: ${JSON.stringify(allGpus)} runs nvidia-smi (${gpu.why})`, async () => {
-  const id = await tracker.create(all)
-  const r = await run(all, id, 'nvidia-smi -L', { timeoutSeconds: 60 })
-  expect(r.exitCode).toBe(0)
-  expect(r.result).toMatch(/^GPU \d+:/m)
-  figures.allList = r.result.trim()
-  const fromHost = uuids(hostList())
-  if (fromHost.length > 0) expect(uuids(r.result).sort()).toEqual([...fromHost].sort())
-  expect(all.getAdditionalInstructions()).toMatch(/nvidia-smi/)
-}, 120_000)
+maybe(
+  `a sandbox with gpus: ${JSON.stringify(allGpus)} runs nvidia-smi (${gpu.why})`,
+  async () => {
+    const id = await tracker.create(all)
+    const r = await run(all, id, 'nvidia-smi -L', { timeoutSeconds: 60 })
+    expect(r.exitCode).toBe(0)
+    expect(r.result).toMatch(/^GPU \d+:/m)
+    figures.allList = r.result.trim()
+    const fromHost = uuids(hostList())
+    if (fromHost.length > 0) expect(uuids(r.result).sort()).toEqual([...fromHost].sort())
+    expect(all.getAdditionalInstructions()).toMatch(/nvidia-smi/)
+  },
+  120_000,
+)
 
 let first: { id: string; uuid: string } | undefined
 
-maybe('nvidia-smi -L in an exclusive sandbox lists exactly its GPU; a second one gets another or is refused', async () => {
-  const a = await tracker.create(exclusive)
-  const list = await ok(exclusive, a, 'nvidia-smi -L; echo "gpus=$TRUEFORGE_GPUS"', { timeoutSeconds: 60 })
-  const seen = uuids(list)
-  const named = /gpus=(.*)/.exec(list)?.[1]?.trim() ?? ''
-  figures.exclusiveA = { sandbox: a, gpus: named, list: list.trim() }
-  expect(seen.length).toBe(1)
-  const fromHost = uuids(hostList())
-  // The GPU it names is the GPU it sees: by UUID, or by the host's index.
-  const index = /(?:^|=)(\d+)$/.exec(named)?.[1]
-  if (/GPU-[0-9a-fA-F-]+/.test(named)) expect(named).toContain(seen[0])
-  else if (index !== undefined && fromHost.length > 0) expect(seen[0]).toBe(fromHost[Number(index)])
-  first = { id: a, uuid: seen[0] }
+maybe(
+  'nvidia-smi -L in an exclusive sandbox lists exactly its GPU; a second one gets another or is refused',
+  async () => {
+    const a = await tracker.create(exclusive)
+    const list = await ok(exclusive, a, 'nvidia-smi -L; echo "gpus=$TRUEFORGE_GPUS"', { timeoutSeconds: 60 })
+    const seen = uuids(list)
+    const named = /gpus=(.*)/.exec(list)?.[1]?.trim() ?? ''
+    figures.exclusiveA = { sandbox: a, gpus: named, list: list.trim() }
+    expect(seen.length).toBe(1)
+    const fromHost = uuids(hostList())
+    // The GPU it names is the GPU it sees: by UUID, or by the host's index.
+    const index = /(?:^|=)(\d+)$/.exec(named)?.[1]
+    if (/GPU-[0-9a-fA-F-]+/.test(named)) expect(named).toContain(seen[0])
+    else if (index !== undefined && fromHost.length > 0) expect(seen[0]).toBe(fromHost[Number(index)])
+    first = { id: a, uuid: seen[0] }
 
-  const gpuCount = fromHost.length || uuids(String(figures.allList ?? '')).length
-  if (gpuCount >= 2) {
-    const b = await tracker.create(exclusive)
-    const other = uuids(await ok(exclusive, b, 'nvidia-smi -L', { timeoutSeconds: 60 }))
-    figures.exclusiveB = { sandbox: b, list: other }
-    expect(other.length).toBe(1)
-    expect(other[0]).not.toBe(seen[0])
-    await exclusive.removeSandbox(b)
-  } else {
-    const e = await rejection(exclusive.createSandbox())
-    figures.exclusiveB = { refused: e.message }
-    expect(e).toBeInstanceOf(SandboxGpuError)
-    expect(e.code).toBe('GPUS_UNAVAILABLE')
-    expect(e.holders).toEqual([a])
-  }
-}, 180_000)
+    const gpuCount = fromHost.length || uuids(String(figures.allList ?? '')).length
+    if (gpuCount >= 2) {
+      const b = await tracker.create(exclusive)
+      const other = uuids(await ok(exclusive, b, 'nvidia-smi -L', { timeoutSeconds: 60 }))
+      figures.exclusiveB = { sandbox: b, list: other }
+      expect(other.length).toBe(1)
+      expect(other[0]).not.toBe(seen[0])
+      await exclusive.removeSandbox(b)
+    } else {
+      const e = await rejection(exclusive.createSandbox())
+      figures.exclusiveB = { refused: e.message }
+      expect(e).toBeInstanceOf(SandboxGpuError)
+      expect(e.code).toBe('GPUS_UNAVAILABLE')
+      expect(e.holders).toEqual([a])
+    }
+  },
+  180_000,
+)
 
-maybe('memory bandwidth in the sandbox is at least 0.97 of the same program on the host', async () => {
-  expect(first).toBeDefined()
-  const { id, uuid } = first!
-  const dir = mkdtempSync(join(tmpdir(), 'gpu-bw-'))
-  try {
-    const bin = join(dir, 'bandwidth')
-    execFileSync('cc', ['-O2', '-std=c11', '-o', bin, join(__dirname, '..', 'bench', 'gpu', 'bandwidth.c'), '-ldl'])
-    // The host run uses the sandbox's GPU: the host's index of that UUID, in PCI order like nvidia-smi.
-    const ordinal = Math.max(0, uuids(hostList()).indexOf(uuid))
-    const onHost = () => {
-      const r = spawnSync(bin, ['--device', String(ordinal)], { encoding: 'utf8', env: { ...env, CUDA_DEVICE_ORDER: 'PCI_BUS_ID' }, timeout: 300_000 })
-      if (r.status !== 0) throw new Error(`bandwidth on the host exited ${r.status}: ${r.stdout} ${r.stderr}`)
-      return JSON.parse(r.stdout.trim())
+maybe(
+  'memory bandwidth in the sandbox is at least 0.97 of the same program on the host',
+  async () => {
+    expect(first).toBeDefined()
+    const { id, uuid } = first!
+    const dir = mkdtempSync(join(tmpdir(), 'gpu-bw-'))
+    try {
+      const bin = join(dir, 'bandwidth')
+      execFileSync('cc', ['-O2', '-std=c11', '-o', bin, join(__dirname, '..', 'bench', 'gpu', 'bandwidth.c'), '-ldl'])
+      // The host run uses the sandbox's GPU: the host's index of that UUID, in PCI order like nvidia-smi.
+      const ordinal = Math.max(0, uuids(hostList()).indexOf(uuid))
+      const onHost = () => {
+        const r = spawnSync(bin, ['--device', String(ordinal)], {
+          encoding: 'utf8',
+          env: { ...env, CUDA_DEVICE_ORDER: 'PCI_BUS_ID' },
+          timeout: 300_000,
+        })
+        if (r.status !== 0) throw new Error(`bandwidth on the host exited ${r.status}: ${r.stdout} ${r.stderr}`)
+        return JSON.parse(r.stdout.trim())
+      }
+      await exclusive.uploadFile({ sandboxId: id, remotePath: 'bandwidth', content: readFileSync(bin) })
+      const inSandbox = async () => {
+        const out = await ok(exclusive, id, 'chmod +x ./bandwidth && ./bandwidth', { timeoutSeconds: 300 })
+        return JSON.parse(out.trim().split('\n').pop() as string)
+      }
+      // Interleaved, best of two each, so a clock ramp or a neighbour hits both sides alike.
+      const h1 = onHost()
+      const s1 = await inSandbox()
+      const h2 = onHost()
+      const s2 = await inSandbox()
+      const hostGbps = Math.max(h1.gbps, h2.gbps)
+      const sandboxGbps = Math.max(s1.gbps, s2.gbps)
+      const ratio = sandboxGbps / hostGbps
+      Object.assign(figures, {
+        device: h1.device,
+        sandboxGbps,
+        hostGbps,
+        ratio: Number(ratio.toFixed(4)),
+        runs: { host: [h1, h2], sandbox: [s1, s2] },
+      })
+      console.log(
+        `GPU memory bandwidth on ${h1.device}: sandbox ${sandboxGbps.toFixed(1)} GB/s, host ${hostGbps.toFixed(1)} GB/s, ratio ${ratio.toFixed(4)}`,
+      )
+      expect(ratio).toBeGreaterThanOrEqual(0.97)
+    } finally {
+      rmSync(dir, { recursive: true, force: true })
     }
-    await exclusive.uploadFile({ sandboxId: id, remotePath: 'bandwidth', content: readFileSync(bin) })
-    const inSandbox = async () => {
-      const out = await ok(exclusive, id, 'chmod +x ./bandwidth && ./bandwidth', { timeoutSeconds: 300 })
-      return JSON.parse(out.trim().split('\n').pop() as string)
-    }
-    // Interleaved, best of two each, so a clock ramp or a neighbour hits both sides alike.
-    const h1 = onHost()
-    const s1 = await inSandbox()
-    const h2 = onHost()
-    const s2 = await inSandbox()
-    const hostGbps = Math.max(h1.gbps, h2.gbps)
-    const sandboxGbps = Math.max(s1.gbps, s2.gbps)
-    const ratio = sandboxGbps / hostGbps
-    Object.assign(figures, { device: h1.device, sandboxGbps, hostGbps, ratio: Number(ratio.toFixed(4)), runs: { host: [h1, h2], sandbox: [s1, s2] } })
-    console.log(`GPU memory bandwidth on ${h1.device}: sandbox ${sandboxGbps.toFixed(1)} GB/s, host ${hostGbps.toFixed(1)} GB/s, ratio ${ratio.toFixed(4)}`)
-    expect(ratio).toBeGreaterThanOrEqual(0.97)
-  } finally {
-    rmSync(dir, { recursive: true, force: true })
-  }
-}, 600_000)
+  },
+  600_000,
+)
 
 test('without `gpus` no GPU is requested, and the instructions say so', () => {
   const plain = new DockerSandboxProvider({ image, namespace })

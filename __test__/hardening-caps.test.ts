@@ -85,7 +85,11 @@ test('the rest of Docker default set may be kept, and a sandbox then holds exact
   for (const c of ['AUDIT_WRITE', 'MKNOD', 'NET_RAW', 'SETFCAP', 'SETPCAP', 'SYS_CHROOT', 'cap_net_raw']) {
     expect({ c, refused: refusal([c])?.message ?? null }).toEqual({ c, refused: null })
   }
-  const p = new DockerSandboxProvider({ image: BUSYBOX, namespace, capabilities: ['CHOWN', 'NET_RAW', 'MKNOD', 'sys_chroot'] })
+  const p = new DockerSandboxProvider({
+    image: BUSYBOX,
+    namespace,
+    capabilities: ['CHOWN', 'NET_RAW', 'MKNOD', 'sys_chroot'],
+  })
   providers.push(p)
   const id = await sandboxes.create(p)
   const status = await ok(p, id, 'grep -E "^Cap(Eff|Bnd):" /proc/self/status')

@@ -86,7 +86,11 @@ describe('paths with a lone UTF-16 surrogate', () => {
   ])('upload with %s is the path error at once, and writes nothing', async (_l, remotePath) => {
     const e = await rejection(p.uploadFile({ sandboxId: id, remotePath, content: Buffer.from('x') }))
     expect(e).toBeInstanceOf(SandboxInvalidPathError)
-    expect({ statusCode: e.statusCode, code: e.code, path: e.path }).toEqual({ statusCode: 400, code: 'INVALID_PATH', path: remotePath })
+    expect({ statusCode: e.statusCode, code: e.code, path: e.path }).toEqual({
+      statusCode: 400,
+      code: 'INVALID_PATH',
+      path: remotePath,
+    })
     expect(e.message).toContain('lone UTF-16 surrogate')
     // Not stored under U+FFFD (the replacement character) or any other name.
     expect(await ok(p, id, 'ls -A /trueforge/uploads; ls -A sub 2>/dev/null; echo end')).toBe('end\n')
@@ -97,7 +101,13 @@ describe('paths with a lone UTF-16 surrogate', () => {
     expect(e).toBeInstanceOf(SandboxInvalidPathError)
     expect(e.path).toBe('/etc/\uD800passwd')
     // Refused before any engine call: no lookup of the (missing) sandbox happens.
-    const gone = await rejection(p.uploadFile({ sandboxId: '/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV', remotePath: '\uDBFF', content: Buffer.from('') }))
+    const gone = await rejection(
+      p.uploadFile({
+        sandboxId: '/workspace/01ARZ3NDEKTSV4RRFFQ69G5FAV',
+        remotePath: '\uDBFF',
+        content: Buffer.from(''),
+      }),
+    )
     expect(gone).toBeInstanceOf(SandboxInvalidPathError)
     // As for every call, an id outside the grammar is refused first.
     const bad = await rejection(p.downloadFile({ sandboxId: 'not-an-id', path: '\uD800' }))
@@ -109,7 +119,9 @@ describe('paths with a lone UTF-16 surrogate', () => {
     class HostBase extends Error {}
     const q = new DockerSandboxProvider({ image: BUSYBOX, namespace, errors: { SandboxError: HostBase } })
     try {
-      const e = await rejection(q.uploadFile({ sandboxId: id, remotePath: '/trueforge/uploads/\uD800', content: Buffer.from('x') }))
+      const e = await rejection(
+        q.uploadFile({ sandboxId: id, remotePath: '/trueforge/uploads/\uD800', content: Buffer.from('x') }),
+      )
       expect(e).toBeInstanceOf(HostBase)
       expect(e).toBeInstanceOf(SandboxError)
       expect(e.statusCode).toBe(400)

@@ -62,7 +62,10 @@ test.each([
     id,
   ]
   for (const d of dirs) {
-    expect({ dir: d, exit: (await run(p, id, `test -d '${d}' && test -w '${d}'`)).exitCode }).toEqual({ dir: d, exit: 0 })
+    expect({ dir: d, exit: (await run(p, id, `test -d '${d}' && test -w '${d}'`)).exitCode }).toEqual({
+      dir: d,
+      exit: 0,
+    })
   }
   // The credentials file itself does not exist until the server writes it.
   expect((await run(p, id, `test -e '${p.getGitCredentialsPath(id)}'`)).exitCode).toBe(1)

@@ -132,9 +132,7 @@ test('concurrent execs on a stopped container all succeed (one start)', async ()
   const id = await tracker.create(provider)
   const name = containerNameFor(namespace, id)
   docker(['stop', '-t', '1', name])
-  const outs = await Promise.all(
-    Array.from({ length: 6 }, (_, i) => ok(provider, id, `echo n${i}`)),
-  )
+  const outs = await Promise.all(Array.from({ length: 6 }, (_, i) => ok(provider, id, `echo n${i}`)))
   expect(outs).toEqual(Array.from({ length: 6 }, (_, i) => `n${i}\n`))
 })
 
@@ -147,12 +145,16 @@ test('a removed container is SandboxNotAvailableError for exec, upload and downl
   await expectNotAvailable(new DockerSandboxProvider({ image: BUSYBOX, namespace }), id)
 })
 
-test.each(['', 'abc', '/workspace/xyz', '../etc', '/workspace/01arz3ndektsv4rrffq69g5fav', '/tmp/01ARZ3NDEKTSV4RRFFQ69G5FAV'])(
-  'malformed id %j is SandboxNotAvailableError for exec, upload and download',
-  async (id) => {
-    await expectNotAvailable(provider, id)
-  },
-)
+test.each([
+  '',
+  'abc',
+  '/workspace/xyz',
+  '../etc',
+  '/workspace/01arz3ndektsv4rrffq69g5fav',
+  '/tmp/01ARZ3NDEKTSV4RRFFQ69G5FAV',
+])('malformed id %j is SandboxNotAvailableError for exec, upload and download', async (id) => {
+  await expectNotAvailable(provider, id)
+})
 
 describe('containers that are not ours', () => {
   const runningUlid = randomUlid()
@@ -186,11 +188,21 @@ describe('containers that are not ours', () => {
     docker(['stop', '-t', '1', stoppedName])
     // Ours in every label but the id: still not ours for this id.
     docker([
-      'run', '-d', '--name', wrongIdName, ...common,
-      '--label', `${LABEL_MANAGED_BY}=${MANAGED_BY}`,
-      '--label', `${LABEL_NAMESPACE}=${namespace}`,
-      '--label', `${LABEL_ID}=/workspace/${randomUlid()}`,
-      BUSYBOX, 'sh', '-c', 'sleep 3600',
+      'run',
+      '-d',
+      '--name',
+      wrongIdName,
+      ...common,
+      '--label',
+      `${LABEL_MANAGED_BY}=${MANAGED_BY}`,
+      '--label',
+      `${LABEL_NAMESPACE}=${namespace}`,
+      '--label',
+      `${LABEL_ID}=/workspace/${randomUlid()}`,
+      BUSYBOX,
+      'sh',
+      '-c',
+      'sleep 3600',
     ])
     before = {
       [runningName]: snapshot(runningName),
@@ -230,7 +242,7 @@ describe('containers that are not ours', () => {
   })
 })
 
-test("a sandbox of another namespace is not reachable, nor removable, from this one", async () => {
+test('a sandbox of another namespace is not reachable, nor removable, from this one', async () => {
   const id = await otherTracker.create(otherProvider)
   await ok(otherProvider, id, 'echo mine > mine.txt')
   await expectNotAvailable(provider, id)
@@ -275,8 +287,16 @@ test('the logger hears about creation and removal', async () => {
   for (let i = 0; i < 50 && events.length < 2; i++) await sleep(20)
   expect(events).toEqual(
     expect.arrayContaining([
-      expect.objectContaining({ level: 'info', message: 'sandbox created', meta: expect.objectContaining({ sandboxId: id }) }),
-      expect.objectContaining({ level: 'info', message: 'sandbox removed', meta: expect.objectContaining({ sandboxId: id }) }),
+      expect.objectContaining({
+        level: 'info',
+        message: 'sandbox created',
+        meta: expect.objectContaining({ sandboxId: id }),
+      }),
+      expect.objectContaining({
+        level: 'info',
+        message: 'sandbox removed',
+        meta: expect.objectContaining({ sandboxId: id }),
+      }),
     ]),
   )
 })

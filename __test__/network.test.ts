@@ -10,11 +10,23 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 
 import { DockerSandboxProvider } from '..'
-import { BUSYBOX, cleanupNamespace, containerNameFor, docker, dockerTry, inspectContainer, ok, rejection, SandboxTracker, uniqueNamespace, waitFor } from './helpers'
+import {
+  BUSYBOX,
+  cleanupNamespace,
+  containerNameFor,
+  docker,
+  dockerTry,
+  inspectContainer,
+  ok,
+  rejection,
+  SandboxTracker,
+  uniqueNamespace,
+  waitFor,
+} from './helpers'
 
 jest.setTimeout(90_000)
 
-const onPodman = /podman\.sock$/.test(process.env.DOCKER_HOST ?? '')
+const onPodman = (process.env.DOCKER_HOST ?? '').endsWith('podman.sock')
 const namespace = uniqueNamespace('t-net')
 const other = uniqueNamespace('t-net2')
 const foreign = uniqueNamespace('t-net3')
@@ -31,7 +43,13 @@ const safeEngine = (() => {
 const logs: string[] = []
 /** Providers on the network of ours: the default where the engine is safe, `'isolated'` elsewhere. */
 const provider = (ns: string, extra: Record<string, unknown> = {}) => {
-  const p = new DockerSandboxProvider({ image: BUSYBOX, namespace: ns, network: 'isolated', logger: { warn: (m: string) => logs.push(m) }, ...extra })
+  const p = new DockerSandboxProvider({
+    image: BUSYBOX,
+    namespace: ns,
+    network: 'isolated',
+    logger: { warn: (m: string) => logs.push(m) },
+    ...extra,
+  })
   providers.push(p)
   return p
 }
@@ -45,7 +63,8 @@ afterAll(async () => {
 })
 
 /** The one network a sandbox's container joins, by name (the provider names its own by id). */
-const networkOf = (ns: string, id: string): string => Object.keys(inspectContainer(containerNameFor(ns, id)).NetworkSettings.Networks)[0]
+const networkOf = (ns: string, id: string): string =>
+  Object.keys(inspectContainer(containerNameFor(ns, id)).NetworkSettings.Networks)[0]
 const inspectNetwork = (name: string): any => JSON.parse(docker(['network', 'inspect', name]))[0]
 
 /** The host's iptables rules of one table, when this process can read them (a local rootful engine). */
@@ -78,7 +97,10 @@ test("with egress 'open', sandboxes join ours where the engine is safe with it, 
   const go = join(dir, 'go')
   writeFileSync(go, '')
   try {
-    const r = spawnSync(process.execPath, [join(__dirname, 'fixtures', 'create-one.js'), namespace, go, '', 'open'], { encoding: 'utf8', timeout: 60_000 })
+    const r = spawnSync(process.execPath, [join(__dirname, 'fixtures', 'create-one.js'), namespace, go, '', 'open'], {
+      encoding: 'utf8',
+      timeout: 60_000,
+    })
     expect(r.status).toBe(0)
     const lines = r.stdout.trim().split('\n')
     const id = lines[lines.length - 1]
@@ -87,7 +109,9 @@ test("with egress 'open', sandboxes join ours where the engine is safe with it, 
       expect(networkOf(namespace, id)).toBe(`trueforge-${namespace}`)
     } else {
       expect(networkOf(namespace, id)).toBe('bridge')
-      expect(lines.filter((l) => l.startsWith('WARN ')).join('\n')).toMatch(/known deadlock with many containers on one user-defined network \(moby issue 46661/)
+      expect(lines.filter((l) => l.startsWith('WARN ')).join('\n')).toMatch(
+        /known deadlock with many containers on one user-defined network \(moby issue 46661/,
+      )
     }
   } finally {
     rmSync(dir, { recursive: true, force: true })
@@ -104,7 +128,12 @@ test('sandboxes join their namespace network, made by the provider, labelled as 
   const n = inspectNetwork(name)
   // Named by id in the container's definition: Docker lets two networks share a name.
   if (!onPodman) expect(inspectContainer(containerNameFor(namespace, a)).HostConfig.NetworkMode).toBe(n.Id)
-  expect(n.Labels).toEqual(expect.objectContaining({ 'trueforge.sandbox.managed-by': 'trueforge-docker-sandbox', 'trueforge.sandbox.namespace': namespace }))
+  expect(n.Labels).toEqual(
+    expect.objectContaining({
+      'trueforge.sandbox.managed-by': 'trueforge-docker-sandbox',
+      'trueforge.sandbox.namespace': namespace,
+    }),
+  )
   expect(n.Driver).toBe('bridge')
   expect(n.Internal).toBe(false) // the outside stays reachable
   // Podman applies `isolate` but its Docker API does not show it back (docs/podman.md).
@@ -155,7 +184,11 @@ test('processes racing to make the network end on one (Docker allows two of one 
   const dir = mkdtempSync(join(tmpdir(), 'tf-net-race-'))
   const go = join(dir, 'go')
   try {
-    const children = Array.from({ length: 3 }, () => spawn(process.execPath, [join(__dirname, 'fixtures', 'create-one.js'), ns, go, 'isolated'], { stdio: ['ignore', 'pipe', 'pipe'] }))
+    const children = Array.from({ length: 3 }, () =>
+      spawn(process.execPath, [join(__dirname, 'fixtures', 'create-one.js'), ns, go, 'isolated'], {
+        stdio: ['ignore', 'pipe', 'pipe'],
+      }),
+    )
     const ready = children.map(() => false)
     const outputs = children.map(
       (c, i) =>
@@ -176,7 +209,11 @@ test('processes racing to make the network end on one (Docker allows two of one 
     const ids = (await Promise.all(outputs)).map((o) => o.trim().split('\n').pop() as string)
     const nets = new Set(ids.map((id) => networkOf(ns, id)))
     expect(nets.size).toBe(1)
-    expect(docker(['network', 'ls', '-q', '--filter', `label=trueforge.sandbox.namespace=${ns}`]).split('\n').filter(Boolean)).toHaveLength(1)
+    expect(
+      docker(['network', 'ls', '-q', '--filter', `label=trueforge.sandbox.namespace=${ns}`])
+        .split('\n')
+        .filter(Boolean),
+    ).toHaveLength(1)
   } finally {
     cleanupNamespace(ns)
     rmSync(dir, { recursive: true, force: true })
@@ -198,7 +235,9 @@ test('a network removed while no sandbox used it is made again by the next creat
   await p.removeSandbox(first)
   otherTracker.ids.delete(first)
   // Another process (or an operator) removes it; this provider still believes it exists.
-  for (const id of docker(['ps', '-aq', '--filter', `network=trueforge-${ns}`]).split('\n').filter(Boolean)) {
+  for (const id of docker(['ps', '-aq', '--filter', `network=trueforge-${ns}`])
+    .split('\n')
+    .filter(Boolean)) {
     docker(['rm', '-f', '-v', id])
   }
   docker(['network', 'rm', `trueforge-${ns}`])

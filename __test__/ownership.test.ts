@@ -94,7 +94,8 @@ function ulidAt(ms: number): string {
 }
 
 const probeName = (ns: string, ulid: string) => `trueforge-${ns}.probe-${ulid.toLowerCase()}`
-const leaseName = (image: string) => `trueforge-imagework-${createHash('sha256').update(image).digest('hex').slice(0, 32)}`
+const leaseName = (image: string) =>
+  `trueforge-imagework-${createHash('sha256').update(image).digest('hex').slice(0, 32)}`
 const randomId = () => `/workspace/${randomUlid()}`
 
 // ---- containers made with the CLI ----
@@ -109,7 +110,13 @@ interface Made {
 
 /** Our labels for a sandbox `sandboxId` of `ns`, as our creates set them. */
 function ours(ns: string, sandboxId: string, extra: Record<string, string> = {}): Record<string, string> {
-  return { [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_NAMESPACE]: ns, [LABEL_ID]: sandboxId, [LABEL_CREATED_AT]: new Date().toISOString(), ...extra }
+  return {
+    [LABEL_MANAGED_BY]: MANAGED_BY,
+    [LABEL_NAMESPACE]: ns,
+    [LABEL_ID]: sandboxId,
+    [LABEL_CREATED_AT]: new Date().toISOString(),
+    ...extra,
+  }
 }
 
 /** A container named `name` with `labels`, left `state`; the test's namespace label added for cleanup. */
@@ -119,7 +126,10 @@ function make(
   state: State,
   o: { host?: string; image?: string; entrypoint?: string } = {},
 ): Made {
-  const labelArgs = Object.entries({ ...labels, [LABEL_TEST_NAMESPACE]: namespace }).flatMap(([k, v]) => ['--label', `${k}=${v}`])
+  const labelArgs = Object.entries({ ...labels, [LABEL_TEST_NAMESPACE]: namespace }).flatMap(([k, v]) => [
+    '--label',
+    `${k}=${v}`,
+  ])
   const cmd = state === 'running' ? ['sleep 600'] : ['true']
   const head = state === 'created' ? ['create'] : ['run', '-d']
   const entry = ['--entrypoint', o.entrypoint ?? '/bin/sh']
@@ -131,9 +141,13 @@ function make(
 /** `name id state` of each container now ("… gone" when it is not there). */
 function now(made: Made[]): string[] {
   return made.map((m) => {
-    const r = spawnSync('docker', [...(m.host ? ['-H', m.host] : []), 'inspect', '-f', '{{.Id}} {{.State.Status}}', m.name], {
-      encoding: 'utf8',
-    })
+    const r = spawnSync(
+      'docker',
+      [...(m.host ? ['-H', m.host] : []), 'inspect', '-f', '{{.Id}} {{.State.Status}}', m.name],
+      {
+        encoding: 'utf8',
+      },
+    )
     return r.status === 0 ? `${m.name} ${r.stdout.trim()}` : `${m.name} gone`
   })
 }
@@ -164,7 +178,12 @@ function lease(image: string, record: { state: string; beatMs: number; reason?: 
 /** A probe as a process that crashed `ageMs` ago leaves it (stopped) in `ns`. */
 function leftProbe(ns: string, ageMs: number, state: State = 'created', host?: string): Made {
   const ulid = ulidAt(Date.now() - ageMs)
-  return make(probeName(ns, ulid), { [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_NAMESPACE]: ns, [LABEL_PROBE]: ulid }, state, { host })
+  return make(
+    probeName(ns, ulid),
+    { [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_NAMESPACE]: ns, [LABEL_PROBE]: ulid },
+    state,
+    { host },
+  )
 }
 
 /** A real sandbox of `p`, stopped a little over a second ago (stale for `TINY`). */
@@ -199,7 +218,9 @@ beforeAll(async () => {
   const exited = make(`tf-own-forged-exited-${namespace}`, ours(namespace, randomId()), 'exited')
   const created = make(`tf-own-forged-created-${namespace}`, ours(namespace, randomId()), 'created')
   const running = make(`tf-own-forged-running-${namespace}`, ours(namespace, randomId()), 'running')
-  forgedIds = [exited, created, running].map((m) => JSON.parse(dk(undefined, ['inspect', m.name]))[0].Config.Labels[LABEL_ID])
+  forgedIds = [exited, created, running].map(
+    (m) => JSON.parse(dk(undefined, ['inspect', m.name]))[0].Config.Labels[LABEL_ID],
+  )
   bystanders.push(
     exited,
     created,
@@ -210,16 +231,28 @@ beforeAll(async () => {
     make(`tf-own-committed-running-${namespace}`, {}, 'running', { image: commit }),
     // The probe labels on running containers of another namespace: as probes used to be
     // labelled, and as they are now (under the name they derive).
-    make(`tf-own-probe-old-${namespace}`, { [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_PROBE]: '1', [LABEL_NAMESPACE]: other }, 'running'),
+    make(
+      `tf-own-probe-old-${namespace}`,
+      { [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_PROBE]: '1', [LABEL_NAMESPACE]: other },
+      'running',
+    ),
     leftProbe(other, HOUR, 'running'),
     // A probe of another namespace a crash left: its own namespace's reaper's, not ours.
     leftProbe(other, HOUR, 'exited'),
     // Ours by name and labels, but running: never removed.
     leftProbe(namespace, HOUR, 'running'),
     // A stopped copy of an old probe under another name.
-    make(`tf-own-probe-copy-${namespace}`, { [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_NAMESPACE]: namespace, [LABEL_PROBE]: ulidAt(old) }, 'exited'),
+    make(
+      `tf-own-probe-copy-${namespace}`,
+      { [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_NAMESPACE]: namespace, [LABEL_PROBE]: ulidAt(old) },
+      'exited',
+    ),
     // A lease that failed a moment ago: the reaper leaves it an hour, so every process reports why.
-    lease(repoName(PLAIN, namespace, 'fresh-failure') + ':1', { state: 'failed', beatMs: Date.now(), reason: 'forged failure' }),
+    lease(repoName(PLAIN, namespace, 'fresh-failure') + ':1', {
+      state: 'failed',
+      beatMs: Date.now(),
+      reason: 'forged failure',
+    }),
     { name: containerNameFor(other, canaryRunning), id: '', state: 'running' },
     { name: containerNameFor(other, canaryStopped), id: '', state: 'exited' },
   )
@@ -302,10 +335,24 @@ describe('every destructive path on the main engine touches only what is ours', 
 
   test('the warm pool claims and refills only members it made; forged and committed members stay', async () => {
     const ns = uniqueNamespace('t-own-pool')
-    const pooled = new DockerSandboxProvider({ image: BUSYBOX, namespace: ns, network: 'none', warmPool: { size: 1 }, autoDeleteIntervalInMinutes: 0 })
+    const pooled = new DockerSandboxProvider({
+      image: BUSYBOX,
+      namespace: ns,
+      network: 'none',
+      warmPool: { size: 1 },
+      autoDeleteIntervalInMinutes: 0,
+    })
     providers.push(pooled)
     const members = () =>
-      dk(undefined, ['ps', '--filter', `label=${LABEL_NAMESPACE}=${ns}`, '--filter', `label=${LABEL_POOL}`, '--format', '{{.Names}}'])
+      dk(undefined, [
+        'ps',
+        '--filter',
+        `label=${LABEL_NAMESPACE}=${ns}`,
+        '--filter',
+        `label=${LABEL_POOL}`,
+        '--format',
+        '{{.Names}}',
+      ])
         .split('\n')
         .filter((n) => /^trueforge-.*-pool$/.test(n))
     try {
@@ -347,7 +394,14 @@ describe('on an engine of our own: every namespace, the leases, the GPU lock and
   const host = SCRATCH_HOST
   const onScratch: DockerSandboxProvider[] = []
   const scratch = (options: Record<string, unknown>) => {
-    const p = new DockerSandboxProvider({ image: BUSYBOX, namespace, autoDeleteIntervalInMinutes: 0, dockerHost: host, network: 'none', ...options })
+    const p = new DockerSandboxProvider({
+      image: BUSYBOX,
+      namespace,
+      autoDeleteIntervalInMinutes: 0,
+      dockerHost: host,
+      network: 'none',
+      ...options,
+    })
     onScratch.push(p)
     return p
   }
@@ -371,7 +425,12 @@ describe('on an engine of our own: every namespace, the leases, the GPU lock and
     const stay = [
       make(`tf-own-forged-exited-${namespace}`, ours(namespace, randomId()), 'exited', { host }),
       make(`tf-own-forged-running-${other}`, ours(other, randomId()), 'running', { host }),
-      make(`tf-own-probe-old-${namespace}`, { [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_PROBE]: '1', [LABEL_NAMESPACE]: other }, 'running', { host }),
+      make(
+        `tf-own-probe-old-${namespace}`,
+        { [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_PROBE]: '1', [LABEL_NAMESPACE]: other },
+        'running',
+        { host },
+      ),
       leftProbe(namespace, HOUR, 'running', host),
       { name: containerNameFor(other, canary), id: '', state: 'running' as State, host },
     ]
@@ -379,17 +438,31 @@ describe('on an engine of our own: every namespace, the leases, the GPU lock and
     const r = cli(['rm', '--stopped', '--all-namespaces', '--docker-host', host, '--json'])
     expect(r.code).toBe(0)
     expect(now(stay)).toEqual(was(stay))
-    expect(JSON.parse(r.stdout).map((x: any) => x.sandboxId).sort()).toEqual([mine, theirs].sort())
+    expect(
+      JSON.parse(r.stdout)
+        .map((x: any) => x.sandboxId)
+        .sort(),
+    ).toEqual([mine, theirs].sort())
   })
 
-  test('the reaper and buildImage() remove only never-started leases under their image\'s name; a running one stays', async () => {
+  test("the reaper and buildImage() remove only never-started leases under their image's name; a running one stays", async () => {
     const witness = lease(image('stale'), { state: 'failed', beatMs: Date.now() - 2 * HOUR, reason: 'forged' }, host)
     // A running container under a lease's name, with an old failed record: somebody's, not a lease.
     const runningImage = image('running')
-    const running = make(leaseName(runningImage), { [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_IMAGEWORK]: runningImage }, 'running', { host })
+    const running = make(
+      leaseName(runningImage),
+      { [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_IMAGEWORK]: runningImage },
+      'running',
+      { host },
+    )
     writeRecord(running.name, { state: 'failed', beatMs: Date.now() - 2 * HOUR, reason: 'forged' }, host)
     // A stopped container with a lease's labels under another name.
-    const copy = make(`tf-own-lease-copy-${namespace}`, { [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_IMAGEWORK]: image('copy') }, 'created', { host })
+    const copy = make(
+      `tf-own-lease-copy-${namespace}`,
+      { [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_IMAGEWORK]: image('copy') },
+      'created',
+      { host },
+    )
     writeRecord(copy.name, { state: 'failed', beatMs: Date.now() - 2 * HOUR }, host)
     const fresh = lease(image('fresh'), { state: 'failed', beatMs: Date.now(), reason: 'forged' }, host)
     held.push(running, copy, fresh)
@@ -411,7 +484,12 @@ describe('on an engine of our own: every namespace, the leases, the GPU lock and
     await p.buildImage()
     const { last } = await pollUntil(p, (b) => b.status !== 'pending', 60_000)
     expect(last.status).toBe('failed')
-    const real = { name: leaseName(failed), id: dk(host, ['inspect', '-f', '{{.Id}}', leaseName(failed)]), state: 'created' as State, host }
+    const real = {
+      name: leaseName(failed),
+      id: dk(host, ['inspect', '-f', '{{.Id}}', leaseName(failed)]),
+      state: 'created' as State,
+      host,
+    }
     const old = lease(image('old'), { state: 'failed', beatMs: Date.now() - 2 * HOUR, reason: 'long ago' }, host)
     const silent = lease(image('silent'), { state: 'running', beatMs: Date.now() - 5 * 60_000 }, host)
     const busy = lease(image('busy'), { state: 'running', beatMs: Date.now() + 10 * 60_000 }, host)
@@ -427,10 +505,16 @@ describe('on an engine of our own: every namespace, the leases, the GPU lock and
         [leaseName(image('fresh')), 'failed'],
       ].sort(),
     )
-    expect(rows.find((r: any) => r.container === real.name)).toMatchObject({ image: failed, work: 'pull', reason: expect.stringContaining(failed) })
+    expect(rows.find((r: any) => r.container === real.name)).toMatchObject({
+      image: failed,
+      work: 'pull',
+      reason: expect.stringContaining(failed),
+    })
     // With an age: only the old one.
     const aged = cli(['rm', '--image-work', '--older-than-minutes', '60', '--docker-host', host, '--json'])
-    expect(JSON.parse(aged.stdout)).toEqual([{ kind: 'image-work lease', container: old.name, image: image('old'), outcome: 'removed' }])
+    expect(JSON.parse(aged.stdout)).toEqual([
+      { kind: 'image-work lease', container: old.name, image: image('old'), outcome: 'removed' },
+    ])
     // By name: one at work is left alone (exit 1).
     const named = cli(['rm', '--docker-host', host, busy.name, silent.name])
     expect(named.code).toBe(1)
@@ -442,7 +526,10 @@ describe('on an engine of our own: every namespace, the leases, the GPU lock and
     expect(all.stdout).toContain(`removed ${real.name} (image-work lease of ${failed})`)
     expect(gone(real.name, host)).toBe(true)
     expect(gone(busy.name, host)).toBe(false)
-    held.splice(held.findIndex((h) => h.name === leaseName(image('fresh'))), 1)
+    held.splice(
+      held.findIndex((h) => h.name === leaseName(image('fresh'))),
+      1,
+    )
     expect(now(held)).toEqual(was(held))
   })
 
@@ -452,7 +539,11 @@ describe('on an engine of our own: every namespace, the leases, the GPU lock and
       make(containerNameFor(ns, id), ours(ns, id, { [LABEL_GPUS]: '0' }), 'created', { host })
       return id
     }
-    const lockLabels = (at: number) => ({ [LABEL_MANAGED_BY]: MANAGED_BY, [LABEL_GPU_LOCK]: 'tf-test-host:1', [LABEL_GPU_LOCK_AT]: String(at) })
+    const lockLabels = (at: number) => ({
+      [LABEL_MANAGED_BY]: MANAGED_BY,
+      [LABEL_GPU_LOCK]: 'tf-test-host:1',
+      [LABEL_GPU_LOCK_AT]: String(at),
+    })
     // A running container under the lock's name with lock labels a minute old: not our claim.
     const target = gpuSandbox()
     const squatter = make('trueforge-gpu-lock', lockLabels(Date.now() - 60_000), 'running', { host })
@@ -490,7 +581,7 @@ describe('on an engine of our own: every namespace, the leases, the GPU lock and
 })
 
 describe('leases failed pulls leave: seen and removable (main engine, the loopback registry)', () => {
-  test('ls --all-namespaces lists a failed pull\'s lease as what it is, doctor reports it, rm takes it by name', async () => {
+  test("ls --all-namespaces lists a failed pull's lease as what it is, doctor reports it, rm takes it by name", async () => {
     const missing = repoName(PLAIN, namespace, 'missing') + ':1'
     const name = leaseName(missing)
     const p = provider({ image: missing })
@@ -514,13 +605,20 @@ describe('leases failed pulls leave: seen and removable (main engine, the loopba
     })
     // Sandbox rows say what they are too; a namespace's listing has no leases (they have none).
     expect(rows.filter((r: any) => r.kind === 'sandbox').every((r: any) => r.sandboxId)).toBe(true)
-    expect(JSON.parse(cli(['ls', '--namespace', namespace, '--json']).stdout).some((r: any) => r.container === name)).toBe(false)
+    expect(
+      JSON.parse(cli(['ls', '--namespace', namespace, '--json']).stdout).some((r: any) => r.container === name),
+    ).toBe(false)
     const plain = cli(['ls', '--all-namespaces']).stdout
     expect(plain).toMatch(/^IMAGE-WORK LEASE\s+STATE\s+WORK\s+IMAGE\s+HOLDER\s+CREATED\s+LAST HEARD\s+REASON$/m)
     expect(plain).toMatch(new RegExp(`^${name}\\s+failed\\s+pull\\s+${missing.replace(/[.]/g, '\\.')}\\s`, 'm'))
 
     const doctor = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace])
-    expect(doctor.stdout).toMatch(new RegExp(`^warn {2}image-work leases: \\d+ left by failed or interrupted pulls and builds: .*${name} \\(pull of `, 'm'))
+    expect(doctor.stdout).toMatch(
+      new RegExp(
+        `^warn {2}image-work leases: \\d+ left by failed or interrupted pulls and builds: .*${name} \\(pull of `,
+        'm',
+      ),
+    )
     expect(doctor.stdout).toContain('fix: `trueforge-docker-sandbox rm --image-work` removes them')
     const report = JSON.parse(cli(['doctor', '--image', BUSYBOX, '--namespace', namespace, '--json']).stdout)
     expect(report.checks.find((c: any) => c.name === 'image-work leases')).toMatchObject({ status: 'warn' })

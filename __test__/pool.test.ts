@@ -50,10 +50,14 @@ function members(namespace: string): { running: string[]; other: string[] } {
  */
 async function settleAndClean(namespace: string, size: number, waitMs: number): Promise<void> {
   try {
-    await waitFor(() => {
-      const m = members(namespace)
-      return m.running.length >= size && m.other.length === 0
-    }, waitMs, 'the pool to settle')
+    await waitFor(
+      () => {
+        const m = members(namespace)
+        return m.running.length >= size && m.other.length === 0
+      },
+      waitMs,
+      'the pool to settle',
+    )
   } catch {
     // Clean up regardless.
   }
@@ -86,7 +90,9 @@ describe('one process', () => {
     // The one exec it has is its agent, started when it was made so that the first call to it
     // finds it running; nothing ran a command in it.
     expect(after.ExecIDs ?? []).toHaveLength(1)
-    expect(docker(['top', name, '-o', 'pid,args'])).toMatch(/\/\.trueforge-agent\/[^ ]+\/trueforge-agent-(x86_64|aarch64)/)
+    expect(docker(['top', name, '-o', 'pid,args'])).toMatch(
+      /\/\.trueforge-agent\/[^ ]+\/trueforge-agent-(x86_64|aarch64)/,
+    )
   })
 
   test('createSandbox claims a member, the pool refills, and the sandbox passes the contract behaviours', async () => {

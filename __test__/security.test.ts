@@ -32,7 +32,7 @@ import {
 // Also run against Podman (jest.podman.config.js). There the in-sandbox checks are the same; the
 // `docker inspect` spellings differ (docs/podman.md; __test__/engines/podman.test.ts checks the
 // effective result instead), and a rootless Podman on cgroup v1 enforces no resource limit.
-const onPodman = /podman\.sock$/.test(process.env.DOCKER_HOST ?? '')
+const onPodman = (process.env.DOCKER_HOST ?? '').endsWith('podman.sock')
 const limitsIgnored =
   onPodman &&
   (process.env.DOCKER_HOST ?? '').startsWith('unix:///run/user/') &&

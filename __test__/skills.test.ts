@@ -109,9 +109,9 @@ test('the skill init runs as agent: sandbox dirs, the pydantic v2 downloader, em
   expect(await ok(provider, id, `python3 '${downloader}' '${skills}'`, { env: { AGENT_GIT_SKILLS: b64(list) } })).toBe(
     '{"installed": ["hello"]}\n',
   )
-  expect(await ok(provider, id, `cat '${skills}/hello/SKILL.md'; ls -A '${skills}/hello'; stat -c %U '${skills}/hello'`)).toBe(
-    '# hello skill\nSKILL.md\nagent\n',
-  )
+  expect(
+    await ok(provider, id, `cat '${skills}/hello/SKILL.md'; ls -A '${skills}/hello'; stat -c %U '${skills}/hello'`),
+  ).toBe('# hello skill\nSKILL.md\nagent\n')
 
   // The field validator and extra="forbid" really run (pydantic v2 semantics).
   for (const bad of [[{ name: '../x', url: 'u' }], [{ name: 'x', url: 'u', extra: 1 }]]) {
@@ -127,11 +127,17 @@ test('the tools the exec tool promises work as agent: genson, git, rg, jq, tree,
   expect(schema).toMatchObject({
     $schema: expect.stringContaining('json-schema.org'),
     type: 'object',
-    properties: { name: { type: 'string' }, tags: { type: 'array', items: { type: 'string' } }, n: { type: 'integer' } },
+    properties: {
+      name: { type: 'string' },
+      tags: { type: 'array', items: { type: 'string' } },
+      n: { type: 'integer' },
+    },
   })
   expect(await ok(provider, id, 'genson --version')).toMatch(/^genson 1\.4\.0/)
   expect(await ok(provider, id, 'git --version')).toMatch(/^git version 2\.47\./)
-  expect(await ok(provider, id, 'rg -n needle tools/file.json || echo none; rg -c name tools/file.json')).toBe('none\n1\n')
+  expect(await ok(provider, id, 'rg -n needle tools/file.json || echo none; rg -c name tools/file.json')).toBe(
+    'none\n1\n',
+  )
   expect((await ok(provider, id, 'jq -c ".tags + [.n]" tools/file.json')).trim()).toBe('["x",3]')
   expect(await ok(provider, id, 'tree --noreport tools')).toBe('tools\n└── file.json\n')
   expect(
@@ -143,7 +149,13 @@ test('the tools the exec tool promises work as agent: genson, git, rg, jq, tree,
   ).toBe('same\n')
   expect(await ok(provider, id, 'curl --version')).toMatch(/^curl 8\./)
   expect(
-    (await ok(provider, id, `python3 -c 'import requests, aiohttp, genson; print(requests.__version__, aiohttp.__version__)'`)).trim(),
+    (
+      await ok(
+        provider,
+        id,
+        `python3 -c 'import requests, aiohttp, genson; print(requests.__version__, aiohttp.__version__)'`,
+      )
+    ).trim(),
   ).toBe('2.34.2 3.14.5')
 })
 

@@ -222,7 +222,9 @@ test('a link to a file of the kernel (/proc, /sys) is SandboxNotRegularFileError
   for (const link of ['to-attr', 'to-status', 'to-sys']) {
     // gVisor has no /proc/<pid>/attr (no security module): a link to nothing is not found.
     if (onRunsc && (await run(provider, id, `test -e ${link}`)).exitCode !== 0) {
-      await expect(provider.downloadFile({ sandboxId: id, path: link })).rejects.toBeInstanceOf(SandboxFileNotFoundError)
+      await expect(provider.downloadFile({ sandboxId: id, path: link })).rejects.toBeInstanceOf(
+        SandboxFileNotFoundError,
+      )
       continue
     }
     const e = await rejection(provider.downloadFile({ sandboxId: id, path: link }))
@@ -437,80 +439,87 @@ describe('large uploads: the engine writes them into a root-only staging directo
 
   // gVisor mounts a tmpfs of its own on /tmp, where these uploads go: they are never staged
   // there (another file system). engines/gvisor.test.ts checks staging under runsc.
-  ;(onRunsc ? test.skip : test)('a root workload swapping the staging dir for a link in a tight loop: each upload is whole, and staging goes on after (skipped on runsc: /tmp is gVisor\'s own tmpfs)', async () => {
-    // The engine follows a link it meets, so a swap between the agent's open and the engine's
-    // write sends that write elsewhere in the container. That write must go on the stream, and
-    // only that one: afterwards large uploads are staged again.
-    const deb = new DockerSandboxProvider({ image: DEBIAN, namespace })
-    try {
-      const id5 = await tracker.create(deb)
-      const containerId = inspectContainer(containerNameFor(namespace, id5)).Id as string
-      // A first large upload, staged as usual (it makes the staging dir).
-      await deb.uploadFile({ sandboxId: id5, remotePath: '/tmp/first.bin', content: randomBytes(LARGE) })
-      const swapper = deb.exec({
-        sandboxId: id5,
-        timeoutSeconds: 120,
-        command: `python3 -c '${SWAP_STAGING}'`,
-      })
-      const sent: Buffer[] = []
-      let redirected = 0
-      // Until enough engine writes were sent elsewhere (each swap lands about half the time).
-      while (sent.length < 40 && redirected < 3) {
-        const content = randomBytes(LARGE)
-        await deb.uploadFile({ sandboxId: id5, remotePath: `/tmp/swapped-${sent.length}.bin`, content })
-        sent.push(content)
-        redirected = Number((await ok(deb, id5, 'ls /tmp/redir | wc -l')).trim())
+  ;(onRunsc ? test.skip : test)(
+    "a root workload swapping the staging dir for a link in a tight loop: each upload is whole, and staging goes on after (skipped on runsc: /tmp is gVisor's own tmpfs)",
+    async () => {
+      // The engine follows a link it meets, so a swap between the agent's open and the engine's
+      // write sends that write elsewhere in the container. That write must go on the stream, and
+      // only that one: afterwards large uploads are staged again.
+      const deb = new DockerSandboxProvider({ image: DEBIAN, namespace })
+      try {
+        const id5 = await tracker.create(deb)
+        const containerId = inspectContainer(containerNameFor(namespace, id5)).Id as string
+        // A first large upload, staged as usual (it makes the staging dir).
+        await deb.uploadFile({ sandboxId: id5, remotePath: '/tmp/first.bin', content: randomBytes(LARGE) })
+        const swapper = deb.exec({
+          sandboxId: id5,
+          timeoutSeconds: 120,
+          command: `python3 -c '${SWAP_STAGING}'`,
+        })
+        const sent: Buffer[] = []
+        let redirected = 0
+        // Until enough engine writes were sent elsewhere (each swap lands about half the time).
+        while (sent.length < 40 && redirected < 3) {
+          const content = randomBytes(LARGE)
+          await deb.uploadFile({ sandboxId: id5, remotePath: `/tmp/swapped-${sent.length}.bin`, content })
+          sent.push(content)
+          redirected = Number((await ok(deb, id5, 'ls /tmp/redir | wc -l')).trim())
+        }
+        await ok(deb, id5, 'touch /tmp/stop-swap')
+        const swaps = await swapper
+        if (!swaps.success) throw new Error(`the swapper did not run: ${swaps.error}`)
+        expect(Number(swaps.response.result.trim())).toBeGreaterThan(100)
+        // The engine really followed the link, and each upload still holds exactly its bytes.
+        expect(redirected).toBeGreaterThan(0)
+        const sums = await ok(
+          deb,
+          id5,
+          `cd /tmp && md5sum ${sent.map((_, i) => `swapped-${i}.bin`).join(' ')} | cut -d' ' -f1`,
+        )
+        expect(sums).toBe(sent.map((c) => `${md5(c)}\n`).join(''))
+        // Staging goes on: the next large upload is written by the engine (an archive extract).
+        const since = (Date.now() / 1000).toFixed(3)
+        const last = randomBytes(LARGE)
+        await deb.uploadFile({ sandboxId: id5, remotePath: '/tmp/after.bin', content: last })
+        const until = (Date.now() / 1000 + 0.5).toFixed(3)
+        const extracts = dockerTry([
+          'events',
+          '--since',
+          since,
+          '--until',
+          until,
+          '--filter',
+          `container=${containerId}`,
+          '--filter',
+          'event=extract-to-dir',
+          '--format',
+          '{{.Action}}',
+        ])
+        expect({ extracts: extracts.stdout.split('\n').filter(Boolean).length, status: extracts.status }).toEqual({
+          extracts: 1,
+          status: 0,
+        })
+        expect(await ok(deb, id5, `md5sum < /tmp/after.bin; ls -A ${STAGING} | wc -l`)).toBe(`${md5(last)}  -\n0\n`)
+      } finally {
+        await deb.dispose()
       }
-      await ok(deb, id5, 'touch /tmp/stop-swap')
-      const swaps = await swapper
-      if (!swaps.success) throw new Error(`the swapper did not run: ${swaps.error}`)
-      expect(Number(swaps.response.result.trim())).toBeGreaterThan(100)
-      // The engine really followed the link, and each upload still holds exactly its bytes.
-      expect(redirected).toBeGreaterThan(0)
-      const sums = await ok(
-        deb,
-        id5,
-        `cd /tmp && md5sum ${sent.map((_, i) => `swapped-${i}.bin`).join(' ')} | cut -d' ' -f1`,
-      )
-      expect(sums).toBe(sent.map((c) => `${md5(c)}\n`).join(''))
-      // Staging goes on: the next large upload is written by the engine (an archive extract).
-      const since = (Date.now() / 1000).toFixed(3)
-      const last = randomBytes(LARGE)
-      await deb.uploadFile({ sandboxId: id5, remotePath: '/tmp/after.bin', content: last })
-      const until = (Date.now() / 1000 + 0.5).toFixed(3)
-      const extracts = dockerTry([
-        'events',
-        '--since',
-        since,
-        '--until',
-        until,
-        '--filter',
-        `container=${containerId}`,
-        '--filter',
-        'event=extract-to-dir',
-        '--format',
-        '{{.Action}}',
-      ])
-      expect({ extracts: extracts.stdout.split('\n').filter(Boolean).length, status: extracts.status }).toEqual({
-        extracts: 1,
-        status: 0,
-      })
-      expect(await ok(deb, id5, `md5sum < /tmp/after.bin; ls -A ${STAGING} | wc -l`)).toBe(`${md5(last)}  -\n0\n`)
-    } finally {
-      await deb.dispose()
-    }
-  }, 180_000)
+    },
+    180_000,
+  )
 
-  ;(onRunsc ? test.skip : test)("what a gone agent staged is swept by the next large upload; another live agent's is kept (skipped on runsc: /tmp is gVisor's own tmpfs)", async () => {
-    await ok(
-      provider,
-      rootId,
-      `mkdir -p ${STAGING} && echo left > ${STAGING}/999999.dead && echo kept > ${STAGING}/1.init`,
-    )
-    await provider.uploadFile({ sandboxId: rootId, remotePath: '/tmp/sweep.bin', content: Buffer.alloc(LARGE, 2) })
-    expect(await ok(provider, rootId, `ls -A ${STAGING}`)).toBe('1.init\n')
-    await ok(provider, rootId, `rm ${STAGING}/1.init`)
-  })
+  ;(onRunsc ? test.skip : test)(
+    "what a gone agent staged is swept by the next large upload; another live agent's is kept (skipped on runsc: /tmp is gVisor's own tmpfs)",
+    async () => {
+      await ok(
+        provider,
+        rootId,
+        `mkdir -p ${STAGING} && echo left > ${STAGING}/999999.dead && echo kept > ${STAGING}/1.init`,
+      )
+      await provider.uploadFile({ sandboxId: rootId, remotePath: '/tmp/sweep.bin', content: Buffer.alloc(LARGE, 2) })
+      expect(await ok(provider, rootId, `ls -A ${STAGING}`)).toBe('1.init\n')
+      await ok(provider, rootId, `rm ${STAGING}/1.init`)
+    },
+  )
 
   test('stagedUploads: false sends large uploads on the stream: nothing is staged', async () => {
     const streamOnly = new DockerSandboxProvider({ image: BUSYBOX, namespace, stagedUploads: false })

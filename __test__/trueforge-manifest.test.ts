@@ -118,7 +118,11 @@ describe('mapping (no engine)', () => {
     class HostGone extends HostBase {
       readonly statusCode = 410
     }
-    const errorsModule = { SandboxError: HostBase, SandboxNotAvailableError: HostGone, validateNoPathTraversal: () => {} }
+    const errorsModule = {
+      SandboxError: HostBase,
+      SandboxNotAvailableError: HostGone,
+      validateNoPathTraversal: () => {},
+    }
     const opts = fromTrueForgeManifest(base, { errors: errorsModule as any })
     expect(opts.errors).toBe(errorsModule)
     expect(() => new DockerSandboxProvider(opts).dispose()).not.toThrow()

@@ -7,9 +7,7 @@ import type * as pkg from '..'
 import type { DockerSandboxProviderOptions } from '..'
 import type { NativeProviderOptions } from '../binding'
 
-type ExecResult =
-  | { success: true; response: { exitCode: number; result: string } }
-  | { success: false; error: string }
+type ExecResult = { success: true; response: { exitCode: number; result: string } } | { success: false; error: string }
 
 interface SandboxExecParams {
   sandboxId: string
@@ -30,13 +28,18 @@ interface SandboxBuild {
 type CodeModeRequest =
   | { op: 'list_tools'; server: string }
   | { op: 'call_tool'; server: string; tool: string; arguments?: Record<string, unknown> }
-type CodeModeReply = { ok: true; result: unknown } | { ok: false; error: string; source: 'internal' | 'caller' | 'transport' }
+type CodeModeReply =
+  { ok: true; result: unknown } | { ok: false; error: string; source: 'internal' | 'caller' | 'transport' }
 interface CodeModeDispatcher {
   close(): void
   dispatch(params: { request: CodeModeRequest; traceCarrier: Readonly<Record<string, string>> }): Promise<CodeModeReply>
 }
 interface CodeModeTransport {
-  getClientInstall(params: { sandboxId: string }): { content: string; remotePath: string; pathBinSymlink?: string | undefined }
+  getClientInstall(params: { sandboxId: string }): {
+    content: string
+    remotePath: string
+    pathBinSymlink?: string | undefined
+  }
   start(params: {
     codeModeDispatcher: CodeModeDispatcher
     sandboxId: string

@@ -890,6 +890,34 @@ function runscTargets(r) {
   ]
 }
 
+/** What one engine holds (bench/capacity.js). */
+function capacityBench() {
+  return childJson(
+    ['--expose-gc', path.join(__dirname, 'capacity.js'), process.env.BENCH_CAPACITY || '20,200'],
+    1_800_000,
+  )
+}
+
+/** Host memory per idle sandbox within 0.5 MiB of a raw client's; a burst at the floor. */
+function capacityTargets(c) {
+  const memory = 'Host memory per idle sandbox (20 and 200): at most 0.5 MiB more than a raw client holding as many'
+  const burst = `A burst of ${c.burst?.sandboxes ?? 50} creates, each running its first command: wall time ≤ 1.0 × the floor's`
+  if (c.error) return [{ name: memory, status: 'N/A', detail: c.error.split('\n')[0] }]
+  const host = c.host.filter(Boolean)
+  return [
+    {
+      name: memory,
+      status: host.length && host.every((h) => h.moreMiB <= 0.5) ? 'MET' : 'MISSED',
+      detail: host.map((h) => `${h.sandboxes}: ours ${h.oursMiB} MiB, raw ${h.rawMiB} MiB (+${h.moreMiB})`).join('; '),
+    },
+    {
+      name: burst,
+      status: c.burst.oursErrors === 0 && c.burst.ratio <= 1 ? 'MET' : 'MISSED',
+      detail: `ours ${c.burst.oursMs} ms (${c.burst.oursErrors} errors), floor ${c.burst.floorMs} ms: ${c.burst.ratio}×`,
+    },
+  ]
+}
+
 /** The egress proxy (bench/egress.js). */
 function egressBench() {
   return childJson([path.join(__dirname, 'egress.js'), process.env.BENCH_EGRESS_ROUNDS || '5'], 900_000)
@@ -975,6 +1003,8 @@ function renderMarkdown({
   codemode,
   pressure,
   egress,
+  runsc,
+  capacity,
   targets,
   notes,
   wallMs,
@@ -1149,6 +1179,44 @@ function renderMarkdown({
     }
     L.push('')
   }
+  if (capacity) {
+    L.push('## Capacity: what one engine holds (`bench/capacity.js`)')
+    L.push('')
+    if (capacity.error) L.push(`Could not run: ${capacity.error.split('\n')[0]}`)
+    else {
+      const m = capacity.machine
+      L.push(
+        mdTable(
+          ['idle sandboxes', 'host process, MiB per sandbox', 'raw client, MiB per container', 'difference'],
+          capacity.host.filter(Boolean).map((h) => [h.sandboxes, h.oursMiB, h.rawMiB, `+${h.moreMiB}`]),
+          [1, 2, 3],
+        ),
+      )
+      L.push('')
+      L.push(
+        mdTable(
+          ['per idle sandbox, with ' + m.sandboxes, 'value'],
+          [
+            ['memory in the sandbox (engine stats, page cache left out), MiB', m.inSandboxMiB],
+            ["the engine's processes (dockerd, containerd, shims): resident MiB", m.engineRssPerSandboxMiB],
+            ["the engine's processes: count", m.engineProcessesPerSandbox],
+            ["the machine's MemAvailable: MiB gone", m.memAvailablePerSandboxMiB],
+            [`MemAvailable left with ${m.sandboxes}, GiB`, m.memAvailableLeftGiB],
+            [
+              `a burst of ${capacity.burst.sandboxes} creates + first command, ms (ours / floor)`,
+              `${capacity.burst.oursMs} / ${capacity.burst.floorMs} (${capacity.burst.ratio}×)`,
+            ],
+          ],
+          [1],
+        ),
+      )
+      L.push('')
+      L.push(
+        `Image ${capacity.image}; ${capacity.cpus} CPUs. Host memory: a child process holding that many idle sandboxes (each ran one command, so its agent is connected), RSS after collections, per sandbox past the first; the raw client (the floor's plain HTTP) made and ran a command in as many containers. The machine's figures: ${m.sandboxes} sandboxes of ours against none.`,
+      )
+    }
+    L.push('')
+  }
   if (pressure) {
     L.push('## Code Mode under pressure (requests dense in values, `bench/codemode-pressure.js`)')
     L.push('')
@@ -1284,6 +1352,7 @@ async function bench() {
   let pressure = null
   let egress = null
   let runsc = null
+  let capacity = null
   let agent = null
   try {
     // One long-lived sandbox per implementation for the exec and transfer operations.
@@ -1381,6 +1450,12 @@ async function bench() {
       pressure = await codeModePressureBench()
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
+    if (process.env.BENCH_SKIP_CAPACITY !== '1' && (!wantOps || wantOps.includes('capacity'))) {
+      const t0 = performance.now()
+      log('capacity (bench/capacity.js: memory per idle sandbox at 20 and 200 against a raw client, a burst of 50) …')
+      capacity = await capacityBench()
+      log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
+    }
     if (process.env.BENCH_SKIP_REQS !== '1') {
       reqs = await requestCounts(
         impls.filter((im) => !im.only).map((im) => im.name),
@@ -1408,6 +1483,7 @@ async function bench() {
   if (pressure) targets.push(...codeModePressureTargets(pressure))
   if (egress) targets.push(...egressTargets(egress))
   if (runsc) targets.push(...runscTargets(runsc))
+  if (capacity) targets.push(...capacityTargets(capacity))
   const wallMs = performance.now() - started
 
   log('')
@@ -1435,8 +1511,22 @@ async function bench() {
   const out = process.env.BENCH_RESULTS || path.join(__dirname, 'RESULTS.md')
   fs.writeFileSync(
     out,
-    renderMarkdown({ env, presetName, reps, rows, mem, reqs, codemode, pressure, egress, targets, notes, wallMs }) +
-      '\n',
+    renderMarkdown({
+      env,
+      presetName,
+      reps,
+      rows,
+      mem,
+      reqs,
+      codemode,
+      pressure,
+      egress,
+      runsc,
+      capacity,
+      targets,
+      notes,
+      wallMs,
+    }) + '\n',
   )
   log('')
   log(`wrote ${path.relative(process.cwd(), out) || out}; total ${(wallMs / 1000).toFixed(1)} s`)

@@ -8,7 +8,15 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 
 import { DockerSandboxProvider } from '../..'
-import { BUSYBOX, cleanupNamespace, containerNameFor, docker, dockerTry, LABEL_TEST_NAMESPACE, uniqueNamespace } from '../helpers'
+import {
+  BUSYBOX,
+  cleanupNamespace,
+  containerNameFor,
+  docker,
+  dockerTry,
+  LABEL_TEST_NAMESPACE,
+  uniqueNamespace,
+} from '../helpers'
 
 jest.setTimeout(90_000)
 
@@ -41,9 +49,21 @@ test('ls lists our sandboxes with state, times, image, tenant, pool flag and siz
   // A container that claims our labels but whose name does not derive from its id: not ours.
   const imposter = `tf-imposter-${namespace}`
   docker([
-    'run', '-d', '--name', imposter, '--label', `${LABEL_TEST_NAMESPACE}=${namespace}`,
-    '--label', 'trueforge.sandbox.managed-by=trueforge-docker-sandbox', '--label', `trueforge.sandbox.namespace=${namespace}`,
-    '--label', `trueforge.sandbox.id=${running}`, BUSYBOX, 'sleep', '600',
+    'run',
+    '-d',
+    '--name',
+    imposter,
+    '--label',
+    `${LABEL_TEST_NAMESPACE}=${namespace}`,
+    '--label',
+    'trueforge.sandbox.managed-by=trueforge-docker-sandbox',
+    '--label',
+    `trueforge.sandbox.namespace=${namespace}`,
+    '--label',
+    `trueforge.sandbox.id=${running}`,
+    BUSYBOX,
+    'sleep',
+    '600',
   ])
   try {
     const ls = cli(['ls', '--namespace', namespace, '--json'])
@@ -59,7 +79,9 @@ test('ls lists our sandboxes with state, times, image, tenant, pool flag and siz
 
     const plain = cli(['ls', '--namespace', namespace])
     expect(plain.stdout).not.toContain('\u001b[')
-    expect(plain.stdout.split('\n')[0]).toMatch(/^SANDBOX ID\s+NAMESPACE\s+STATE\s+CREATED\s+LAST ACTIVITY\s+IMAGE\s+TENANT\s+POOL\s+SIZE$/)
+    expect(plain.stdout.split('\n')[0]).toMatch(
+      /^SANDBOX ID\s+NAMESPACE\s+STATE\s+CREATED\s+LAST ACTIVITY\s+IMAGE\s+TENANT\s+POOL\s+SIZE$/,
+    )
     expect(plain.stdout).toContain(running)
 
     const all = JSON.parse(cli(['ls', '--all-namespaces', '--json']).stdout)
@@ -90,16 +112,35 @@ test('ls lists our sandboxes with state, times, image, tenant, pool flag and siz
 test('doctor on the local engine: every check a line, a real test sandbox, exit 0; --json', () => {
   const r = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace])
   expect(r.stdout).not.toContain('\u001b[')
-  for (const name of ['endpoint', 'engine reachable', 'version', 'rootless', 'cgroups', 'storage', 'seccomp', 'runtimes', 'network', 'gpu', 'egress', 'image', 'agent', 'test sandbox']) {
+  for (const name of [
+    'endpoint',
+    'engine reachable',
+    'version',
+    'rootless',
+    'cgroups',
+    'storage',
+    'seccomp',
+    'runtimes',
+    'network',
+    'gpu',
+    'egress',
+    'image',
+    'agent',
+    'test sandbox',
+  ]) {
     expect(r.stdout).toMatch(new RegExp(`^(ok  |warn|fail)  ${name}: `, 'm'))
   }
   expect(r.stdout).toMatch(/^ok {4}endpoint: socket: unix:\/\/\/var\/run\/docker.sock/m)
   // The default egress policy, and no engine network for it.
   expect(r.stdout).toMatch(/^ok {4}egress: egress policy: allow \*; deny nothing; /m)
   expect(r.stdout).toMatch(/^ok {4}network: sandboxes join no engine network/m)
-  expect(r.stdout).toMatch(/^ok {4}test sandbox: create \d+ ms, exec \d+ ms, upload \d+ ms, download \d+ ms, remove \d+ ms$/m)
+  expect(r.stdout).toMatch(
+    /^ok {4}test sandbox: create \d+ ms, exec \d+ ms, upload \d+ ms, download \d+ ms, remove \d+ ms$/m,
+  )
   // The test sandbox's calls went through the in-sandbox agent, as root.
-  expect(r.stdout).toMatch(/^ok {4}agent: in-sandbox agent [0-9.]+ \((x86_64|aarch64)\) at \/\.trueforge-agent\/\S+, as root, commands and files as the sandbox user; timeouts: (subreaper|session guard), files: (fs|thread) ids, paths: (openat2|one component at a time)$/m)
+  expect(r.stdout).toMatch(
+    /^ok {4}agent: in-sandbox agent [0-9.]+ \((x86_64|aarch64)\) at \/\.trueforge-agent\/\S+, as root, commands and files as the sandbox user; timeouts: (subreaper|session guard), files: (fs|thread) ids, paths: (openat2|one component at a time)$/m,
+  )
   expect(r.code).toBe(0)
   const j = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace, '--json'])
   const report = JSON.parse(j.stdout)
@@ -112,7 +153,15 @@ test('doctor on the local engine: every check a line, a real test sandbox, exit 
 })
 
 test('doctor --egress: the policy given, or a usage error', () => {
-  const r = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace, '--egress', '{"allow":["pkgs.example"],"deny":["bad.example"]}'])
+  const r = cli([
+    'doctor',
+    '--image',
+    BUSYBOX,
+    '--namespace',
+    namespace,
+    '--egress',
+    '{"allow":["pkgs.example"],"deny":["bad.example"]}',
+  ])
   expect(r.stdout).toMatch(/^ok {4}egress: egress policy: allow pkgs\.example; deny bad\.example; /m)
   expect(r.code).toBe(0)
   const bad = cli(['doctor', '--egress', 'closed'])
@@ -123,11 +172,21 @@ test('doctor --egress: the policy given, or a usage error', () => {
 test('doctor names the CDI specs it finds and the devices they name (JSON and YAML)', () => {
   const dir = mkdtempSync(path.join(tmpdir(), 'tf-cdi-'))
   try {
-    writeFileSync(path.join(dir, 'nvidia.json'), JSON.stringify({ cdiVersion: '0.5.0', kind: 'nvidia.com/gpu', devices: [{ name: '0' }, { name: 'all' }] }))
-    writeFileSync(path.join(dir, 'vendor.yaml'), 'cdiVersion: "0.5.0"\nkind: "example.com/accel"\ndevices:\n  - name: a0\n    containerEdits: {}\n')
+    writeFileSync(
+      path.join(dir, 'nvidia.json'),
+      JSON.stringify({ cdiVersion: '0.5.0', kind: 'nvidia.com/gpu', devices: [{ name: '0' }, { name: 'all' }] }),
+    )
+    writeFileSync(
+      path.join(dir, 'vendor.yaml'),
+      'cdiVersion: "0.5.0"\nkind: "example.com/accel"\ndevices:\n  - name: a0\n    containerEdits: {}\n',
+    )
     const r = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace], { TRUEFORGE_CDI_DIRS: dir })
-    expect(r.stdout).toMatch(/^ok {4}gpu: CDI specs .*nvidia\.json.*vendor\.yaml: nvidia\.com\/gpu=0, nvidia\.com\/gpu=all, example\.com\/accel=a0$/m)
-    const none = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace], { TRUEFORGE_CDI_DIRS: path.join(dir, 'missing') })
+    expect(r.stdout).toMatch(
+      /^ok {4}gpu: CDI specs .*nvidia\.json.*vendor\.yaml: nvidia\.com\/gpu=0, nvidia\.com\/gpu=all, example\.com\/accel=a0$/m,
+    )
+    const none = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace], {
+      TRUEFORGE_CDI_DIRS: path.join(dir, 'missing'),
+    })
     expect(none.stdout).toMatch(/^warn {2}gpu: no nvidia runtime and no CDI specs/m)
   } finally {
     rmSync(dir, { recursive: true, force: true })

@@ -16,7 +16,14 @@ jest.setTimeout(90_000)
 const namespace = uniqueNamespace('t-creds')
 const images = new ImageTracker(namespace)
 const CHILD = path.join(__dirname, 'child.js')
-const ENV_KEYS = ['DOCKER_HOST', 'DOCKER_TLS_VERIFY', 'DOCKER_TLS', 'DOCKER_CERT_PATH', 'DOCKER_CONTEXT', 'DOCKER_CONFIG']
+const ENV_KEYS = [
+  'DOCKER_HOST',
+  'DOCKER_TLS_VERIFY',
+  'DOCKER_TLS',
+  'DOCKER_CERT_PATH',
+  'DOCKER_CONTEXT',
+  'DOCKER_CONFIG',
+]
 let registries: Registries
 const ref = (name: string) => images.ref(`${repoName(AUTH, namespace, name)}:1`)
 let VIA_AUTHS = ''
@@ -30,7 +37,8 @@ beforeAll(() => {
   VIA_HELPER = ref('via-helper')
   VIA_BROKEN = ref('via-broken')
   VIA_STORE = ref('via-store')
-  for (const r of [VIA_AUTHS, VIA_HELPER, VIA_BROKEN, VIA_STORE]) pushAndForget(BUSYBOX, r, { user: registries.user, password: registries.password })
+  for (const r of [VIA_AUTHS, VIA_HELPER, VIA_BROKEN, VIA_STORE])
+    pushAndForget(BUSYBOX, r, { user: registries.user, password: registries.password })
 }, 180_000)
 
 afterAll(() => {
@@ -55,7 +63,10 @@ function inChild(image: string, env: Record<string, string>) {
 
 test('plain `auths` written by `docker login` into DOCKER_CONFIG pull a private image', () => {
   const cfg = images.tempDir('tf-creds-auths')
-  execFileSync('docker', ['--config', cfg, 'login', '-u', registries.user, '--password-stdin', AUTH], { input: registries.password, stdio: ['pipe', 'ignore', 'ignore'] })
+  execFileSync('docker', ['--config', cfg, 'login', '-u', registries.user, '--password-stdin', AUTH], {
+    input: registries.password,
+    stdio: ['pipe', 'ignore', 'ignore'],
+  })
   expect(JSON.parse(readFileSync(path.join(cfg, 'config.json'), 'utf8')).auths[AUTH].auth).toBeTruthy()
   const r = inChild(VIA_AUTHS, { DOCKER_CONFIG: cfg })
   expect(r.error).toBeUndefined()
@@ -76,7 +87,10 @@ test('a credHelpers entry runs docker-credential-<name> get with the registry on
   )
   chmodSync(helper, 0o755)
   // credsStore names a helper that does not exist: credHelpers wins for this registry.
-  writeFileSync(path.join(cfg, 'config.json'), JSON.stringify({ credsStore: 'not-installed', credHelpers: { [AUTH]: 'tftest' } }))
+  writeFileSync(
+    path.join(cfg, 'config.json'),
+    JSON.stringify({ credsStore: 'not-installed', credHelpers: { [AUTH]: 'tftest' } }),
+  )
   const r = inChild(VIA_HELPER, {
     DOCKER_CONFIG: cfg,
     PATH: `${bin}:${process.env.PATH}`,
@@ -92,10 +106,21 @@ test('credsStore: the one helper for every registry credHelpers does not name', 
   const cfg = images.tempDir('tf-creds-store')
   const bin = images.tempDir('tf-creds-store-bin')
   const helper = path.join(bin, 'docker-credential-tfstore')
-  writeFileSync(helper, `#!/bin/sh\nread server\n[ "$1" = get ] && [ "$server" = "${AUTH}" ] || exit 1\nprintf '{"Username":"%s","Secret":"%s"}' "$TF_USER" "$TF_SECRET"\n`)
+  writeFileSync(
+    helper,
+    `#!/bin/sh\nread server\n[ "$1" = get ] && [ "$server" = "${AUTH}" ] || exit 1\nprintf '{"Username":"%s","Secret":"%s"}' "$TF_USER" "$TF_SECRET"\n`,
+  )
   chmodSync(helper, 0o755)
-  writeFileSync(path.join(cfg, 'config.json'), JSON.stringify({ credsStore: 'tfstore', credHelpers: { 'other.example:5000': 'not-installed' } }))
-  const r = inChild(VIA_STORE, { DOCKER_CONFIG: cfg, PATH: `${bin}:${process.env.PATH}`, TF_USER: registries.user, TF_SECRET: registries.password })
+  writeFileSync(
+    path.join(cfg, 'config.json'),
+    JSON.stringify({ credsStore: 'tfstore', credHelpers: { 'other.example:5000': 'not-installed' } }),
+  )
+  const r = inChild(VIA_STORE, {
+    DOCKER_CONFIG: cfg,
+    PATH: `${bin}:${process.env.PATH}`,
+    TF_USER: registries.user,
+    TF_SECRET: registries.password,
+  })
   expect(r.error).toBeUndefined()
   expect(r.downloaded).toBe('tls bytes')
 })

@@ -59,7 +59,15 @@ describeRunsc('gVisor with the agent', () => {
     p = provider({ user: '1000:1000', logger })
     id = await tracker.create(p)
     // Root's own, as a root workload or the image would leave them.
-    docker(['exec', '-u', '0', containerNameFor(namespace, id), 'sh', '-c', 'echo secret > /secret; chmod 600 /secret; mkdir -p /rootdir; chmod 700 /rootdir'])
+    docker([
+      'exec',
+      '-u',
+      '0',
+      containerNameFor(namespace, id),
+      'sh',
+      '-c',
+      'echo secret > /secret; chmod 600 /secret; mkdir -p /rootdir; chmod 700 /rootdir',
+    ])
   })
 
   test('the sandbox runs under gVisor and the agent serves it, saying which paths it takes', async () => {
@@ -77,18 +85,30 @@ describeRunsc('gVisor with the agent', () => {
     expect(await ok(p, id, 'stat -c "%u %g %a" mine.txt')).toBe('1000 1000 644\n')
     // root's own: neither readable nor writable through the user's calls.
     await expect(p.downloadFile({ sandboxId: id, path: '/secret' })).rejects.toThrow(/permission|denied/i)
-    await expect(p.uploadFile({ sandboxId: id, remotePath: '/etc/planted', content: Buffer.from('x') })).rejects.toThrow(
-      /permission|denied/i,
-    )
-    expect(docker(['exec', containerNameFor(namespace, id), 'sh', '-c', 'test -e /etc/planted && echo there || echo absent'])).toBe('absent')
+    await expect(
+      p.uploadFile({ sandboxId: id, remotePath: '/etc/planted', content: Buffer.from('x') }),
+    ).rejects.toThrow(/permission|denied/i)
+    expect(
+      docker([
+        'exec',
+        containerNameFor(namespace, id),
+        'sh',
+        '-c',
+        'test -e /etc/planted && echo there || echo absent',
+      ]),
+    ).toBe('absent')
   })
 
   test('no link is followed out of what the user may reach', async () => {
-    await ok(p, id, 'ln -sf /secret secret-link; mkdir -p d; ln -sfn /rootdir d/root-link; ln -sfn /proc/1/root d/magic')
-    await expect(p.downloadFile({ sandboxId: id, path: 'secret-link' })).rejects.toThrow(/permission|denied/i)
-    await expect(p.uploadFile({ sandboxId: id, remotePath: 'd/root-link/x', content: Buffer.from('x') })).rejects.toThrow(
-      /permission|denied/i,
+    await ok(
+      p,
+      id,
+      'ln -sf /secret secret-link; mkdir -p d; ln -sfn /rootdir d/root-link; ln -sfn /proc/1/root d/magic',
     )
+    await expect(p.downloadFile({ sandboxId: id, path: 'secret-link' })).rejects.toThrow(/permission|denied/i)
+    await expect(
+      p.uploadFile({ sandboxId: id, remotePath: 'd/root-link/x', content: Buffer.from('x') }),
+    ).rejects.toThrow(/permission|denied/i)
     await expect(p.downloadFile({ sandboxId: id, path: 'd/magic/secret' })).rejects.toThrow()
     expect(docker(['exec', containerNameFor(namespace, id), 'ls', '-A', '/rootdir'])).toBe('')
   })

@@ -6,9 +6,23 @@
 // network's gateway — are Docker's spellings and do not apply to Podman).
 
 import { DockerSandboxProvider } from '../..'
-import { TRUEFORGE, BUSYBOX, containerNameFor, containersInNamespace, DEBIAN, docker, LABEL_TEST_NAMESPACE, ok, rejection, run, SandboxTracker, sleep, uniqueNamespace } from '../helpers'
+import {
+  TRUEFORGE,
+  BUSYBOX,
+  containerNameFor,
+  containersInNamespace,
+  DEBIAN,
+  docker,
+  LABEL_TEST_NAMESPACE,
+  ok,
+  rejection,
+  run,
+  SandboxTracker,
+  sleep,
+  uniqueNamespace,
+} from '../helpers'
 
-const onPodman = /podman\.sock$/.test(process.env.DOCKER_HOST ?? '')
+const onPodman = (process.env.DOCKER_HOST ?? '').endsWith('podman.sock')
 const suite = onPodman ? describe : describe.skip
 
 const namespace = uniqueNamespace('t-podsec')
@@ -28,7 +42,12 @@ afterAll(async () => {
 /** The capability sets of the exec'd shell, as hex masks. */
 async function caps(p: InstanceType<typeof DockerSandboxProvider>, id: string) {
   const out = await ok(p, id, 'grep -E "^(CapEff|CapAmb|NoNewPrivs)" /proc/self/status')
-  return Object.fromEntries(out.trim().split('\n').map((l) => l.split(/:\s+/)))
+  return Object.fromEntries(
+    out
+      .trim()
+      .split('\n')
+      .map((l) => l.split(/:\s+/)),
+  )
 }
 
 suite('on Podman (skipped unless DOCKER_HOST is the Podman test socket: npm run test:podman)', () => {
@@ -47,21 +66,26 @@ suite('on Podman (skipped unless DOCKER_HOST is the Podman test socket: npm run 
   test.each([
     ['busybox, user nobody', BUSYBOX, 'nobody', '65534'],
     ['debian, user 1000:1000', DEBIAN, '1000:1000', '1000'],
-  ])('%s: no capability at all (Podman would make them ambient), cannot write outside what it owns', async (_l, image, user, uid) => {
-    const p = provider({ image, user })
-    const id = await tracker.create(p)
-    expect(await caps(p, id)).toEqual({ CapEff: '0000000000000000', CapAmb: '0000000000000000', NoNewPrivs: '1' })
-    for (const path of ['/etc/x', '/root/x', '/usr/x', '/x']) {
-      const r = await run(p, id, `touch ${path}`)
-      expect({ path, refused: r.exitCode !== 0 }).toEqual({ path, refused: true })
-    }
-    await p.uploadFile({ sandboxId: id, remotePath: 'up.txt', content: Buffer.from('hello') })
-    expect(await ok(p, id, `stat -c %u up.txt && touch ${p.getFileUploadsDir(id)}/w && echo writable`)).toBe(`${uid}\nwritable\n`)
-    // With no capability to switch users, the agent runs as that user and serves all of it.
-    expect(await p.agentStatus(id)).toMatchObject({ mode: 'agent', asUser: true, uid: Number(uid) })
-  })
+  ])(
+    '%s: no capability at all (Podman would make them ambient), cannot write outside what it owns',
+    async (_l, image, user, uid) => {
+      const p = provider({ image, user })
+      const id = await tracker.create(p)
+      expect(await caps(p, id)).toEqual({ CapEff: '0000000000000000', CapAmb: '0000000000000000', NoNewPrivs: '1' })
+      for (const path of ['/etc/x', '/root/x', '/usr/x', '/x']) {
+        const r = await run(p, id, `touch ${path}`)
+        expect({ path, refused: r.exitCode !== 0 }).toEqual({ path, refused: true })
+      }
+      await p.uploadFile({ sandboxId: id, remotePath: 'up.txt', content: Buffer.from('hello') })
+      expect(await ok(p, id, `stat -c %u up.txt && touch ${p.getFileUploadsDir(id)}/w && echo writable`)).toBe(
+        `${uid}\nwritable\n`,
+      )
+      // With no capability to switch users, the agent runs as that user and serves all of it.
+      expect(await p.agentStatus(id)).toMatchObject({ mode: 'agent', asUser: true, uid: Number(uid) })
+    },
+  )
 
-  test("an image whose USER is not root (the default image runs as agent): no capability at all, none ambient", async () => {
+  test('an image whose USER is not root (the default image runs as agent): no capability at all, none ambient', async () => {
     const p = provider({ image: TRUEFORGE })
     const id = await tracker.create(p)
     expect(await ok(p, id, 'id -un')).toBe('agent\n')
@@ -71,7 +95,11 @@ suite('on Podman (skipped unless DOCKER_HOST is the Podman test socket: npm run 
     // The same image with `user: 'root'` keeps the default set: the option wins over USER.
     const asRoot = provider({ image: TRUEFORGE, user: 'root' })
     const rootId = await tracker.create(asRoot)
-    expect(await caps(asRoot, rootId)).toEqual({ CapEff: '00000000000004fb', CapAmb: '0000000000000000', NoNewPrivs: '1' })
+    expect(await caps(asRoot, rootId)).toEqual({
+      CapEff: '00000000000004fb',
+      CapAmb: '0000000000000000',
+      NoNewPrivs: '1',
+    })
   })
 
   test("runtime: 'runsc' is refused at create (Podman's Docker API ignores the runtime) and leaves no container", async () => {
@@ -87,7 +115,13 @@ suite('on Podman (skipped unless DOCKER_HOST is the Podman test socket: npm run 
   test('warmPool: off on Podman (renames are not atomic there), sandboxes are created on demand and work', async () => {
     const ns = uniqueNamespace('t-podpool')
     const logs: string[] = []
-    const p = new DockerSandboxProvider({ image: BUSYBOX, namespace: ns, network: 'none', warmPool: { size: 2 }, logger: { warn: (m: string) => logs.push(m) } })
+    const p = new DockerSandboxProvider({
+      image: BUSYBOX,
+      namespace: ns,
+      network: 'none',
+      warmPool: { size: 2 },
+      logger: { warn: (m: string) => logs.push(m) },
+    })
     providers.push(p)
     await p.warmUp()
     expect(logs.join('\n')).toMatch(/warm pool disabled: the engine is Podman/)
@@ -95,7 +129,11 @@ suite('on Podman (skipped unless DOCKER_HOST is the Podman test socket: npm run 
     try {
       expect(await ok(p, sandboxId, 'pwd')).toBe(`${sandboxId}\n`)
       await sleep(1000)
-      expect(docker(['ps', '-a', '--format', '{{.Names}}', '--filter', `name=trueforge-${ns}-`]).split('\n').filter((n) => n.endsWith('-pool'))).toEqual([])
+      expect(
+        docker(['ps', '-a', '--format', '{{.Names}}', '--filter', `name=trueforge-${ns}-`])
+          .split('\n')
+          .filter((n) => n.endsWith('-pool')),
+      ).toEqual([])
     } finally {
       await p.removeSandbox(sandboxId)
     }
@@ -121,14 +159,19 @@ suite('on Podman (skipped unless DOCKER_HOST is the Podman test socket: npm run 
     const dispatcher = {
       close() {},
       async dispatch({ request }: { request: { op: string } }) {
-        if (request.op === 'list_tools') return { ok: true, result: { tools: [{ name: 'ping', annotations: { readOnlyHint: true } }] } }
+        if (request.op === 'list_tools')
+          return { ok: true, result: { tools: [{ name: 'ping', annotations: { readOnlyHint: true } }] } }
         return { ok: true, result: { structuredContent: { pong: true } } }
       },
     }
     try {
-      const { env } = await transport.start({ codeModeDispatcher: dispatcher as any, sandboxId: id, requestTimeoutSeconds: 30 })
+      const { env } = await transport.start({
+        codeModeDispatcher: dispatcher as any,
+        sandboxId: id,
+        requestTimeoutSeconds: 30,
+      })
       const servers = Buffer.from(JSON.stringify({ demo: { allowed_tools: [] } })).toString('base64')
-      const out = await ok(p, id, 'mcp-client call-tool demo ping \'{}\'', {
+      const out = await ok(p, id, "mcp-client call-tool demo ping '{}'", {
         env: { ...env, PYTHONPATH: dir, TFY_MCP_SERVERS: servers, TFY_ENABLE_AGENT_APPROVALS: 'true' },
       })
       expect(JSON.parse(out)).toEqual({ pong: true })
@@ -144,8 +187,19 @@ suite('on Podman (skipped unless DOCKER_HOST is the Podman test socket: npm run 
     const forged = `tf-podsec-forged-${namespace}`
     const forgedId = `/workspace/0${'A'.repeat(25)}`
     docker([
-      'create', '--name', forged, '--label', `${LABEL_TEST_NAMESPACE}=${namespace}`, '--label', 'trueforge.sandbox.managed-by=trueforge-docker-sandbox',
-      '--label', `trueforge.sandbox.namespace=${namespace}`, '--label', `trueforge.sandbox.id=${forgedId}`, BUSYBOX, 'true',
+      'create',
+      '--name',
+      forged,
+      '--label',
+      `${LABEL_TEST_NAMESPACE}=${namespace}`,
+      '--label',
+      'trueforge.sandbox.managed-by=trueforge-docker-sandbox',
+      '--label',
+      `trueforge.sandbox.namespace=${namespace}`,
+      '--label',
+      `trueforge.sandbox.id=${forgedId}`,
+      BUSYBOX,
+      'true',
     ])
     await sleep(1200)
     expect((await p.reapStale()).removed).toEqual([id])

@@ -18,7 +18,16 @@ jest.setTimeout(90_000)
 const namespace = uniqueNamespace('t-ssh')
 const CHILD = path.join(__dirname, 'child.js')
 const CLI = path.resolve(__dirname, '..', '..', 'cli.js')
-const ENV_KEYS = ['DOCKER_HOST', 'DOCKER_TLS_VERIFY', 'DOCKER_TLS', 'DOCKER_CERT_PATH', 'DOCKER_CONTEXT', 'DOCKER_CONFIG', 'SSH_AUTH_SOCK', 'TRUEFORGE_SSH_COMMAND']
+const ENV_KEYS = [
+  'DOCKER_HOST',
+  'DOCKER_TLS_VERIFY',
+  'DOCKER_TLS',
+  'DOCKER_CERT_PATH',
+  'DOCKER_CONTEXT',
+  'DOCKER_CONFIG',
+  'SSH_AUTH_SOCK',
+  'TRUEFORGE_SSH_COMMAND',
+]
 let dir = ''
 let port = 0
 let sshd: ChildProcess | undefined
@@ -68,8 +77,14 @@ beforeAll(async () => {
   const hostPub = readFileSync(f('host_key.pub'), 'utf8').trim().split(' ').slice(0, 2).join(' ')
   writeFileSync(f('known_hosts'), `[127.0.0.1]:${port} ${hostPub}\n`)
   writeFileSync(f('empty_known_hosts'), '')
-  writeFileSync(f('ssh_config'), `Host 127.0.0.1\n  User root\n  UserKnownHostsFile ${f('known_hosts')}\n  IdentitiesOnly no\n  IdentityFile none\n`)
-  writeFileSync(f('ssh_config_untrusted'), `Host 127.0.0.1\n  User root\n  UserKnownHostsFile ${f('empty_known_hosts')}\n  IdentityFile none\n`)
+  writeFileSync(
+    f('ssh_config'),
+    `Host 127.0.0.1\n  User root\n  UserKnownHostsFile ${f('known_hosts')}\n  IdentitiesOnly no\n  IdentityFile none\n`,
+  )
+  writeFileSync(
+    f('ssh_config_untrusted'),
+    `Host 127.0.0.1\n  User root\n  UserKnownHostsFile ${f('empty_known_hosts')}\n  IdentityFile none\n`,
+  )
   // An agent holding the user key: ssh uses it through SSH_AUTH_SOCK, as for a real user.
   agentSock = f('agent.sock')
   const agent = execFileSync('ssh-agent', ['-a', agentSock], { encoding: 'utf8' })
@@ -77,10 +92,14 @@ beforeAll(async () => {
   execFileSync('ssh-add', ['-q', f('user_key')], { env: { ...process.env, SSH_AUTH_SOCK: agentSock } })
   // Wait until sshd answers.
   for (let i = 0; i < 100; i++) {
-    const r = spawnSync('ssh', ['-F', f('ssh_config'), '-o', 'BatchMode=yes', '-p', String(port), '127.0.0.1', 'true'], {
-      env: { ...process.env, SSH_AUTH_SOCK: agentSock },
-      timeout: 10_000,
-    })
+    const r = spawnSync(
+      'ssh',
+      ['-F', f('ssh_config'), '-o', 'BatchMode=yes', '-p', String(port), '127.0.0.1', 'true'],
+      {
+        env: { ...process.env, SSH_AUTH_SOCK: agentSock },
+        timeout: 10_000,
+      },
+    )
     if (r.status === 0) return
     await new Promise((r) => setTimeout(r, 100))
   }
@@ -160,11 +179,15 @@ test('an untrusted host key and a key the server does not accept: ENGINE_SSH nam
 })
 
 test('doctor over SSH says how it connected and runs the test sandbox', () => {
-  const r = spawnSync(process.execPath, [CLI, 'doctor', '--docker-host', `ssh://root@127.0.0.1:${port}`, '--image', BUSYBOX, '--namespace', namespace], {
-    env: sshEnv(),
-    encoding: 'utf8',
-    timeout: 60_000,
-  })
+  const r = spawnSync(
+    process.execPath,
+    [CLI, 'doctor', '--docker-host', `ssh://root@127.0.0.1:${port}`, '--image', BUSYBOX, '--namespace', namespace],
+    {
+      env: sshEnv(),
+      encoding: 'utf8',
+      timeout: 60_000,
+    },
+  )
   expect(r.stdout).toMatch(/^ok {4}endpoint: SSH: ssh:\/\/root@127\.0\.0\.1:\d+/m)
   expect(r.stdout).toMatch(/^ok {4}test sandbox: create \d+ ms/m)
   expect(r.status).toBe(0)

@@ -16,7 +16,14 @@ const ROOT = path.resolve(__dirname, '..', '..')
 const SCRIPT = path.join(ROOT, 'scripts', 'tls-engine.sh')
 const namespace = uniqueNamespace('t-tls')
 const CHILD = path.join(__dirname, 'child.js')
-const ENV_KEYS = ['DOCKER_HOST', 'DOCKER_TLS_VERIFY', 'DOCKER_TLS', 'DOCKER_CERT_PATH', 'DOCKER_CONTEXT', 'DOCKER_CONFIG']
+const ENV_KEYS = [
+  'DOCKER_HOST',
+  'DOCKER_TLS_VERIFY',
+  'DOCKER_TLS',
+  'DOCKER_CERT_PATH',
+  'DOCKER_CONTEXT',
+  'DOCKER_CONFIG',
+]
 
 let host = ''
 let certs = ''
@@ -25,7 +32,12 @@ let configDir = ''
 
 beforeAll(() => {
   const out = execFileSync('bash', [SCRIPT, 'start'], { encoding: 'utf8', timeout: 120_000 })
-  const kv = Object.fromEntries(out.split('\n').filter((l) => l.includes('=')).map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]))
+  const kv = Object.fromEntries(
+    out
+      .split('\n')
+      .filter((l) => l.includes('='))
+      .map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]),
+  )
   host = kv.TLS_HOST
   certs = kv.CERTS
   socket = kv.SOCKET
@@ -58,7 +70,11 @@ function inChild(env: Record<string, string>, options: Record<string, unknown> =
   const base = { ...process.env }
   for (const k of ENV_KEYS) delete base[k]
   const opts = { image: BUSYBOX, namespace, network: 'none', engineTimeoutMs: 5000, ...options }
-  const out = execFileSync(process.execPath, [CHILD, JSON.stringify(opts)], { env: { ...base, ...env }, encoding: 'utf8', timeout: 60_000 })
+  const out = execFileSync(process.execPath, [CHILD, JSON.stringify(opts)], {
+    env: { ...base, ...env },
+    encoding: 'utf8',
+    timeout: 60_000,
+  })
   return JSON.parse(out.trim().split('\n').pop()!)
 }
 
@@ -81,7 +97,11 @@ async function roundTrip(p: InstanceType<typeof DockerSandboxProvider>) {
     const got = await p.downloadFile({ sandboxId, path: `${sandboxId}/a.txt` })
     expect(Buffer.from(got).toString()).toBe('tls bytes')
     // The container is on the TLS engine, not on the main one.
-    const onTls = execFileSync('docker', ['-H', socket, 'ps', '-q', '--filter', `label=trueforge.sandbox.namespace=${namespace}`], { encoding: 'utf8' })
+    const onTls = execFileSync(
+      'docker',
+      ['-H', socket, 'ps', '-q', '--filter', `label=trueforge.sandbox.namespace=${namespace}`],
+      { encoding: 'utf8' },
+    )
     expect(onTls.trim()).not.toBe('')
   } finally {
     await p.removeSandbox(sandboxId)
@@ -90,11 +110,17 @@ async function roundTrip(p: InstanceType<typeof DockerSandboxProvider>) {
 }
 
 test('TLS by the `tls` option: file paths, and PEM text', async () => {
-  await roundTrip(provider({ dockerHost: host, tls: { ca: cert('ca.pem'), cert: cert('cert.pem'), key: cert('key.pem') } }))
+  await roundTrip(
+    provider({ dockerHost: host, tls: { ca: cert('ca.pem'), cert: cert('cert.pem'), key: cert('key.pem') } }),
+  )
   await roundTrip(
     provider({
       dockerHost: host,
-      tls: { ca: readFileSync(cert('ca.pem'), 'utf8'), cert: readFileSync(cert('cert.pem'), 'utf8'), key: readFileSync(cert('key.pem'), 'utf8') },
+      tls: {
+        ca: readFileSync(cert('ca.pem'), 'utf8'),
+        cert: readFileSync(cert('cert.pem'), 'utf8'),
+        key: readFileSync(cert('key.pem'), 'utf8'),
+      },
     }),
   )
 }, 60_000)
@@ -116,12 +142,21 @@ test('TLS by DOCKER_HOST, DOCKER_TLS_VERIFY and DOCKER_CERT_PATH, as the CLI rea
 
 test('TLS by a Docker context: DOCKER_CONTEXT, then the config’s current context', async () => {
   const cli = (...args: string[]) => execFileSync('docker', ['--config', configDir, ...args], { encoding: 'utf8' })
-  cli('context', 'create', 'tf-tls', '--docker', `host=${host},ca=${cert('ca.pem')},cert=${cert('cert.pem')},key=${cert('key.pem')}`)
+  cli(
+    'context',
+    'create',
+    'tf-tls',
+    '--docker',
+    `host=${host},ca=${cert('ca.pem')},cert=${cert('cert.pem')},key=${cert('key.pem')}`,
+  )
   expectRoundTrip(inChild({ DOCKER_CONFIG: configDir, DOCKER_CONTEXT: 'tf-tls' }))
   cli('context', 'use', 'tf-tls')
   expectRoundTrip(inChild({ DOCKER_CONFIG: configDir }))
   // DOCKER_HOST wins over the context, as in the CLI (the main engine's socket here).
-  const viaHost = inChild({ DOCKER_CONFIG: configDir, DOCKER_HOST: 'unix:///var/run/docker.sock' }, { network: 'bridge', engineTimeoutMs: 30_000 })
+  const viaHost = inChild(
+    { DOCKER_CONFIG: configDir, DOCKER_HOST: 'unix:///var/run/docker.sock' },
+    { network: 'bridge', engineTimeoutMs: 30_000 },
+  )
   expect(viaHost.error).toBeUndefined()
   expect(viaHost.dockerHost).toBe('unix:///var/run/docker.sock')
   // An unknown context is a clear option error naming it.
@@ -174,10 +209,19 @@ test('egress under a policy on a remote engine: the bytes ride the agent stream 
 
 test('plain tcp to the TLS port, a wrong CA, no client certificate, an expired or foreign one: typed errors, fast', async () => {
   await refused({ dockerHost: host }, /speaks TLS and this client sent plain HTTP.*DOCKER_TLS_VERIFY/)
-  await refused({ dockerHost: host, tls: { ca: cert('other-ca/ca.pem'), cert: cert('cert.pem'), key: cert('key.pem') } }, /not signed by the CA given/)
+  await refused(
+    { dockerHost: host, tls: { ca: cert('other-ca/ca.pem'), cert: cert('cert.pem'), key: cert('key.pem') } },
+    /not signed by the CA given/,
+  )
   await refused({ dockerHost: host, tls: { ca: cert('ca.pem') } }, /wants a client certificate and none was given/)
-  await refused({ dockerHost: host, tls: { ca: cert('ca.pem'), cert: cert('expired/cert.pem'), key: cert('expired/key.pem') } }, /client certificate .* expired/)
-  await refused({ dockerHost: host, tls: { ca: cert('ca.pem'), cert: cert('other-ca/cert.pem'), key: cert('other-ca/key.pem') } }, /refused the client certificate/)
+  await refused(
+    { dockerHost: host, tls: { ca: cert('ca.pem'), cert: cert('expired/cert.pem'), key: cert('expired/key.pem') } },
+    /client certificate .* expired/,
+  )
+  await refused(
+    { dockerHost: host, tls: { ca: cert('ca.pem'), cert: cert('other-ca/cert.pem'), key: cert('other-ca/key.pem') } },
+    /refused the client certificate/,
+  )
   // The same through the environment: the CA alone in DOCKER_CERT_PATH.
   const viaEnv = inChild({ DOCKER_HOST: host, DOCKER_TLS_VERIFY: '1', DOCKER_CERT_PATH: cert('no-client') })
   expect(viaEnv.error?.code).toBe('ENGINE_TLS')
@@ -190,7 +234,10 @@ test('plain tcp to the TLS port, a wrong CA, no client certificate, an expired o
 }, 60_000)
 
 test('an engine is its own world: a sandbox on the TLS engine is not reachable through the main one with the same namespace', async () => {
-  const tlsProvider = provider({ dockerHost: host, tls: { ca: cert('ca.pem'), cert: cert('cert.pem'), key: cert('key.pem') } })
+  const tlsProvider = provider({
+    dockerHost: host,
+    tls: { ca: cert('ca.pem'), cert: cert('cert.pem'), key: cert('key.pem') },
+  })
   const main = new DockerSandboxProvider({ image: BUSYBOX, namespace, dockerHost: 'unix:///var/run/docker.sock' })
   const { sandboxId } = await tlsProvider.createSandbox()
   try {
@@ -214,12 +261,18 @@ test('doctor, ls and rm through TLS (DOCKER_* variables and a context), and doct
   const run = (args: string[], env: Record<string, string>) => {
     const base = { ...process.env }
     for (const k of ENV_KEYS) delete base[k]
-    const r = spawnSync(process.execPath, [CLI, ...args], { env: { ...base, ...env }, encoding: 'utf8', timeout: 60_000 })
+    const r = spawnSync(process.execPath, [CLI, ...args], {
+      env: { ...base, ...env },
+      encoding: 'utf8',
+      timeout: 60_000,
+    })
     return { code: r.status, stdout: r.stdout, stderr: r.stderr }
   }
   const tlsEnv = { DOCKER_HOST: host, DOCKER_TLS_VERIFY: '1', DOCKER_CERT_PATH: certs }
   const d = run(['doctor', '--image', BUSYBOX, '--network', 'none', '--namespace', namespace], tlsEnv)
-  expect(d.stdout).toMatch(/^ok {4}endpoint: TLS: tcp:\/\/127\.0\.0\.1:\d+ \(TLS, engine verified, client certificate; DOCKER_CERT_PATH=.*from DOCKER_HOST\)$/m)
+  expect(d.stdout).toMatch(
+    /^ok {4}endpoint: TLS: tcp:\/\/127\.0\.0\.1:\d+ \(TLS, engine verified, client certificate; DOCKER_CERT_PATH=.*from DOCKER_HOST\)$/m,
+  )
   expect(d.stdout).toMatch(/^ok {4}test sandbox: create \d+ ms/m)
   expect(d.code).toBe(0)
 

@@ -40,9 +40,16 @@ describeFaults('fault 1: the engine restarts between two calls', () => {
     // dockerd stopped every container on its way down (no live restore).
     expect(isRunning(nameOf(namespace, sandboxId))).toBe(false)
 
-    const o = await execCall(provider, { sandboxId, command: 'cat made.txt sub/n.txt && pwd', timeoutSeconds: 30 }, 45_000)
+    const o = await execCall(
+      provider,
+      { sandboxId, command: 'cat made.txt sub/n.txt && pwd', timeoutSeconds: 30 },
+      45_000,
+    )
     expect(o.status).toBe('ok')
-    expect(o.value).toEqual({ success: true, response: { exitCode: 0, result: `written-by-exec\nnested\n${sandboxId}\n` } })
+    expect(o.value).toEqual({
+      success: true,
+      response: { exitCode: 0, result: `written-by-exec\nnested\n${sandboxId}\n` },
+    })
     expect(isRunning(nameOf(namespace, sandboxId))).toBe(true)
 
     const bytes = await must('downloadFile', () => provider.downloadFile({ sandboxId, path: 'uploaded.bin' }))
@@ -56,7 +63,9 @@ describeFaults('fault 1: the engine restarts between two calls', () => {
     faultEngine('restart')
     // A new instance, as the server builds every turn (the engine client is shared per process).
     const fresh = faultProvider(namespace)
-    await must('uploadFile', () => fresh.uploadFile({ sandboxId, remotePath: 'after.txt', content: Buffer.from('after\n') }))
+    await must('uploadFile', () =>
+      fresh.uploadFile({ sandboxId, remotePath: 'after.txt', content: Buffer.from('after\n') }),
+    )
     expect(await mustRun(fresh, sandboxId, 'cat state.txt after.txt')).toBe('before\nafter\n')
   })
 })

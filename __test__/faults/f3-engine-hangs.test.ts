@@ -47,14 +47,20 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
 
   /** Settled by its deadline (plus the slack) with a clear error naming the engine. */
   function expectClearEngineError(o: Outcome<unknown>, deadlineMs: number): void {
-    expect({ kind: o.kind, status: o.status, reason: o.reason }).toEqual({ kind: o.kind, status: 'error', reason: undefined })
+    expect({ kind: o.kind, status: o.status, reason: o.reason }).toEqual({
+      kind: o.kind,
+      status: 'error',
+      reason: undefined,
+    })
     expect(o.ms).toBeLessThan(by(deadlineMs))
     expect(o.error).toContain(FAULT_HOST)
   }
 
   test('exec, upload, download, createSandbox and getImageBuildStatus settle by their deadlines, then work again', async () => {
     const sandboxId = await tracker.create()
-    await must('uploadFile', () => provider.uploadFile({ sandboxId, remotePath: 'a.txt', content: Buffer.from('alpha\n') }))
+    await must('uploadFile', () =>
+      provider.uploadFile({ sandboxId, remotePath: 'a.txt', content: Buffer.from('alpha\n') }),
+    )
     // A second instance that has never seen the sandbox: its exec must look the container up.
     const fresh = faultProvider(namespace, { engineTimeoutMs: ENGINE_TIMEOUT_MS })
 
@@ -63,7 +69,11 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
     let outcomes: Outcome<unknown>[]
     try {
       outcomes = await Promise.all<Outcome<unknown>>([
-        execCall(provider, { sandboxId, command: 'echo hi', timeoutSeconds: EXEC_TIMEOUT_S }, by(EXEC_TIMEOUT_S * 1000)),
+        execCall(
+          provider,
+          { sandboxId, command: 'echo hi', timeoutSeconds: EXEC_TIMEOUT_S },
+          by(EXEC_TIMEOUT_S * 1000),
+        ),
         execCall(
           fresh,
           { sandboxId, command: 'echo hi', timeoutSeconds: EXEC_TIMEOUT_S },
@@ -99,8 +109,12 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
     // After SIGCONT everything works again.
     expect(await mustRun(provider, sandboxId, 'cat a.txt')).toBe('alpha\n')
     expect(await mustRun(fresh, sandboxId, 'echo fresh')).toBe('fresh\n')
-    await must('uploadFile', () => provider.uploadFile({ sandboxId, remotePath: 'c.txt', content: Buffer.from('gamma\n') }))
-    expect((await must('downloadFile', () => provider.downloadFile({ sandboxId, path: 'c.txt' }))).toString()).toBe('gamma\n')
+    await must('uploadFile', () =>
+      provider.uploadFile({ sandboxId, remotePath: 'c.txt', content: Buffer.from('gamma\n') }),
+    )
+    expect((await must('downloadFile', () => provider.downloadFile({ sandboxId, path: 'c.txt' }))).toString()).toBe(
+      'gamma\n',
+    )
     expect((await must('getImageBuildStatus', () => provider.getImageBuildStatus())).status).toBe('ready')
     const second = await tracker.create()
     expect(await mustRun(provider, second, 'echo new')).toBe('new\n')
@@ -122,7 +136,9 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
     await sleep(8000)
     const stray = containersOf(namespace)
       .filter((id) => !before.has(id))
-      .map((id) => dk(['inspect', '--format', '{{.Name}} {{.State.Status}} {{index .Config.Labels "trueforge.sandbox.id"}}', id]))
+      .map((id) =>
+        dk(['inspect', '--format', '{{.Name}} {{.State.Status}} {{index .Config.Labels "trueforge.sandbox.id"}}', id]),
+      )
     expect(stray).toEqual([])
   })
 
@@ -137,7 +153,10 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
     )
     // Freeze once the command runs.
     // (Any process: under the agent a shell's last command may replace the shell.)
-    const running = () => dk(['exec', container, 'ps', '-o', 'pid,args']).split('\n').some((l) => l.includes(marker))
+    const running = () =>
+      dk(['exec', container, 'ps', '-o', 'pid,args'])
+        .split('\n')
+        .some((l) => l.includes(marker))
     expect(await poll(running, 10_000, 100)).not.toBeNull()
     injectFault('engine-freeze')
     faultEngine('pause')
@@ -158,7 +177,10 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
       const still = dk(['exec', container, 'ps', '-o', 'pid,args'])
         .split('\n')
         .filter((l) => l.includes(marker))
-      expect({ result: r.response.result, stillRunning: still }).toEqual({ result: r.response.result, stillRunning: [] })
+      expect({ result: r.response.result, stillRunning: still }).toEqual({
+        result: r.response.result,
+        stillRunning: [],
+      })
     } else {
       // Otherwise it must be a clear failure naming the engine.
       expect(o.status).toBe('error')
@@ -196,7 +218,11 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
       faultEngine('resume')
     }
     for (const o of outcomes) {
-      expect({ kind: o.kind, status: o.status, reason: o.reason }).toEqual({ kind: o.kind, status: 'error', reason: undefined })
+      expect({ kind: o.kind, status: o.status, reason: o.reason }).toEqual({
+        kind: o.kind,
+        status: 'error',
+        reason: undefined,
+      })
       expect(o.ms).toBeLessThan(bound)
       expect(o.error).toContain(FAULT_HOST)
     }

@@ -34,7 +34,9 @@ describeFaults('fault 4: the container is killed during an exec', () => {
     const sandboxId = await tracker.create()
     const container = nameOf(namespace, sandboxId)
     await mustRun(provider, sandboxId, 'echo from-exec > e.txt')
-    await must('uploadFile', () => provider.uploadFile({ sandboxId, remotePath: 'u.txt', content: Buffer.from('from-upload\n') }))
+    await must('uploadFile', () =>
+      provider.uploadFile({ sandboxId, remotePath: 'u.txt', content: Buffer.from('from-upload\n') }),
+    )
 
     const timeoutSeconds = 30
     const inFlight = execCall(
@@ -64,6 +66,8 @@ describeFaults('fault 4: the container is killed during an exec', () => {
     expect(isRunning(container)).toBe(true)
     // And the container is whole again: uploads and downloads work too.
     await must('uploadFile', () => provider.uploadFile({ sandboxId, remotePath: 'v.txt', content: Buffer.from('v\n') }))
-    expect((await must('downloadFile', () => provider.downloadFile({ sandboxId, path: 'e.txt' }))).toString()).toBe('from-exec\n')
+    expect((await must('downloadFile', () => provider.downloadFile({ sandboxId, path: 'e.txt' }))).toString()).toBe(
+      'from-exec\n',
+    )
   })
 })

@@ -78,7 +78,11 @@ describeFaults('fault 5: concurrent first calls on a stopped sandbox', () => {
   async function burst(p: typeof provider): Promise<void> {
     const outcomes = await Promise.all(
       Array.from({ length: BURST }, (_, i) =>
-        execCall(p, { sandboxId, command: `cat kept.txt >/dev/null && echo call-${i}`, timeoutSeconds: TIMEOUT_S }, (TIMEOUT_S + 5) * 1000),
+        execCall(
+          p,
+          { sandboxId, command: `cat kept.txt >/dev/null && echo call-${i}`, timeoutSeconds: TIMEOUT_S },
+          (TIMEOUT_S + 5) * 1000,
+        ),
       ),
     )
     expect(outcomes.map((o) => [o.status, o.error])).toEqual(outcomes.map(() => ['ok', undefined]))
@@ -105,7 +109,13 @@ describeFaults('fault 5: concurrent first calls on a stopped sandbox', () => {
     const startAt = Date.now() + 2500
     const job = {
       mode: 'exec-burst',
-      options: { image: 'trueforge-sandbox-busybox:1', dockerHost: FAULT_HOST, namespace, network: 'none', autoDeleteIntervalInMinutes: 0 },
+      options: {
+        image: 'trueforge-sandbox-busybox:1',
+        dockerHost: FAULT_HOST,
+        namespace,
+        network: 'none',
+        autoDeleteIntervalInMinutes: 0,
+      },
       sandboxId,
       count: 5,
       startAt,

@@ -44,7 +44,13 @@ describeFaults('fault 6: 20 sandboxes under load', () => {
     expect(new Set(ids).size).toBe(SANDBOXES)
     const seeds = ids.map(() => randomBytes(4096))
     await Promise.all(
-      ids.map((sandboxId, s) => must('uploadFile', () => provider.uploadFile({ sandboxId, remotePath: 'seed.bin', content: seeds[s] }), DEADLINE_MS)),
+      ids.map((sandboxId, s) =>
+        must(
+          'uploadFile',
+          () => provider.uploadFile({ sandboxId, remotePath: 'seed.bin', content: seeds[s] }),
+          DEADLINE_MS,
+        ),
+      ),
     )
 
     // Everything at once: per sandbox 10 execs, 3 uploads and a download of the seed.
@@ -56,14 +62,24 @@ describeFaults('fault 6: 20 sandboxes under load', () => {
         work.push(
           execCall(
             provider,
-            { sandboxId, command: `wc -c < seed.bin | tr -d ' '; echo ${s}-${i} > out-${i}.txt; cat out-${i}.txt`, timeoutSeconds: TIMEOUT_S },
+            {
+              sandboxId,
+              command: `wc -c < seed.bin | tr -d ' '; echo ${s}-${i} > out-${i}.txt; cat out-${i}.txt`,
+              timeoutSeconds: TIMEOUT_S,
+            },
             DEADLINE_MS,
           ),
         )
-        checks.push((o) => expect((o.value as ExecResultOk).response).toEqual({ exitCode: 0, result: `4096\n${s}-${i}\n` }))
+        checks.push((o) =>
+          expect((o.value as ExecResultOk).response).toEqual({ exitCode: 0, result: `4096\n${s}-${i}\n` }),
+        )
       }
       for (let u = 0; u < UPLOADS; u++) {
-        work.push(call('uploadFile', DEADLINE_MS, () => provider.uploadFile({ sandboxId, remotePath: `up/u-${u}.txt`, content: payload(s, u) })))
+        work.push(
+          call('uploadFile', DEADLINE_MS, () =>
+            provider.uploadFile({ sandboxId, remotePath: `up/u-${u}.txt`, content: payload(s, u) }),
+          ),
+        )
         checks.push(() => undefined)
       }
       work.push(call('downloadFile', DEADLINE_MS, () => provider.downloadFile({ sandboxId, path: 'seed.bin' })))
@@ -78,13 +94,15 @@ describeFaults('fault 6: 20 sandboxes under load', () => {
     const reads = await Promise.all(
       ids.flatMap((sandboxId, s) => [
         ...Array.from({ length: UPLOADS }, (_, u) =>
-          must('downloadFile', () => provider.downloadFile({ sandboxId, path: `up/u-${u}.txt` }), DEADLINE_MS).then((b) =>
-            expect(b.toString()).toBe(payload(s, u).toString()),
+          must('downloadFile', () => provider.downloadFile({ sandboxId, path: `up/u-${u}.txt` }), DEADLINE_MS).then(
+            (b) => expect(b.toString()).toBe(payload(s, u).toString()),
           ),
         ),
-        must('downloadFile', () => provider.downloadFile({ sandboxId, path: `out-${EXECS - 1}.txt` }), DEADLINE_MS).then((b) =>
-          expect(b.toString()).toBe(`${s}-${EXECS - 1}\n`),
-        ),
+        must(
+          'downloadFile',
+          () => provider.downloadFile({ sandboxId, path: `out-${EXECS - 1}.txt` }),
+          DEADLINE_MS,
+        ).then((b) => expect(b.toString()).toBe(`${s}-${EXECS - 1}\n`)),
       ]),
     )
     expect(reads).toHaveLength(SANDBOXES * (UPLOADS + 1))
@@ -100,7 +118,9 @@ describeFaults('fault 6: 20 sandboxes under load', () => {
     expect(left).toEqual([])
 
     // Removal through the provider leaves nothing.
-    const removed = await Promise.all(ids.map((id) => must('removeSandbox', () => provider.removeSandbox(id), DEADLINE_MS)))
+    const removed = await Promise.all(
+      ids.map((id) => must('removeSandbox', () => provider.removeSandbox(id), DEADLINE_MS)),
+    )
     expect(removed).toEqual(ids.map(() => true))
     ids.forEach((id) => tracker.ids.delete(id))
     expect(containersOf(namespace)).toEqual([])

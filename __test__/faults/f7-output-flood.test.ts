@@ -55,7 +55,11 @@ describeFaults('fault 7: an exec writes 1 GiB of output', () => {
         `growth ${growthMiB.toFixed(1)} MiB over ${r.samples} samples; result ${r.resultBytes} bytes, ${r.omissionLine}`,
     )
     expect(r.unhandled).toEqual([])
-    expect({ success: r.success, exitCode: r.exitCode, error: r.error }).toEqual({ success: true, exitCode: 0, error: undefined })
+    expect({ success: r.success, exitCode: r.exitCode, error: r.error }).toEqual({
+      success: true,
+      exitCode: 0,
+      error: undefined,
+    })
     // The cap plus one omission line, which accounts for everything else.
     expect(r.resultBytes).toBeGreaterThanOrEqual(CAP)
     expect(r.resultBytes).toBeLessThan(CAP + 200)

@@ -55,7 +55,8 @@ describeFaults('fault 8: idle stop and reaping', () => {
   const nsOther = faultNamespace('f8-other')
   // Providers that never reap (autoDelete 0) make and inspect the sandboxes; the reapers under
   // test are made fresh in each test.
-  const quiet = (ns: string, extra: Record<string, unknown> = {}) => faultProvider(ns, { autoDeleteIntervalInMinutes: 0, ...extra })
+  const quiet = (ns: string, extra: Record<string, unknown> = {}) =>
+    faultProvider(ns, { autoDeleteIntervalInMinutes: 0, ...extra })
   const trackers = [nsIdle, nsBusy, nsStale, nsCli, nsOther].map((ns) => new Tracker(ns, quiet(ns)))
   const [idleT, busyT, staleT, cliT, otherT] = trackers
   /** Containers no reaper of ours may touch: name → what it is. */
@@ -94,7 +95,14 @@ describeFaults('fault 8: idle stop and reaping', () => {
     const created = Date.now()
     const child = await runChild({
       mode: 'create',
-      options: { image: BUSYBOX, dockerHost: FAULT_HOST, namespace: nsIdle, network: 'none', autoStopIntervalInMinutes: IDLE_MIN, autoDeleteIntervalInMinutes: 0 },
+      options: {
+        image: BUSYBOX,
+        dockerHost: FAULT_HOST,
+        namespace: nsIdle,
+        network: 'none',
+        autoStopIntervalInMinutes: IDLE_MIN,
+        autoDeleteIntervalInMinutes: 0,
+      },
     })
     recordChildCalls(child.calls, 60_000)
     expect(child.unhandled).toEqual([])

@@ -21,7 +21,6 @@ import {
   MANAGED_BY,
   Provider,
   containerNameFor,
-  sleep,
 } from '../helpers'
 
 const paths = require('./paths') as {
@@ -89,7 +88,9 @@ export function faultEngineAsync(cmd: EngineCommand): Promise<void> {
     child.stdout.on('data', (d) => (out += d))
     child.stderr.on('data', (d) => (out += d))
     child.on('error', reject)
-    child.on('exit', (code) => (code === 0 ? resolve() : reject(new Error(`fault-engine.sh ${cmd} exited ${code}: ${out}`))))
+    child.on('exit', (code) =>
+      code === 0 ? resolve() : reject(new Error(`fault-engine.sh ${cmd} exited ${code}: ${out}`)),
+    )
   })
 }
 
@@ -130,7 +131,10 @@ export function containersOf(namespace: string, host = FAULT_HOST, onlyOurs = fa
   const ids = new Set<string>()
   const filters = onlyOurs
     ? [['--filter', `label=${LABEL_NAMESPACE}=${namespace}`, '--filter', `label=${LABEL_MANAGED_BY}=${MANAGED_BY}`]]
-    : [['--filter', `label=${LABEL_NAMESPACE}=${namespace}`], ['--filter', `label=${LABEL_TEST_NAMESPACE}=${namespace}`]]
+    : [
+        ['--filter', `label=${LABEL_NAMESPACE}=${namespace}`],
+        ['--filter', `label=${LABEL_TEST_NAMESPACE}=${namespace}`],
+      ]
   for (const f of filters) {
     const out = dk(['ps', '-aq', '--no-trunc', ...f], host)
     for (const id of out.split('\n')) if (id.trim()) ids.add(id.trim())
@@ -154,7 +158,6 @@ export function execLeftovers(container: string, host = FAULT_HOST): string[] {
     .split('\n')
     .filter((l) => l.includes('trueforge-exec') || (/(^|[\s/])(ba)?sh -c /.test(l) && !l.includes('trueforge-init')))
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // Accounting
@@ -292,8 +295,11 @@ export function execCall(
   deadlineMs: number,
   kind = 'exec',
 ): Promise<Outcome<ExecResult>> {
-  return call(kind, deadlineMs, () => provider.exec(params) as Promise<ExecResult>, (r) =>
-    r.success ? null : typeof r.error === 'string' ? r.error : '',
+  return call(
+    kind,
+    deadlineMs,
+    () => provider.exec(params) as Promise<ExecResult>,
+    (r) => (r.success ? null : typeof r.error === 'string' ? r.error : ''),
   )
 }
 
@@ -307,7 +313,8 @@ export async function mustRun(
   const o = await execCall(provider, { sandboxId, command, timeoutSeconds }, timeoutSeconds * 1000 + 15_000)
   if (o.status !== 'ok') throw new Error(`exec ${JSON.stringify(command)} ${o.status}: ${o.error ?? o.reason}`)
   const r = o.value as ExecResult & { success: true }
-  if (r.response.exitCode !== 0) throw new Error(`${JSON.stringify(command)} exited ${r.response.exitCode}: ${r.response.result}`)
+  if (r.response.exitCode !== 0)
+    throw new Error(`${JSON.stringify(command)} exited ${r.response.exitCode}: ${r.response.result}`)
   return r.response.result
 }
 
@@ -401,7 +408,10 @@ export interface ChildCall {
 }
 
 /** Runs __test__/faults/child.js with a JSON job; resolves with the JSON it prints last. */
-export function runChild<R = any>(job: Record<string, unknown>, timeoutMs = 120_000): Promise<R & { calls: ChildCall[] }> {
+export function runChild<R = any>(
+  job: Record<string, unknown>,
+  timeoutMs = 120_000,
+): Promise<R & { calls: ChildCall[] }> {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [CHILD, JSON.stringify(job)], { stdio: ['ignore', 'pipe', 'pipe'] })
     let out = ''
@@ -420,7 +430,11 @@ export function runChild<R = any>(job: Record<string, unknown>, timeoutMs = 120_
       try {
         parsed = JSON.parse(last)
       } catch {
-        reject(new Error(`child ${job.mode} exited ${code ?? signal} without a result; stdout: ${out.slice(-2000)} stderr: ${err.slice(-2000)}`))
+        reject(
+          new Error(
+            `child ${job.mode} exited ${code ?? signal} without a result; stdout: ${out.slice(-2000)} stderr: ${err.slice(-2000)}`,
+          ),
+        )
         return
       }
       if (code !== 0) {
@@ -437,7 +451,9 @@ export function runChild<R = any>(job: Record<string, unknown>, timeoutMs = 120_
 
 // jest gives each test file a copy of `process`; listeners on the copy never fire. A function
 // made by a host-realm constructor sees the real one.
-const realProcess = (inspect as unknown as { constructor: FunctionConstructor }).constructor('return process')() as NodeJS.Process
+const realProcess = (inspect as unknown as { constructor: FunctionConstructor }).constructor(
+  'return process',
+)() as NodeJS.Process
 let unhandledSeen = 0
 const onUnhandled = (reason: unknown): void => {
   stats.unhandled.push(inspect(reason).slice(0, 500))

@@ -27,7 +27,12 @@ let ctx: string
 let bridge = { ok: true, detail: '' }
 
 function provider(extra: Record<string, unknown> = {}, context = ctx) {
-  return new DockerSandboxProvider({ image: 'unused-when-building:1', namespace, network: 'none', build: { context, ...extra } })
+  return new DockerSandboxProvider({
+    image: 'unused-when-building:1',
+    namespace,
+    network: 'none',
+    build: { context, ...extra },
+  })
 }
 
 /** buildImage(), then status reads until it settles; every tag seen is tracked for cleanup. */
@@ -53,7 +58,9 @@ afterAll(async () => {
 
 function requireBridge() {
   if (!bridge.ok) {
-    throw new Error(`the engine cannot start containers on its default bridge, so RUN steps cannot run: ${bridge.detail}`)
+    throw new Error(
+      `the engine cannot start containers on its default bridge, so RUN steps cannot run: ${bridge.detail}`,
+    )
   }
 }
 
@@ -94,9 +101,9 @@ test('buildImage builds the context in the background: pending with the step, th
   expect(last.metadata!.imageId).toBe(firstId)
   expect(last.metadata).toMatchObject({ sh: 'yes', python3: 'no', git: 'no' })
   // Built images carry the managed-by label.
-  expect(docker(['image', 'inspect', '--format', '{{index .Config.Labels "trueforge.sandbox.managed-by"}}', firstTag])).toBe(
-    'trueforge-docker-sandbox',
-  )
+  expect(
+    docker(['image', 'inspect', '--format', '{{index .Config.Labels "trueforge.sandbox.managed-by"}}', firstTag]),
+  ).toBe('trueforge-docker-sandbox')
   // No build container is left behind.
   expect(docker(['ps', '-aq', '--filter', `ancestor=${firstTag}`])).toBe('')
   p.dispose()
@@ -165,7 +172,9 @@ test('build args and the dockerfile name are part of the tag, and args reach the
   const spicyTag = ((await spicy.getImageBuildStatus()) as Build).metadata!.image
   expect(spicyTag).toMatch(TAG)
   expect(spicyTag).not.toBe(firstTag)
-  expect(((await provider({ args: { FLAVOR: 'spicy' } }).getImageBuildStatus()) as Build).metadata!.image).toBe(spicyTag)
+  expect(((await provider({ args: { FLAVOR: 'spicy' } }).getImageBuildStatus()) as Build).metadata!.image).toBe(
+    spicyTag,
+  )
   const mild = ((await provider({ args: { FLAVOR: 'mild' } }).getImageBuildStatus()) as Build).metadata!.image
   expect(mild).not.toBe(spicyTag)
   expect(mild).not.toBe(firstTag)

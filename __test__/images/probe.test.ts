@@ -95,7 +95,14 @@ test('python3 without pydantic, and no git: ready, reason null, warned once in m
   const { last } = await pollUntil(p, (b) => b.status !== 'pending', 60_000)
   expect(last.status).toBe('ready')
   expect(last.reason).toBeNull()
-  expect(last.metadata).toMatchObject({ sh: 'yes', python3: 'yes', python: '3.11.2', pydantic: 'no', pydanticV2: 'no', git: 'no' })
+  expect(last.metadata).toMatchObject({
+    sh: 'yes',
+    python3: 'yes',
+    python: '3.11.2',
+    pydantic: 'no',
+    pydanticV2: 'no',
+    git: 'no',
+  })
   expect(last.metadata!.bash).toMatch(/^5\.2\./)
   const w = last.metadata!.warning
   expect(w).toContain(tag)
@@ -174,7 +181,9 @@ test(`${TRUEFORGE} works as a sandbox: user agent, bash, python3.13 + pydantic 2
   expect((await ok(p, id, 'id -un; id -u; id -gn')).trim().split('\n')).toEqual(['agent', '1000', 'agent'])
   expect((await ok(p, id, 'echo "$HOME"')).trim()).toBe('/home/agent')
   expect((await ok(p, id, 'echo "${BASH_VERSION:-none}"')).trim()).toMatch(/^5\.2\.37/)
-  expect((await ok(p, id, `python3 -c 'import sys, pydantic; print(sys.version.split()[0], pydantic.VERSION)'`)).trim()).toBe('3.13.5 2.12.5')
+  expect(
+    (await ok(p, id, `python3 -c 'import sys, pydantic; print(sys.version.split()[0], pydantic.VERSION)'`)).trim(),
+  ).toBe('3.13.5 2.12.5')
   expect(await ok(p, id, 'git --version')).toMatch(/^git version 2\.47\.3/)
   expect(await ok(p, id, 'rg --version')).toMatch(/^ripgrep 14\.1\.1/)
   expect((await ok(p, id, 'jq --version')).trim()).toBe('jq-1.7')
@@ -188,11 +197,12 @@ test(`${TRUEFORGE} works as a sandbox: user agent, bash, python3.13 + pydantic 2
   expect(await ok(p, id, 'ps -o pid= -p $$')).toMatch(/\d+/)
   expect(await ok(p, id, 'test -s /etc/ssl/certs/ca-certificates.crt && echo certs')).toContain('certs')
   // The agent owns its sandbox root and can write there and in its home.
-  expect((await ok(p, id, 'echo hi > made.txt && stat -c %U made.txt && touch ~/x && echo home-ok')).trim().split('\n')).toEqual([
-    'agent',
-    'home-ok',
-  ])
-  expect((await ok(p, id, `printf 'a\\nneedle\\n' | rg -c needle; echo '{"k":7}' | jq .k`)).trim().split('\n')).toEqual(['1', '7'])
+  expect(
+    (await ok(p, id, 'echo hi > made.txt && stat -c %U made.txt && touch ~/x && echo home-ok')).trim().split('\n'),
+  ).toEqual(['agent', 'home-ok'])
+  expect((await ok(p, id, `printf 'a\\nneedle\\n' | rg -c needle; echo '{"k":7}' | jq .k`)).trim().split('\n')).toEqual(
+    ['1', '7'],
+  )
   await p.removeSandbox(id)
   p.dispose()
 })
@@ -204,7 +214,20 @@ test('the Dockerfile and the offline image agree on the package pins, Debian and
   const dockerfile = readFileSync(path.join(dir, 'Dockerfile'), 'utf8')
   const pins = [...dockerfile.matchAll(/^\s+([a-z0-9][a-z0-9.+-]*)=(\S+) \\$/gm)].map((m) => [m[1], m[2]])
   expect(pins.map((p) => p[0]).sort()).toEqual(
-    ['bash', 'ca-certificates', 'curl', 'git', 'jq', 'procps', 'python3', 'python3-pip', 'ripgrep', 'tree', 'unzip', 'zip'].sort(),
+    [
+      'bash',
+      'ca-certificates',
+      'curl',
+      'git',
+      'jq',
+      'procps',
+      'python3',
+      'python3-pip',
+      'ripgrep',
+      'tree',
+      'unzip',
+      'zip',
+    ].sort(),
   )
   expect(dockerfile).toMatch(/^FROM debian:13\.\d+-slim$/m)
   expect(dockerfile).toMatch(/^COPY requirements\.txt /m)
@@ -219,7 +242,9 @@ test('the Dockerfile and the offline image agree on the package pins, Debian and
   expect(installed).toEqual(pins.map((p) => `${p[0]}=${p[1]}`).sort())
 
   const requirements = readFileSync(path.join(dir, 'requirements.txt'), 'utf8')
-  const wheels = [...requirements.matchAll(/^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+) --hash=sha256:[0-9a-f]{64}$/gm)].map((m) => [m[1], m[2]])
+  const wheels = [...requirements.matchAll(/^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+) --hash=sha256:[0-9a-f]{64}$/gm)].map(
+    (m) => [m[1], m[2]],
+  )
   // Every non-comment line is an exact, hashed pin.
   expect(wheels).toHaveLength(requirements.split('\n').filter((l) => l.trim() && !l.startsWith('#')).length)
   expect(Object.fromEntries(wheels)).toMatchObject({ pydantic: '2.12.5', genson: '1.4.0' })

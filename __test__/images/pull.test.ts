@@ -90,7 +90,9 @@ test('buildImage starts one background pull, reports progress, and status reads 
   const deadline = Date.now() + 60_000
   while (last.status === 'pending' && Date.now() < deadline) {
     i++
-    last = (i % 4 === 0 ? await (i % 8 === 0 ? other : provider).buildImage() : await provider.getImageBuildStatus()) as Build
+    last = (
+      i % 4 === 0 ? await (i % 8 === 0 ? other : provider).buildImage() : await provider.getImageBuildStatus()
+    ) as Build
     seen.push(last)
     await sleep(10)
   }

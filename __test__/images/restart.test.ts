@@ -91,7 +91,10 @@ test('an absent image with nothing in flight is failed with save-again advice, h
 
 test('an unbuilt context with nothing in flight is failed with save-again advice in a new process', async () => {
   const ctx2 = images.tempDir('tf-restart-unbuilt')
-  writeFiles(ctx2, { Dockerfile: `FROM ${BUSYBOX}\nCOPY note.txt /opt/note.txt\n`, 'note.txt': `unbuilt-${namespace}\n` })
+  writeFiles(ctx2, {
+    Dockerfile: `FROM ${BUSYBOX}\nCOPY note.txt /opt/note.txt\n`,
+    'note.txt': `unbuilt-${namespace}\n`,
+  })
   const opts = { image: 'unused-when-building:1', namespace, build: { context: ctx2 } }
   const fresh = statusInFreshProcess(opts)
   expect(fresh.status).toBe('failed')

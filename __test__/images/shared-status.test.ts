@@ -40,10 +40,14 @@ beforeAll(async () => {
     socket.on('data', (chunk) => {
       const line = chunk.toString('latin1').split('\r\n')[0]
       if (/^(GET|HEAD) \/v2\/ HTTP/.test(line)) {
-        socket.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nDocker-Distribution-API-Version: registry/2.0\r\nContent-Length: 2\r\n\r\n{}')
+        socket.write(
+          'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nDocker-Distribution-API-Version: registry/2.0\r\nContent-Length: 2\r\n\r\n{}',
+        )
       } else if (/\/manifests\//.test(line) && refuse) {
         const body = '{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown"}]}'
-        socket.end(`HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`)
+        socket.end(
+          `HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+        )
       } else if (/\/manifests\//.test(line)) {
         manifestRequests++ // and never answered
       } else if (/^[A-Z]+ /.test(line)) {
@@ -79,7 +83,11 @@ function startPuller(image: string): Promise<{ proc: ChildProcess; first: Build 
   })
 }
 
-async function pollStatus(p: InstanceType<typeof DockerSandboxProvider>, until: (b: Build) => boolean, limitMs: number) {
+async function pollStatus(
+  p: InstanceType<typeof DockerSandboxProvider>,
+  until: (b: Build) => boolean,
+  limitMs: number,
+) {
   const started = Date.now()
   let last = (await p.getImageBuildStatus()) as Build
   while (!until(last)) {
@@ -98,12 +106,23 @@ test('another process sees the pull as pending, does not pull again, and sees a 
 
   // This process (another server replica) has nothing in flight itself.
   const poller = new DockerSandboxProvider({ image, namespace })
-  const { last: seen } = await pollStatus(poller, (b) => b.status === 'pending' && /in server process/.test(b.reason ?? ''), 20_000)
+  const { last: seen } = await pollStatus(
+    poller,
+    (b) => b.status === 'pending' && /in server process/.test(b.reason ?? ''),
+    20_000,
+  )
   expect(seen.reason).toContain(`:${proc.pid}`)
   expect(seen.reason).toMatch(/^pulling \S+: resolving the manifest \(in server process \S+:\d+\)$/)
   expect(seen.metadata).toEqual({ image })
   // The lease is one container on the engine, created and never started.
-  const lease = docker(['ps', '-a', '--filter', `label=trueforge.sandbox.imagework=${image}`, '--format', '{{.ID}} {{.Status}}'])
+  const lease = docker([
+    'ps',
+    '-a',
+    '--filter',
+    `label=trueforge.sandbox.imagework=${image}`,
+    '--format',
+    '{{.ID}} {{.Status}}',
+  ])
   expect(lease.split('\n')).toHaveLength(1)
   const [firstLease, state] = lease.split(' ')
   expect(state).toBe('Created')
@@ -134,10 +153,15 @@ test('another process sees the pull as pending, does not pull again, and sees a 
   // Saving again on the surviving replica takes the work over.
   const retried = (await poller.buildImage()) as Build
   expect(retried.status).toBe('pending')
-  const { last: own } = await pollStatus(poller, (b) => b.status === 'pending' && !/in server process/.test(b.reason ?? ''), 10_000)
+  const { last: own } = await pollStatus(
+    poller,
+    (b) => b.status === 'pending' && !/in server process/.test(b.reason ?? ''),
+    10_000,
+  )
   expect(own.reason).toMatch(/^pulling \S+: resolving the manifest$/)
   // The dead lease was replaced by this process's own.
-  const leases = () => docker(['ps', '-a', '--filter', `label=trueforge.sandbox.imagework=${image}`, '--format', '{{.ID}}'])
+  const leases = () =>
+    docker(['ps', '-a', '--filter', `label=trueforge.sandbox.imagework=${image}`, '--format', '{{.ID}}'])
   await waitFor(() => ![firstLease, ''].includes(leases()), 10_000, 'a new lease', 25)
   expect(leases().split('\n')).toHaveLength(1)
 

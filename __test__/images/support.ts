@@ -9,7 +9,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync, existsSync } from 'no
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 
-import { DockerSandboxProvider, type SandboxBuild } from '../..'
+import { type SandboxBuild } from '../..'
 import { docker, dockerTry, LABEL_TEST_NAMESPACE, type Provider, removeImageWorkLeases, sleep } from '../helpers'
 
 export const ROOT = path.resolve(__dirname, '..', '..')
@@ -101,7 +101,16 @@ export class ImageTracker {
     // Registry side: this file's repositories (their manifests and links), under its namespace.
     if (registries) {
       for (const log of [registries.plainLog, registries.authLog]) {
-        const store = path.join(path.dirname(log), 'data', 'docker', 'registry', 'v2', 'repositories', 'tf-test', this.namespace)
+        const store = path.join(
+          path.dirname(log),
+          'data',
+          'docker',
+          'registry',
+          'v2',
+          'repositories',
+          'tf-test',
+          this.namespace,
+        )
         if (existsSync(store)) rmSync(store, { recursive: true, force: true })
       }
     }
@@ -112,7 +121,12 @@ export class ImageTracker {
 export function layerDigests(registry: string, repoPath: string, tag: string): string[] {
   const out = execFileSync(
     'curl',
-    ['-sf', '-H', 'Accept: application/vnd.docker.distribution.manifest.v2+json', `http://${registry}/v2/${repoPath}/manifests/${tag}`],
+    [
+      '-sf',
+      '-H',
+      'Accept: application/vnd.docker.distribution.manifest.v2+json',
+      `http://${registry}/v2/${repoPath}/manifests/${tag}`,
+    ],
     { encoding: 'utf8', timeout: 30_000 },
   )
   return (JSON.parse(out).layers as Array<{ digest: string }>).map((l) => l.digest)
@@ -123,7 +137,17 @@ export function removeBlobs(log: string, digests: string[]): void {
   for (const d of digests) {
     const hex = d.replace(/^sha256:/, '')
     if (!/^[0-9a-f]{64}$/.test(hex)) continue
-    const dir = path.join(path.dirname(log), 'data', 'docker', 'registry', 'v2', 'blobs', 'sha256', hex.slice(0, 2), hex)
+    const dir = path.join(
+      path.dirname(log),
+      'data',
+      'docker',
+      'registry',
+      'v2',
+      'blobs',
+      'sha256',
+      hex.slice(0, 2),
+      hex,
+    )
     rmSync(dir, { recursive: true, force: true })
   }
 }
@@ -291,10 +315,18 @@ export function writeFiles(dir: string, files: Record<string, string>): void {
 
 /** Whether the engine can start containers on its default bridge (RUN steps of the classic builder need it). */
 export function bridgeWorks(): { ok: boolean; detail: string } {
-  const r = dockerTry(['run', '--rm', '--label', `${LABEL_TEST_NAMESPACE}=bridge-check`, 'trueforge-sandbox-busybox:1', 'true'])
+  const r = dockerTry([
+    'run',
+    '--rm',
+    '--label',
+    `${LABEL_TEST_NAMESPACE}=bridge-check`,
+    'trueforge-sandbox-busybox:1',
+    'true',
+  ])
   return { ok: r.status === 0, detail: r.stderr }
 }
 
-export const PULL_REASON = /^pulling \S+: (resolving the manifest|\d+\/\d+ layers done, \d+\.\d (MiB|GiB) of \d+\.\d (MiB|GiB) downloaded)$/
+export const PULL_REASON =
+  /^pulling \S+: (resolving the manifest|\d+\/\d+ layers done, \d+\.\d (MiB|GiB) of \d+\.\d (MiB|GiB) downloaded)$/
 export const BUILD_REASON = /^building trueforge-sandbox-build:[0-9a-f]{16}: (sending the context|Step \d+\/\d+)$/
 export const SAVE_AGAIN = /save the sandbox settings again/

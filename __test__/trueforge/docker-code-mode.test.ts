@@ -26,8 +26,18 @@ class DemoTools {
     return {
       result: {
         tools: [
-          { name: 'echo', description: 'Echoes its arguments', inputSchema: { type: 'object' }, annotations: { readOnlyHint: true } },
-          { name: 'wipe', description: 'Deletes everything', inputSchema: { type: 'object' }, annotations: { destructiveHint: true } },
+          {
+            name: 'echo',
+            description: 'Echoes its arguments',
+            inputSchema: { type: 'object' },
+            annotations: { readOnlyHint: true },
+          },
+          {
+            name: 'wipe',
+            description: 'Deletes everything',
+            inputSchema: { type: 'object' },
+            annotations: { destructiveHint: true },
+          },
         ],
       },
       wasInitialized: undefined,

@@ -23,7 +23,12 @@ const hostErrors = sandboxErrors
 
 /** A provider as the server's factory builds one: tenant, the host's error classes, logger, download cap. */
 function serverProvider(extra: Record<string, unknown> = {}): DockerProvider {
-  const context = { tenantName: 'acme', errors: hostErrors, logger: silentLogger(), fileMaxBytesForDownload: 20 * 1024 * 1024 }
+  const context = {
+    tenantName: 'acme',
+    errors: hostErrors,
+    logger: silentLogger(),
+    fileMaxBytesForDownload: 20 * 1024 * 1024,
+  }
   return tracker.provider(context, extra)
 }
 
@@ -81,7 +86,9 @@ test('sandboxes run the configured image, and a turn reports the session id it c
   })
     .split('\n')
     .filter(Boolean)
-  const images = ids.map((id) => execFileSync('docker', ['inspect', '-f', '{{.Config.Image}}', id], { encoding: 'utf8' }).trim())
+  const images = ids.map((id) =>
+    execFileSync('docker', ['inspect', '-f', '{{.Config.Image}}', id], { encoding: 'utf8' }).trim(),
+  )
   expect(images).toContain(IMAGE)
   expect(new Set(images)).toEqual(new Set([IMAGE]))
 })
@@ -101,7 +108,10 @@ describe('session init with skills', () => {
     const raw = rawSandboxId(call.sessionId!)
     const skills = provider.getSkillsDir(raw)
     const downloader = provider.getGitDownloaderPath(raw)
-    const { out } = await agentOk(sandbox, `cat ${q(skills)}/.tfy-skill-downloader-state.json; test ! -w ${q(downloader)} && echo read-only`)
+    const { out } = await agentOk(
+      sandbox,
+      `cat ${q(skills)}/.tfy-skill-downloader-state.json; test ! -w ${q(downloader)} && echo read-only`,
+    )
     expect(JSON.parse(out.replace(/read-only\n$/, '')).downloaded_git_skills).toEqual([])
     expect(out).toMatch(/read-only\n$/)
   })
@@ -190,7 +200,9 @@ describe('uploads', () => {
     const mark = tracker.created.length
     const contents = Array.from({ length: 6 }, (_, i) => randomBytes(64 * 1024 + i))
     const stored = await Promise.all(
-      contents.map((content, i) => sandbox.uploadUserFile({ fileName: `batch/f${i}.bin`, content, mime: 'application/octet-stream' })),
+      contents.map((content, i) =>
+        sandbox.uploadUserFile({ fileName: `batch/f${i}.bin`, content, mime: 'application/octet-stream' }),
+      ),
     )
     expect(tracker.createdSince(mark)).toHaveLength(1)
     expect(stored.filter((s) => s.sandboxCreated !== undefined)).toHaveLength(1)
@@ -212,7 +224,10 @@ test('a tool-result dump before any exec creates the sandbox and lands in the du
   expect(dumped.sandboxCreated?.sandbox_id).toMatch(/^v1:docker:/)
   expect(dumped.filePath).toBe(`${provider.getToolResultDumpDir('').replace(/\/+$/, '')}/call_0001.json`)
 
-  const { out, call } = await agentOk(sandbox, `head -c 200 ${q(dumped.filePath)} && echo && wc -c < ${q(dumped.filePath)}`)
+  const { out, call } = await agentOk(
+    sandbox,
+    `head -c 200 ${q(dumped.filePath)} && echo && wc -c < ${q(dumped.filePath)}`,
+  )
   expect(call.sandboxCreated).toBe(false)
   expect(out.startsWith(big.subarray(0, 200).toString())).toBe(true)
   expect(out.trim().split('\n').pop()).toBe(String(big.length))
@@ -238,7 +253,10 @@ test('git credentials are written 0600 for the exec user, used by git, and remov
   expect(filled).toContain(`password=${token}`)
 
   // A later turn of the same session without credentials clears the file.
-  const turn2 = turnSandbox(serverProvider(), { existingSandboxId: call.sessionId, resolvedGitCredentialsContent: null })
+  const turn2 = turnSandbox(serverProvider(), {
+    existingSandboxId: call.sessionId,
+    resolvedGitCredentialsContent: null,
+  })
   const after = await agentOk(turn2, `test ! -e ${q(creds)} && echo removed`)
   expect(after.out).toBe('removed\n')
   expect(after.call.sandboxCreated).toBe(false)
@@ -292,7 +310,9 @@ describe('a sandbox removed between turns', () => {
   test("is not recreated without the host's classes (the server's instanceof check fails)", async () => {
     const gone = await removedSession()
     const mark = tracker.created.length
-    const turn = turnSandbox(tracker.provider({ tenantName: 'acme', logger: silentLogger() }), { existingSandboxId: gone })
+    const turn = turnSandbox(tracker.provider({ tenantName: 'acme', logger: silentLogger() }), {
+      existingSandboxId: gone,
+    })
     const call = await agentExec(turn, 'true')
     expect(call.isError).toBe(true)
     expect(call.text).toMatch(/^Sandbox initialization failed: .*no longer exists/)

@@ -47,7 +47,10 @@ export class Tracker {
    */
   provider(context: Record<string, unknown> = {}, extra: Record<string, unknown> = {}): DockerProvider {
     const manifest = { type: 'docker', image: IMAGE, namespace: this.namespace, exec_timeout_ms: 120_000 }
-    const provider: DockerProvider = new DockerSandboxProvider({ ...fromTrueForgeManifest(manifest, context), ...extra })
+    const provider: DockerProvider = new DockerSandboxProvider({
+      ...fromTrueForgeManifest(manifest, context),
+      ...extra,
+    })
     const create = provider.createSandbox.bind(provider)
     provider.createSandbox = async () => {
       const r = await create()
@@ -109,7 +112,10 @@ export function silentLogger(): winston.Logger {
 }
 
 /** One turn's Sandbox, as the server builds it. */
-export function turnSandbox(provider: DockerProvider, extra: Partial<ConstructorParameters<typeof Sandbox>[0]> = {}): Sandbox {
+export function turnSandbox(
+  provider: DockerProvider,
+  extra: Partial<ConstructorParameters<typeof Sandbox>[0]> = {},
+): Sandbox {
   return new Sandbox({
     provider,
     blockDestructiveToolsInCodeMode: true,

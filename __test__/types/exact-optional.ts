@@ -52,9 +52,14 @@ interface HostExecParams {
   env?: Record<string, string> | undefined
   timeoutSeconds?: number | undefined
 }
-type HostExecResult = { success: true; response: { exitCode: number; result: string } } | { success: false; error: string }
+type HostExecResult =
+  { success: true; response: { exitCode: number; result: string } } | { success: false; error: string }
 interface HostCodeModeTransport {
-  getClientInstall(params: { sandboxId: string }): { content: string; remotePath: string; pathBinSymlink?: string | undefined }
+  getClientInstall(params: { sandboxId: string }): {
+    content: string
+    remotePath: string
+    pathBinSymlink?: string | undefined
+  }
   start(params: {
     codeModeDispatcher: {
       close(): void
@@ -63,7 +68,9 @@ interface HostCodeModeTransport {
           | { op: 'list_tools'; server: string }
           | { op: 'call_tool'; server: string; tool: string; arguments?: Record<string, unknown> | undefined }
         traceCarrier: Readonly<Record<string, string>>
-      }): Promise<{ ok: true; result: unknown } | { ok: false; error: string; source: 'internal' | 'caller' | 'transport' }>
+      }): Promise<
+        { ok: true; result: unknown } | { ok: false; error: string; source: 'internal' | 'caller' | 'transport' }
+      >
     }
     sandboxId: string
     requestTimeoutSeconds: number
@@ -72,7 +79,11 @@ interface HostCodeModeTransport {
 }
 interface HostSandboxProvider {
   readonly type: string
-  buildImage(): Promise<{ status: 'pending' | 'ready' | 'failed'; reason: string | null; metadata: Record<string, string> | null }>
+  buildImage(): Promise<{
+    status: 'pending' | 'ready' | 'failed'
+    reason: string | null
+    metadata: Record<string, string> | null
+  }>
   createSandbox(): Promise<{ sandboxId: string }>
   exec(params: HostExecParams): Promise<HostExecResult>
   getAdditionalInstructions(): string | undefined
@@ -108,7 +119,12 @@ export function build(tenantId: string): HostSandboxProvider {
   }
   const provider = new DockerSandboxProvider(options)
   void provider.exec({ ...params, cwd: params.cwd, timeoutSeconds: params.timeoutSeconds })
-  void reapSandboxes({ namespace: manifest.namespace, dockerHost: undefined, olderThanMinutes: undefined, dryRun: undefined })
+  void reapSandboxes({
+    namespace: manifest.namespace,
+    dockerHost: undefined,
+    olderThanMinutes: undefined,
+    dryRun: undefined,
+  })
   void engineStats(process.env['DOCKER_HOST'])
   void fromTrueForgeManifest(manifest, undefined)
   return provider

@@ -3,4 +3,9 @@ import { DockerSandboxProvider, SandboxFileTooLargeError, fromTrueForgeManifest 
 import type { SandboxExecParams } from 'trueforge-docker-sandbox'
 
 const params: SandboxExecParams = { sandboxId: '/workspace/x', command: 'true', timeoutSeconds: 5 }
-export const made = [fromTrueForgeManifest({ type: 'docker', image: 'x' }, {}), new DockerSandboxProvider({ image: 'x' }), new SandboxFileTooLargeError('p', 2, 1).maxSize, params]
+export const made = [
+  fromTrueForgeManifest({ type: 'docker', image: 'x' }, {}),
+  new DockerSandboxProvider({ image: 'x' }),
+  new SandboxFileTooLargeError('p', 2, 1).maxSize,
+  params,
+]
