@@ -149,3 +149,20 @@ describeRunsc('gVisor with the agent', () => {
     expect(docker(['exec', containerNameFor(namespace, id), 'sh', '-c', 'ls -A /.trueforge-staging | wc -l'])).toBe('0')
   })
 })
+
+describeRunsc('gVisor and GPUs', () => {
+  // This engine registers Debian's runsc with no arguments: no nvproxy, so no GPU could reach
+  // the sandbox. Refused before anything is made, saying what to change.
+  test('gpus on runsc without nvproxy: INVALID_OPTION naming the missing piece, no container made', async () => {
+    const mine = () => docker(['ps', '-aq', '--filter', `label=trueforge.sandbox.namespace=${namespace}`])
+    const before = mine()
+    const p = provider({ gpus: 'all' })
+    await expect(p.createSandbox()).rejects.toMatchObject({
+      name: 'TypeError',
+      code: 'INVALID_OPTION',
+      option: 'gpus',
+      message: expect.stringMatching(/runsc.*nvproxy.*--nvproxy.*runtimeArgs/s),
+    })
+    expect(mine()).toBe(before)
+  })
+})

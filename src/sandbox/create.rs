@@ -172,6 +172,9 @@ async fn shape(
   sandbox_id: &str,
   log: &Logger,
 ) -> Result<ContainerCreateBody> {
+  if let (Some(_), Some(runtime)) = (&cfg.gpus, &cfg.runtime) {
+    gvisor_gpus(engine, runtime).await?;
+  }
   let mut body = container_body_with(cfg, sandbox_id, spec.image, spec.pool, spec.gpus_picked);
   // By id: two networks may share our name (see `network`).
   if let (Some(id), Some(hc)) = (spec.network, body.host_config.as_mut()) {
@@ -207,6 +210,41 @@ async fn shape(
     hc.mounts.get_or_insert_with(Vec::new).push(mount);
   }
   Ok(body)
+}
+
+/// GPUs reach a gVisor sandbox only through gVisor's nvproxy, which the engine must pass to
+/// `runsc` (`--nvproxy` in the runtime's arguments); without it the sandbox would start with no
+/// usable GPU. Refused with what to change. Any other runtime, or one the engine does not list,
+/// is left to the create.
+async fn gvisor_gpus(engine: &Engine, runtime: &str) -> Result<()> {
+  let info = engine.info().await?;
+  let Some(rt) = info.runtimes.as_ref().and_then(|r| r.get(runtime)) else {
+    return Ok(());
+  };
+  let path = rt.path.as_deref().unwrap_or("");
+  let is_runsc = runtime == "runsc" || path.rsplit('/').next() == Some("runsc");
+  if !is_runsc || nvproxy_on(rt.runtime_args.as_deref().unwrap_or(&[])) {
+    return Ok(());
+  }
+  Err(SandboxError::InvalidOption {
+    option: "gpus".into(),
+    reason: format!(
+      "the runtime {runtime:?} is gVisor's runsc, which gives a sandbox GPUs only through its nvproxy, and this engine runs it without `--nvproxy`: add \"--nvproxy\" to the runtimeArgs of {runtime:?} in the engine's daemon.json (a gVisor release with nvproxy is needed: 2023 or later; Debian 12's 20221219 has none) and restart the engine, or leave `gpus` out (see docs/gvisor.md)"
+    ),
+  })
+}
+
+/// Whether runsc's arguments turn nvproxy on (`--nvproxy`, `--nvproxy=true`).
+fn nvproxy_on(args: &[String]) -> bool {
+  let mut on = false;
+  for a in args {
+    match a.trim_start_matches('-') {
+      "nvproxy" | "nvproxy=true" => on = true,
+      "nvproxy=false" => on = false,
+      _ => {}
+    }
+  }
+  on
 }
 
 /// What the engine says about a failed create, as the caller's error: an absent image is
@@ -479,5 +517,20 @@ fn step_failed(step: &str, e: SandboxError) -> SandboxError {
       detail,
     },
     other => other,
+  }
+}
+
+#[cfg(test)]
+mod tests {
+  use super::nvproxy_on;
+
+  #[test]
+  fn nvproxy_is_on_only_when_runsc_is_told_so_last() {
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert!(nvproxy_on(&args(&["--nvproxy"])));
+    assert!(nvproxy_on(&args(&["--platform=ptrace", "--nvproxy=true"])));
+    assert!(!nvproxy_on(&args(&[])));
+    assert!(!nvproxy_on(&args(&["--nvproxy", "--nvproxy=false"])));
+    assert!(!nvproxy_on(&args(&["--nvproxy-docker"])));
   }
 }
