@@ -1139,13 +1139,14 @@ function renderMarkdown({
             row('100 MiB upload / download, MB/s', (x) =>
               x.files ? `${x.files['100MiB'].uploadMBps} / ${x.files['100MiB'].downloadMBps}` : '–',
             ),
+            row('Code Mode `mcp-client call-tool` round trip, ms', (x) => x.codeModeCallMs ?? ''),
           ],
           [1, 2, 3, 4],
         ),
       )
       L.push('')
       L.push(
-        `Image ${runsc.image}, ${runsc.runs} execs, on a private engine (scripts/gvisor-engine.sh) that runs both runtimes, so the two columns share everything but the runtime. The floor is the fewest raw requests for an exec (create, start to the stream's end, inspect) in the same sandbox.`,
+        `Image ${runsc.image}, ${runsc.runs} execs, on a private engine (scripts/gvisor-engine.sh) that runs both runtimes, so the two columns share everything but the runtime. The floor is the fewest raw requests for an exec (create, start to the stream's end, inspect) in the same sandbox. The Code Mode round trip is the agent's static \`mcp-client call-tool\` in the sandbox to a dispatcher in the bench's process, per call in a loop of ${runsc.runs} less an empty loop (Code Mode without the agent needs Python, which the image lacks).`,
       )
     }
     L.push('')

@@ -3,7 +3,8 @@
 // gVisor (runsc) beside runc, on the same private engine (scripts/gvisor-engine.sh, which
 // registers runsc through its own config file), through the provider with the agent and with
 // `agent: false`: exec `true` p50, create → first exec, and 1 KiB and 100 MiB upload and download
-// (the 100 MiB upload is staged through the engine's archive endpoint where the agent can).
+// (the 100 MiB upload is staged through the engine's archive endpoint where the agent can), and
+// with the agent a Code Mode round trip (`mcp-client call-tool` in the sandbox).
 // Prints one JSON object. Run:
 //
 //   bash scripts/gvisor-engine.sh start && node bench/runsc.js
@@ -89,6 +90,7 @@ async function measure(runtime, agent) {
     }
     const spawnMs = ((await loop(RUNS)) - (await loop(0))) / RUNS
     return {
+      ...(agent ? { codeModeCallMs: round(await codeModeCall(p, id)) } : {}),
       shellSpawnMs: round(spawnMs),
       served: status.mode === 'agent' ? 'agent' : `engine (${status.reason})`,
       execTrueP50Ms: round(p50(execs)),
@@ -100,6 +102,49 @@ async function measure(runtime, agent) {
   } finally {
     for (const id of ids) await p.removeSandbox(id).catch(() => {})
     await p.dispose()
+  }
+}
+
+const dispatcher = {
+  close() {},
+  async dispatch() {
+    return { ok: true, result: { content: [], structuredContent: { echoed: {} } } }
+  },
+}
+
+/**
+ * A Code Mode round trip from inside the sandbox: `mcp-client call-tool` (the agent's static
+ * client, installed as TrueForge installs it) to a dispatcher here, per call, timed as a loop of
+ * RUNS calls less an empty loop (the best of three).
+ */
+async function codeModeCall(p, id) {
+  const transport = p.createCodeModeTransport()
+  const install = transport.getClientInstall({ sandboxId: id })
+  const sh = async (command, env) => {
+    const r = await p.exec({ sandboxId: id, command, env, timeoutSeconds: 300 })
+    if (!r.success || r.response.exitCode !== 0) throw new Error(`${command}: ${JSON.stringify(r).slice(0, 300)}`)
+  }
+  await sh('mkdir -p /trueforge/codemode/bin')
+  await p.uploadFile({ sandboxId: id, remotePath: install.remotePath, content: Buffer.from(install.content) })
+  const link = install.pathBinSymlink ? `ln -sf ${install.remotePath} ${install.pathBinSymlink}` : 'true'
+  await sh(`chmod 0555 ${install.remotePath} && ${link}`)
+  const { env } = await transport.start({ codeModeDispatcher: dispatcher, sandboxId: id, requestTimeoutSeconds: 60 })
+  const servers = Buffer.from(JSON.stringify({ demo: { allowed_tools: [] } })).toString('base64')
+  const full = { ...env, TFY_MCP_SERVERS: servers, TFY_ENABLE_AGENT_APPROVALS: 'true' }
+  try {
+    await sh("mcp-client call-tool demo echo '{}' >/dev/null", full)
+    const loop = async (n) => {
+      let best = Infinity
+      for (let i = 0; i < 3; i++) {
+        const t0 = process.hrtime.bigint()
+        await sh(`for i in $(seq ${n}); do mcp-client call-tool demo echo '{}' >/dev/null; done`, full)
+        best = Math.min(best, ms(t0))
+      }
+      return best
+    }
+    return ((await loop(RUNS)) - (await loop(0))) / RUNS
+  } finally {
+    await transport.stop()
   }
 }
 
