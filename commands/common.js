@@ -4,8 +4,8 @@
 // package's error classes (as the provider throws them), and output that is coloured only on a
 // terminal (plain lines otherwise, and never with NO_COLOR).
 
-const binding = require('../loader.js')
-const { translated } = require('../errors.js')
+const binding = require('../lib/loader.js')
+const { translated } = require('../lib/errors.js')
 
 const ADMIN_FUNCTIONS = [
   'listSandboxes',

@@ -8,10 +8,10 @@
 const { reapSandboxes: nativeReap, engineStats: nativeEngineStats } = require('./loader.js')
 const { translated } = require('./errors.js')
 
-/** @typedef {import('./index.d.ts').SandboxBuild} SandboxBuild */
+/** @typedef {import('../index.d.ts').SandboxBuild} SandboxBuild */
 
 /**
- * @param {import('./binding').NativeBuild} b
+ * @param {import('../binding').NativeBuild} b
  * @returns {SandboxBuild}
  */
 function shapeBuild(b) {

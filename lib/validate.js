@@ -82,7 +82,7 @@ function pickErrors(injected) {
 
 /**
  * @param {unknown} logger
- * @returns {import('./index').SandboxLogger | undefined}
+ * @returns {import('../index').SandboxLogger | undefined}
  */
 function pickLogger(logger) {
   if (logger === undefined || logger === null) return undefined
@@ -95,7 +95,7 @@ function pickLogger(logger) {
       throw optionError(`logger.${level}`, 'expected a function')
     }
   }
-  return /** @type {import('./index').SandboxLogger} */ (logger)
+  return /** @type {import('../index').SandboxLogger} */ (logger)
 }
 
 /**
@@ -165,7 +165,7 @@ function isNonEmptyString(v) {
  * TrueForge's Code Mode request shapes; null when the value is not one of them.
  *
  * @param {any} v
- * @returns {import('./index').CodeModeRequest | null}
+ * @returns {import('../index').CodeModeRequest | null}
  */
 function parseCodeModeRequest(v) {
   if (v === null || typeof v !== 'object' || Array.isArray(v)) return null

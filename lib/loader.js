@@ -4,7 +4,7 @@
 // package (`trueforge-docker-sandbox-<platform>`, an optional dependency that npm installs only
 // on its own os/cpu/libc). When nothing loads, this says which platform this is and which ones
 // have a prebuilt binary, instead of the generated loader's generic message.
-const pkg = require('./package.json')
+const pkg = require('../package.json')
 
 function platformName(platform = process.platform, arch = process.arch) {
   if (platform !== 'linux') return `${platform}-${arch}`
@@ -26,7 +26,7 @@ function supportedPlatforms() {
 
 function load() {
   try {
-    return require('./binding.js')
+    return require('../binding.js')
   } catch (cause) {
     const here = platformName()
     const supported = supportedPlatforms()
