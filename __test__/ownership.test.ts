@@ -42,7 +42,7 @@ import { ensureRegistries, pollUntil, PLAIN, repoName } from './images/support'
 jest.setTimeout(120_000)
 
 const ROOT = path.resolve(__dirname, '..')
-const CLI = path.join(ROOT, 'cli.js')
+const CLI = path.join(ROOT, 'cli', 'index.js')
 const SCRATCH = path.join(ROOT, 'scripts', 'scratch-engine.sh')
 const SCRATCH_HOST = 'unix:///var/run/docker-scratch.sock'
 const LABEL_PROBE = 'trueforge.sandbox.probe'

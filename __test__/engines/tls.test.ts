@@ -257,7 +257,7 @@ test('an engine is its own world: a sandbox on the TLS engine is not reachable t
 }, 60_000)
 
 test('doctor, ls and rm through TLS (DOCKER_* variables and a context), and doctor on plain tcp to the TLS port', () => {
-  const CLI = path.join(ROOT, 'cli.js')
+  const CLI = path.join(ROOT, 'cli', 'index.js')
   const run = (args: string[], env: Record<string, string>) => {
     const base = { ...process.env }
     for (const k of ENV_KEYS) delete base[k]

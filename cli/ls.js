@@ -3,7 +3,7 @@
 // `trueforge-docker-sandbox ls`: this package's sandboxes on one engine, and with
 // --all-namespaces the image-work leases too (they belong to no namespace).
 
-const { native, parseArgs, ADMIN_SPEC, adminOptions, table, iso, ago, short, bytes } = require('./common')
+const { native, UsageError, parseArgs, ADMIN_SPEC, adminOptions, table, iso, ago, short, bytes } = require('./common')
 
 const USAGE = `usage: trueforge-docker-sandbox ls [--namespace N | --all-namespaces] [--docker-host H] [--json]
 
@@ -21,7 +21,7 @@ const SPEC = ADMIN_SPEC
 async function run(argv, out) {
   const opts = parseArgs(argv, SPEC)
   if (opts.help) return (out.log(USAGE), 0)
-  if (opts._.length) throw new Error(`unexpected argument ${opts._[0]}`)
+  if (opts._.length) throw new UsageError(`unexpected argument ${opts._[0]}`)
   const list = await native.listSandboxes(adminOptions(opts))
   const leases = opts.allNamespaces ? await native.listImageWorkLeases(adminOptions(opts)) : []
   if (opts.json) {

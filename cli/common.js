@@ -4,6 +4,8 @@
 // package's error classes (as the provider throws them), and output that is coloured only on a
 // terminal (plain lines otherwise, and never with NO_COLOR).
 
+const util = require('node:util')
+
 const binding = require('../lib/loader.js')
 const { translated } = require('../lib/errors.js')
 
@@ -20,34 +22,67 @@ const native = Object.fromEntries(
   ADMIN_FUNCTIONS.map((name) => [name, (...args) => translated(() => binding[name](...args))]),
 )
 
-/** Parses `argv` by `spec` ({ '--flag': 'string' | 'number' | 'boolean' }); rest → `_`. */
-function parseArgs(argv, spec) {
+/** A mistake in how a command was called: printed with its usage, exit code 2 (other errors: 1). */
+class UsageError extends Error {
+  name = 'UsageError'
+}
+
+/**
+ * Parses `argv` by `spec` ({ '--flag': 'string' | 'number' | 'boolean' }) with node:util's
+ * parseArgs; `-h`/`--help` are always known. Options land camel-cased, positionals in `_`. A string
+ * option takes the next argument whatever it is, or `--flag=value`; the last one given wins.
+ * Anything else is a UsageError: an unknown option (a short group such as `-hx` is one unknown
+ * option, as is `--`), a missing value, a number that is not >= 0, and, with `positionals:
+ * false`, any positional. `unknown` and `badNumber` word those messages.
+ * @param {string[]} argv
+ * @param {Record<string, 'string' | 'number' | 'boolean'>} spec
+ */
+function parseArgs(
+  argv,
+  spec,
+  {
+    positionals = true,
+    unknown = (/** @type {string} */ flag, /** @type {string} */ _arg) => `unknown option ${flag}`,
+    badNumber = (/** @type {string} */ flag) => `${flag} needs a number >= 0`,
+  } = {},
+) {
+  /** @type {Record<string, { type: 'string' | 'boolean', short?: string }>} */
+  const options = { help: { type: 'boolean', short: 'h' } }
+  for (const [flag, kind] of Object.entries(spec)) {
+    options[flag.slice(2)] = { type: kind === 'boolean' ? 'boolean' : 'string' }
+  }
+  // Not strict: the tokens say what was given, and the checks below word each mistake.
+  const { tokens } = util.parseArgs({ args: argv, options, strict: false, allowPositionals: true, tokens: true })
+  /** @type {Record<string, any> & { _: string[] }} */
   const opts = { _: [] }
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i]
-    if (!arg.startsWith('-') || arg === '-') {
-      opts._.push(arg)
-      continue
-    }
+  let last = -1
+  for (const token of tokens) {
+    // A short group (`-hx`) is several tokens of one argument: the first decides.
+    if (token.index === last) continue
+    last = token.index
+    const arg = argv[token.index]
     const eq = arg.indexOf('=')
     const flag = eq > 0 ? arg.slice(0, eq) : arg
-    const kind = flag === '-h' || flag === '--help' ? 'boolean' : spec[flag]
-    if (!kind) throw new Error(`unknown option ${flag}`)
-    const key = flag === '-h' ? 'help' : flag.replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase())
+    if (token.kind === 'positional') {
+      if (!positionals) throw new UsageError(unknown(arg, arg))
+      opts._.push(token.value)
+      continue
+    }
+    if (token.kind !== 'option' || token.rawName !== flag || !Object.hasOwn(options, token.name)) {
+      throw new UsageError(unknown(flag, arg))
+    }
+    const key = token.name.replace(/-([a-z])/g, (_, c) => c.toUpperCase())
+    const kind = token.name === 'help' ? 'boolean' : spec[`--${token.name}`]
     if (kind === 'boolean') {
       opts[key] = true
       continue
     }
-    let value
-    if (eq > 0) value = arg.slice(eq + 1)
-    else if (i + 1 < argv.length) value = argv[++i]
-    else throw new Error(`${flag} needs a value`)
+    if (token.value === undefined) throw new UsageError(`${flag} needs a value`)
     if (kind === 'number') {
-      const n = Number(value)
-      if (!Number.isFinite(n) || n < 0) throw new Error(`${flag} needs a number >= 0`)
-      value = n
-    }
-    opts[key] = value
+      const n = Number(token.value)
+      if (!Number.isFinite(n) || n < 0) throw new UsageError(badNumber(flag))
+      opts[key] = n
+    } else opts[key] = token.value
   }
   return opts
 }
@@ -117,4 +152,18 @@ function bytes(n) {
   return i === 0 ? `${v} B` : `${v.toFixed(1)} ${units[i]}`
 }
 
-module.exports = { native, parseArgs, ADMIN_SPEC, adminOptions, colour, table, iso, ago, short, bytes, tty, LEASE_NAME }
+module.exports = {
+  native,
+  UsageError,
+  parseArgs,
+  ADMIN_SPEC,
+  adminOptions,
+  colour,
+  table,
+  iso,
+  ago,
+  short,
+  bytes,
+  tty,
+  LEASE_NAME,
+}

@@ -3,7 +3,7 @@
 // `trueforge-docker-sandbox rm`: removes sandboxes of this package, by id or all stopped ones,
 // and the image-work leases failed or interrupted pulls and builds left, by name or all of them.
 
-const { native, parseArgs, ADMIN_SPEC, adminOptions, LEASE_NAME } = require('./common')
+const { native, UsageError, parseArgs, ADMIN_SPEC, adminOptions, LEASE_NAME } = require('./common')
 
 const USAGE = `usage: trueforge-docker-sandbox rm [--namespace N | --all-namespaces] [--docker-host H] [--json] <sandbox-id | lease-name>...
        trueforge-docker-sandbox rm [--stopped] [--image-work] [--older-than-minutes M] [--namespace N | --all-namespaces] [--docker-host H] [--json]
@@ -31,7 +31,7 @@ function line(r) {
 
 /** Removes what the sweeps name: stopped sandboxes and/or left image-work leases. */
 async function sweep(opts, out) {
-  if (opts._.length) throw new Error('give ids and lease names, or --stopped / --image-work, not both')
+  if (opts._.length) throw new UsageError('give ids and lease names, or --stopped / --image-work, not both')
   const results = []
   if (opts.stopped) {
     const removed = await native.removeStoppedSandboxes(adminOptions(opts), opts.olderThanMinutes ?? 0)
@@ -54,8 +54,9 @@ async function run(argv, out) {
   const opts = parseArgs(argv, SPEC)
   if (opts.help) return (out.log(USAGE), 0)
   if (opts.stopped || opts.imageWork) return sweep(opts, out)
-  if (opts.olderThanMinutes !== undefined) throw new Error('--older-than-minutes goes with --stopped or --image-work')
-  if (!opts._.length) throw new Error('give at least one sandbox id or lease name, or --stopped / --image-work')
+  if (opts.olderThanMinutes !== undefined)
+    throw new UsageError('--older-than-minutes goes with --stopped or --image-work')
+  if (!opts._.length) throw new UsageError('give at least one sandbox id or lease name, or --stopped / --image-work')
   const names = opts._.filter((a) => LEASE_NAME.test(a))
   const ids = opts._.filter((a) => !LEASE_NAME.test(a))
   const sandboxes = ids.length ? await native.removeSandboxes(adminOptions(opts), ids) : []

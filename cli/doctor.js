@@ -7,7 +7,7 @@
 const fs = require('node:fs')
 const path = require('node:path')
 
-const { native, parseArgs, adminOptions, colour, ago, short, bytes, tty } = require('./common')
+const { native, UsageError, parseArgs, adminOptions, colour, ago, short, bytes, tty } = require('./common')
 
 const USAGE = `usage: trueforge-docker-sandbox doctor [--docker-host H] [--image I] [--network N] [--egress E] [--runtime R] [--namespace N] [--json]
 
@@ -308,7 +308,7 @@ function egressOption(text) {
   try {
     return JSON.parse(text)
   } catch {
-    throw new Error(`--egress: expected open, none or a policy as JSON such as '{"allow":["*"]}', got ${text}`)
+    throw new UsageError(`--egress: expected open, none or a policy as JSON such as '{"allow":["*"]}', got ${text}`)
   }
 }
 
