@@ -1,5 +1,5 @@
 // scripts/gpu-bundle.sh and scripts/gpu-check.sh, up to the point where a GPU is needed
-// (`npm run test:gpu-check`, apart from the default suite: see jest.gpucheck.config.js).
+// (`npm run test:gpu-check`, apart from the default suite: see jest.config.js).
 // The Podman 5 bundle (what a GPU machine runs) must build under the 64 MiB a device call
 // carries; the Podman 4 bundle (whose Podman runs on this machine's glibc) must build too, and
 // its gpu-check.sh must start Podman's service from the folder, run a sandbox round trip

@@ -1,4 +1,4 @@
-// The GPU smoke test, `npm run test:gpu` (jest -c jest.gpu.config.js). Needs a GPU on this host
+// The GPU smoke test, `npm run test:gpu` (jest --selectProjects gpu). Needs a GPU on this host
 // and an engine that gives GPUs (the NVIDIA runtime or toolkit, or CDI); skips, saying why,
 // everywhere else. It checks that a sandbox sees exactly its GPUs, that two exclusive sandboxes
 // see disjoint GPUs (or, on a one-GPU host, that the second is refused naming the first), and

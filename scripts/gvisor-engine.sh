@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A second, isolated Docker engine with gVisor's runsc registered as the runtime `runsc`, for the
-# suites run with `runtime: 'runsc'` (jest.runsc.config.js) and bench/runsc.js. runsc comes from
-# Debian's package (release 20221219 on Debian 12: ptrace platform, no systrap, no KVM here).
+# suites run with `runtime: 'runsc'` (jest --selectProjects runsc) and bench/runsc.js. runsc comes
+# from Debian's package (release 20221219 on Debian 12: ptrace platform, no systrap, no KVM here).
 #
 # The runtime is registered through this engine's own config file, never the main engine's. Like
 # the other test engines (scripts/lib/test-dockerd.sh) it runs in a network namespace with no

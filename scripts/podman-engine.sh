@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A rootful Podman serving the Docker-compatible API on its own socket, for the Podman run of the
-# contract, exec, transfer and lifecycle suites (jest.podman.config.js; the contract runs on
+# contract, exec, transfer and lifecycle suites (jest --selectProjects podman; the contract runs on
 # trueforge-sandbox:2, loaded here too). Like the other test
 # engines it shares nothing with the main one: its own storage root, run root, containers.conf
 # (CONTAINERS_CONF, never /etc/containers/containers.conf) and network namespace (unshare --net:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A rootless Podman serving the Docker-compatible API, for the rootless run of the Podman suites
-# (jest.podman.config.js). It runs as its own unprivileged user (`tf-rootless`, created here with
+# (jest --selectProjects podman). It runs as its own unprivileged user (`tf-rootless`, created here with
 # a subordinate id range), with that user's storage and runtime directory, as
 # `systemctl --user enable --now podman.socket` would run it on a desktop. The tests, running as
 # root, reach its socket like a server that was given access to it.

@@ -34,7 +34,7 @@ const paths = require('./paths') as {
 export { BUSYBOX }
 export const FAULT_HOST = paths.FAULT_HOST
 export const MAIN_HOST = paths.MAIN_HOST
-/** Only `jest -c jest.faults.config.js` sets this; the default `jest` run skips the fault files. */
+/** Only `jest --selectProjects faults` sets this; the default `jest` run skips the fault files. */
 export const ENABLED = process.env.TRUEFORGE_FAULTS === '1'
 export const describeFaults: jest.Describe = ENABLED ? describe : describe.skip
 const CHILD = path.join(__dirname, 'child.js')
