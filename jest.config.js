@@ -48,7 +48,7 @@ const SUITES = {
 
   // The fault-tolerance suite. It injects faults (engine restart, stop and freeze, container kill,
   // concurrent starts, load, output floods, idle stop and reaping) against a second, isolated
-  // Docker engine that scripts/fault-engine.sh runs, so the main engine (shared with every other
+  // Docker engine that scripts/engines/fault-engine.sh runs, so the main engine (shared with every other
   // test run) is never stopped or frozen. The global setup starts that engine and the global
   // teardown removes it; the summary (calls made, faults injected, calls lost, containers leaked,
   // memory growth) is printed at the end and written to test-results/faults.json.
@@ -86,8 +86,8 @@ const SUITES = {
     global: { maxWorkers: 2, testTimeout: 60000 },
   },
 
-  // The GPU bundle check alone (npm run test:gpu-check). It builds scripts/gpu-bundle.sh's
-  // folders (Debian packages are downloaded) and runs scripts/gpu-check.sh from one here; it
+  // The GPU bundle check alone (npm run test:gpu-check). It builds scripts/build/gpu-bundle.sh's
+  // folders (Debian packages are downloaded) and runs scripts/ci/gpu-check.sh from one here; it
   // writes a CDI spec in /var/run/cdi for a moment, which a test discovering GPUs on a local
   // engine would see, so it runs apart from the default suite.
   'gpu-check': {
@@ -100,8 +100,8 @@ const SUITES = {
   },
 
   // The contract, exec, transfer, lifecycle, security, network and egress suites against Podman's
-  // Docker-compatible API: rootful (scripts/podman-engine.sh, its own socket and network
-  // namespace) and rootless (scripts/podman-rootless-engine.sh, its own user). Run as
+  // Docker-compatible API: rootful (scripts/engines/podman-engine.sh, its own socket and network
+  // namespace) and rootless (scripts/engines/podman-rootless-engine.sh, its own user). Run as
   // `DOCKER_HOST=unix:///run/tf-podman/podman.sock npx jest --selectProjects podman` (the
   // provider and the tests' docker CLI both follow DOCKER_HOST). security.test.ts skips, saying
   // why, its checks of Docker's inspect spellings (and, where a rootless Podman on cgroup v1
@@ -121,9 +121,9 @@ const SUITES = {
 
   // The contract, exec, transfer, agent, Code Mode, security and egress suites (and the gVisor
   // checks of __test__/engines/gvisor.test.ts) with `runtime: 'runsc'` on the engine of
-  // scripts/gvisor-engine.sh, which registers gVisor's runsc through its own config file:
+  // scripts/engines/gvisor-engine.sh, which registers gVisor's runsc through its own config file:
   //
-  //   bash scripts/gvisor-engine.sh start && npx jest --selectProjects runsc; bash scripts/gvisor-engine.sh teardown
+  //   bash scripts/engines/gvisor-engine.sh start && npx jest --selectProjects runsc; bash scripts/engines/gvisor-engine.sh teardown
   //
   // (`npm run test:runsc` does that). The provider and the tests' docker CLI follow DOCKER_HOST,
   // which defaults to that engine here; __test__/engines/runtime-setup.js gives every provider

@@ -5,7 +5,7 @@
 // measures memory bandwidth with one program (bench/gpu/bandwidth.c) inside a sandbox and on
 // the host, printing both and their ratio, which must be at least 0.97.
 //
-// Settings (scripts/gpu-check.sh sets them for its Podman service):
+// Settings (scripts/ci/gpu-check.sh sets them for its Podman service):
 //   TRUEFORGE_GPU_TEST_HOST     the engine (default: $DOCKER_HOST or the local socket)
 //   TRUEFORGE_GPU_TEST_IMAGE    a glibc image (default: the debian test image)
 //   TRUEFORGE_GPU_TEST_ALL      the `gpus` value meaning every GPU (default 'all'; CDI: 'nvidia.com/gpu=all')

@@ -11,7 +11,7 @@ export type { ExecResult }
 
 export const BUSYBOX = 'trueforge-sandbox-busybox:1'
 export const DEBIAN = 'trueforge-sandbox-debian:12'
-/** The TrueForge-ready image (images/trueforge/Dockerfile; made offline by scripts/ensure-images.sh). */
+/** The TrueForge-ready image (images/trueforge/Dockerfile; made offline by scripts/images/ensure-images.sh). */
 export const TRUEFORGE = 'trueforge-sandbox:2'
 
 /** The OCI runtime the suites run under: the runsc jest project sets runsc (gVisor); unset, the

@@ -6,7 +6,7 @@
 #   and libgcc_s, and the newest glibc symbol version it needs is printed (at most 2.36:
 #   Debian 12, the base of node:24-slim);
 # - macOS: the only dylibs it needs are libSystem, libiconv and libcharset (part of every macOS),
-#   the minimum macOS version is the one scripts/build-all.sh asked for, and the arm64 build has
+#   the minimum macOS version is the one scripts/build/build-all.sh asked for, and the arm64 build has
 #   the ad-hoc code signature Apple silicon requires;
 # - every one exports `napi_register_module_v1` and does not define the N-API itself: napi-rs
 #   (its `dyn-symbols` feature) looks the functions up with dlsym in the Node.js process that
@@ -15,7 +15,7 @@
 # Tools: `file` (Debian) and llvm-nm/llvm-objdump (rustup's llvm-tools component; binutils'
 # nm cannot read Mach-O).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 if ! command -v file >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq file >/dev/null 2>&1 ||

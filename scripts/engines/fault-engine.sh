@@ -5,21 +5,21 @@
 #
 # The fault engine shares nothing mutable with the main daemon (scripts/lib/test-dockerd.sh).
 #
-#   scripts/fault-engine.sh start      start it (idempotent), wait until it answers, load the image
-#   scripts/fault-engine.sh stop       SIGTERM, wait for it (and its containerd) to exit
-#   scripts/fault-engine.sh restart    stop, then start
-#   scripts/fault-engine.sh pause      SIGSTOP the dockerd process (the engine hangs)
-#   scripts/fault-engine.sh resume     SIGCONT it
-#   scripts/fault-engine.sh status     running / paused / stopped (exit 0 / 0 / 3)
-#   scripts/fault-engine.sh teardown   remove every container on it, then stop it
-#   scripts/fault-engine.sh host       print its address (unix:///var/run/docker-faults.sock)
+#   scripts/engines/fault-engine.sh start      start it (idempotent), wait until it answers, load the image
+#   scripts/engines/fault-engine.sh stop       SIGTERM, wait for it (and its containerd) to exit
+#   scripts/engines/fault-engine.sh restart    stop, then start
+#   scripts/engines/fault-engine.sh pause      SIGSTOP the dockerd process (the engine hangs)
+#   scripts/engines/fault-engine.sh resume     SIGCONT it
+#   scripts/engines/fault-engine.sh status     running / paused / stopped (exit 0 / 0 / 3)
+#   scripts/engines/fault-engine.sh teardown   remove every container on it, then stop it
+#   scripts/engines/fault-engine.sh host       print its address (unix:///var/run/docker-faults.sock)
 set -euo pipefail
 
 ENGINE_NAME=faults
 ENGINE_LOG_TAG=fault
 ENGINE_WHAT="fault engine"
-# shellcheck source=lib/test-dockerd.sh
-. "$(dirname "$0")/lib/test-dockerd.sh"
+# shellcheck source=../lib/test-dockerd.sh
+. "$(dirname "$0")/../lib/test-dockerd.sh"
 
 pause() {
   local pid

@@ -3,10 +3,10 @@
 # fetching it once into CACHE (default: target/platforms/node): the npm package
 # node-linux-<cpu>@<major> (what npm's `node` package installs per platform), packed and unpacked
 # with npm itself, so no other download site is needed.
-# Usage: scripts/fetch-node.sh <x64|arm64> <major> [CACHE]
+# Usage: scripts/build/fetch-node.sh <x64|arm64> <major> [CACHE]
 set -euo pipefail
 cpu=$1 major=$2
-cache=$(realpath -m "${3:-$(dirname "$0")/../target/platforms/node}")
+cache=$(realpath -m "${3:-$(dirname "$0")/../../target/platforms/node}")
 dir="$cache/linux-$cpu-$major"
 if [ ! -x "$dir/package/bin/node" ]; then
   rm -rf "$dir"

@@ -5,9 +5,9 @@
 # `systemctl --user enable --now podman.socket` would run it on a desktop. The tests, running as
 # root, reach its socket like a server that was given access to it.
 #
-#   scripts/podman-rootless-engine.sh start      create the user if missing, start, load images
-#   scripts/podman-rootless-engine.sh teardown   remove every container on it, stop it
-#   scripts/podman-rootless-engine.sh host       print its address
+#   scripts/engines/podman-rootless-engine.sh start      create the user if missing, start, load images
+#   scripts/engines/podman-rootless-engine.sh teardown   remove every container on it, stop it
+#   scripts/engines/podman-rootless-engine.sh host       print its address
 set -euo pipefail
 
 USER_NAME=tf-rootless
@@ -15,8 +15,8 @@ LOG=/tmp/tf-podman-rootless.log
 IMAGES=(trueforge-sandbox-busybox:1 trueforge-sandbox-debian:12 trueforge-sandbox:2)
 
 log() { printf '[podman-rootless] %s\n' "$*" >&2; }
-# shellcheck source=lib/podman-service.sh
-. "$(dirname "$0")/lib/podman-service.sh"
+# shellcheck source=../lib/podman-service.sh
+. "$(dirname "$0")/../lib/podman-service.sh"
 
 uid_of() { id -u "$USER_NAME" 2>/dev/null || true; }
 runtime_dir() { echo "/run/user/$(uid_of)"; }

@@ -4,20 +4,20 @@
 # sweeps timed over minutes): on the main engine, shared with every other test run, they would
 # remove other runs' stopped sandboxes and leases. Only __test__/ownership.test.ts uses it.
 #
-# Like scripts/fault-engine.sh, it shares nothing mutable with other engines
+# Like scripts/engines/fault-engine.sh, it shares nothing mutable with other engines
 # (scripts/lib/test-dockerd.sh); it has no network (sandboxes on it use `network: 'none'`).
 #
-#   scripts/scratch-engine.sh start      start it (idempotent), wait until it answers, load the image
-#   scripts/scratch-engine.sh stop       SIGTERM, wait for it to exit
-#   scripts/scratch-engine.sh teardown   remove every container on it, then stop it
-#   scripts/scratch-engine.sh status     running / stopped (exit 0 / 3)
-#   scripts/scratch-engine.sh host       print its address
+#   scripts/engines/scratch-engine.sh start      start it (idempotent), wait until it answers, load the image
+#   scripts/engines/scratch-engine.sh stop       SIGTERM, wait for it to exit
+#   scripts/engines/scratch-engine.sh teardown   remove every container on it, then stop it
+#   scripts/engines/scratch-engine.sh status     running / stopped (exit 0 / 3)
+#   scripts/engines/scratch-engine.sh host       print its address
 set -euo pipefail
 
 ENGINE_NAME=scratch
 ENGINE_WHAT="scratch test engine"
-# shellcheck source=lib/test-dockerd.sh
-. "$(dirname "$0")/lib/test-dockerd.sh"
+# shellcheck source=../lib/test-dockerd.sh
+. "$(dirname "$0")/../lib/test-dockerd.sh"
 
 case "${1:-}" in
   start) start ;;

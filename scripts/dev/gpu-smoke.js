@@ -1,6 +1,6 @@
 'use strict'
 
-// The GPU smoke test without jest, for scripts/gpu-check.sh (a bundle has no node_modules). The
+// The GPU smoke test without jest, for scripts/ci/gpu-check.sh (a bundle has no node_modules). The
 // same checks as __test__/gpu.test.ts, through this package's provider:
 //   node gpu-smoke.js round-trip   a sandbox without GPUs: create, exec, upload, download, remove
 //   node gpu-smoke.js gpu          nvidia-smi in a sandbox with every GPU (CDI); an exclusive

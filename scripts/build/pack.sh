@@ -13,11 +13,11 @@
 #     are not published yet.
 # The main package carries no addon binary (it does carry the in-sandbox agent's, agent-bin/):
 # npm installs the platform package that matches the
-# machine's os/cpu/libc. scripts/install-packed.sh installs DIR as the registry would serve it;
+# machine's os/cpu/libc. scripts/ci/install-packed.sh installs DIR as the registry would serve it;
 # a pnpm project points `pnpm.overrides` (or `overrides:` in pnpm-workspace.yaml) at the files
 # (see integrations/trueforge/docs.md).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 out=target/pack
 while [ $# -gt 0 ]; do
@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     --out) out=${2:?--out needs a folder}; shift 2 ;;
     --out=*) out=${1#--out=}; shift ;;
     -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) out=$1; shift ;; # a bare folder, as scripts/pack-platforms.sh passes it
+    *) out=$1; shift ;; # a bare folder, as scripts/build/pack-platforms.sh passes it
   esac
 done
 out=$(realpath -m "$out")

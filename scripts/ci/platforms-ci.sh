@@ -6,18 +6,18 @@
 # cannot run here. Downloads (zig, cargo-zigbuild, Node.js builds) are kept under
 # target/platforms, so a second run in the same checkout fetches nothing.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 t0=$(date +%s)
 lap() { printf '[platforms] %s: %d s\n' "$1" "$(($(date +%s) - t0))"; t0=$(date +%s); }
 
-bash scripts/build-all.sh
+bash scripts/build/build-all.sh
 lap "build:all (4 targets)"
-bash scripts/check-binaries.sh
+bash scripts/build/check-binaries.sh
 lap "binary checks"
-bash scripts/pack-platforms.sh target/platforms/packages
+bash scripts/build/pack-platforms.sh target/platforms/packages
 lap "pack"
-bash scripts/install-matrix.sh --cpu x64 target/platforms/packages
+bash scripts/ci/install-matrix.sh --cpu x64 target/platforms/packages
 lap "x86-64: install + exec + contract on Node.js 20/22/24"
-bash scripts/install-matrix.sh --cpu arm64 target/platforms/packages
+bash scripts/ci/install-matrix.sh --cpu arm64 target/platforms/packages
 lap "arm64 under qemu: install + exec + contract on Node.js 20/22/24"

@@ -29,7 +29,7 @@
 # the patched, installed copy (its path is printed). Every container a step creates is removed.
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 src_dir=${1:-${TRUEFORGE_DIR:-}}
 say() { printf 'test:trueforge: %s\n' "$*"; }
 skip() {
@@ -51,7 +51,7 @@ command -v docker >/dev/null 2>&1 || skip "no docker CLI on PATH (the suites and
 docker info >/dev/null 2>&1 || skip "the Docker engine is not reachable (docker info failed)"
 
 image=${TRUEFORGE_SANDBOX_IMAGE:-trueforge-sandbox:2}
-docker image inspect "$image" >/dev/null 2>&1 || fail "image $image is not on the engine (bash scripts/ensure-images.sh trueforge makes it)"
+docker image inspect "$image" >/dev/null 2>&1 || fail "image $image is not on the engine (bash scripts/images/ensure-images.sh trueforge makes it)"
 tools_dir=${TRUEFORGE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/trueforge-docker-sandbox/tools}
 patches_dir="$root/integrations/trueforge/patches"
 
@@ -179,7 +179,7 @@ if [ ! -f "$root/$bin" ]; then
   (cd "$root" && { [ -d node_modules ] || npm ci --no-audit --no-fund; } && npm run build) >"$logs/build-addon.log" 2>&1 ||
     fail "building the addon failed (log $logs/build-addon.log)"
 fi
-(cd "$root" && bash scripts/pack.sh --out "$scratch/packages") >"$logs/pack.log" 2>&1 || {
+(cd "$root" && bash scripts/build/pack.sh --out "$scratch/packages") >"$logs/pack.log" 2>&1 || {
   cat "$logs/pack.log"
   fail "npm run pack failed"
 }

@@ -17,7 +17,7 @@ set -euo pipefail
 BUSYBOX_IMAGE=${TF_BUSYBOX_IMAGE:-trueforge-sandbox-busybox:1}
 DEBIAN_IMAGE=${TF_DEBIAN_IMAGE:-trueforge-sandbox-debian:12}
 TRUEFORGE_IMAGE=${TF_TRUEFORGE_IMAGE:-trueforge-sandbox:2}
-TRUEFORGE_DOCKERFILE=${TF_TRUEFORGE_DOCKERFILE:-$(cd "$(dirname "$0")/.." && pwd)/images/trueforge/Dockerfile}
+TRUEFORGE_DOCKERFILE=${TF_TRUEFORGE_DOCKERFILE:-$(cd "$(dirname "$0")/../.." && pwd)/images/trueforge/Dockerfile}
 TRUEFORGE_REQUIREMENTS=${TF_TRUEFORGE_REQUIREMENTS:-$(dirname "$TRUEFORGE_DOCKERFILE")/requirements.txt}
 want=${1:-all}
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `npm run build:all`: the release binary for every `napi.targets` entry in package.json, each
-# written to the root as trueforge-docker-sandbox.<platform>.node (scripts/pack-platforms.sh puts
+# written to the root as trueforge-docker-sandbox.<platform>.node (scripts/build/pack-platforms.sh puts
 # them into the platform packages under npm/).
 # - This machine's own target builds with the host toolchain, as `npm run build` does (same
 #   target dir, so after `npm run build` it is already fresh).
@@ -12,7 +12,7 @@
 # macOS minimum versions: 10.15 on x86-64 (Node.js 20's floor) and 11.0 on arm64 (the first
 # arm64 macOS). Set TARGETS to build a subset (space-separated triples).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 ZIGLANG_VERSION=0.17.1
 CARGO_ZIGBUILD_VERSION=0.24.1

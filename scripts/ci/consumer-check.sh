@@ -4,15 +4,15 @@
 # TypeScript type check with `module: nodenext` from .mts and .cts files. `NODE` picks the node
 # binary (default: the one on PATH).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 node=${NODE:-node}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# The main package and this platform's package, as npm picks it (scripts/install-packed.sh).
-bash "$root/scripts/install-packed.sh" "$tmp/consumer"
+# The main package and this platform's package, as npm picks it (scripts/ci/install-packed.sh).
+bash "$root/scripts/ci/install-packed.sh" "$tmp/consumer"
 cd "$tmp/consumer"
-"$node" "$root/scripts/smoke-installed.js"
-cp "$root"/scripts/consumer/* .
+"$node" "$root/scripts/ci/smoke-installed.js"
+cp "$root"/scripts/ci/consumer/* .
 "$node" esm-smoke.mjs
 mkdir -p node_modules/@types
 ln -s "$root/node_modules/@types/node" node_modules/@types/node

@@ -6,14 +6,14 @@
 # exec root, pid file, cgroup parent) and runs in its own network namespace (unshare --net, no
 # bridge, no iptables: with --bridge=none in the host's namespace dockerd would delete docker0).
 # Its TLS port 127.0.0.1:2376 inside that namespace is forwarded to 127.0.0.1:$TLS_PORT on the
-# host by two copies of scripts/netns-forward.js through a unix socket.
+# host by two copies of scripts/engines/netns-forward.js through a unix socket.
 #
-#   scripts/tls-engine.sh start      make fresh certificates, start it, wait, load the image;
+#   scripts/engines/tls-engine.sh start      make fresh certificates, start it, wait, load the image;
 #                                    prints KEY=VALUE lines (TLS_HOST, CERTS, SOCKET)
-#   scripts/tls-engine.sh teardown   remove every container on it, stop it and the forwarders
+#   scripts/engines/tls-engine.sh teardown   remove every container on it, stop it and the forwarders
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 NAME=docker-tls
 SOCK=/var/run/$NAME.sock
 FWD_SOCK=/var/run/$NAME.fwd.sock
@@ -81,7 +81,7 @@ stop_forwarders() {
 }
 
 start() {
-  command -v dockerd >/dev/null || { log "no dockerd: run scripts/ensure-engine.sh first"; exit 1; }
+  command -v dockerd >/dev/null || { log "no dockerd: run scripts/engines/ensure-engine.sh first"; exit 1; }
   local pid
   pid=$(engine_pid)
   if [ -z "$pid" ]; then
@@ -105,10 +105,10 @@ start() {
   answers || { log "the TLS engine did not answer within 60 s"; tail -n 30 "$LOG" >&2; exit 1; }
   pid=$(engine_pid)
   stop_forwarders
-  setsid nsenter --net="/proc/$pid/ns/net" node "$ROOT/scripts/netns-forward.js" "unix:$FWD_SOCK" tcp:127.0.0.1:2376 \
+  setsid nsenter --net="/proc/$pid/ns/net" node "$ROOT/scripts/engines/netns-forward.js" "unix:$FWD_SOCK" tcp:127.0.0.1:2376 \
     >>"$LOG" 2>&1 </dev/null &
   echo $! > "$FWD_PIDS"
-  setsid node "$ROOT/scripts/netns-forward.js" "tcp:127.0.0.1:$TLS_PORT" "unix:$FWD_SOCK" >>"$LOG" 2>&1 </dev/null &
+  setsid node "$ROOT/scripts/engines/netns-forward.js" "tcp:127.0.0.1:$TLS_PORT" "unix:$FWD_SOCK" >>"$LOG" 2>&1 </dev/null &
   echo $! >> "$FWD_PIDS"
   local img
   for img in "${IMAGES[@]}"; do

@@ -10,7 +10,7 @@
 # ARCHS picks a subset (space-separated: x86_64 aarch64). CHECK=1 also runs the agent's tests
 # against each binary (the aarch64 one under qemu-user: `apt-get install qemu-user`).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 read -r -a archs <<<"${ARCHS:-x86_64 aarch64}"
 out=target/agent

@@ -13,9 +13,9 @@
 # the test files that failed are then run once more, and only once. Any other hang that lasts
 # five minutes stops the run with the blocked goroutines, and the step fails.
 #
-# Usage: scripts/ci-jest.sh [jest arguments…] (for the first run; the second names only files)
+# Usage: scripts/ci/ci-jest.sh [jest arguments…] (for the first run; the second names only files)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 WORK=$(mktemp -d /tmp/ci-jest.XXXXXX)
 RESULTS=$WORK/results.json
@@ -59,7 +59,7 @@ restart_engine() {
   local pid=$1
   kill -KILL "$pid" 2>/dev/null || true
   for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-  bash scripts/ensure-engine.sh
+  bash scripts/engines/ensure-engine.sh
   # The new engine stops the containers it finds running; a container that was being started
   # when the old one died is nobody's, and its shim would stay. Only the main engine's shims.
   sleep 5

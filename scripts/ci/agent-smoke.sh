@@ -4,10 +4,10 @@
 # Code Mode relay and mcp-client, timeouts, a fork bomb against the pids limit, and the agent's
 # figures over the engine's exec stream. Skips (exit 0) when no Docker engine answers.
 # IMAGE picks the image (default trueforge-sandbox-busybox:1), RUNTIME the OCI runtime (runsc on
-# the engine of scripts/gvisor-engine.sh: DOCKER_HOST=$(scripts/gvisor-engine.sh host)). The container is this script's
+# the engine of scripts/engines/gvisor-engine.sh: DOCKER_HOST=$(scripts/engines/gvisor-engine.sh host)). The container is this script's
 # own (named tf-agent-smoke-<pid>) and is removed on exit, whatever happens.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 log() { printf '[agent-smoke] %s\n' "$*"; }
 if ! docker info >/dev/null 2>&1; then
@@ -17,7 +17,7 @@ fi
 image=${IMAGE:-trueforge-sandbox-busybox:1}
 arch=$(uname -m)
 bin=target/agent/trueforge-agent-$arch
-[ -x "$bin" ] || ARCHS=$arch bash scripts/build-agent.sh
+[ -x "$bin" ] || ARCHS=$arch bash scripts/build/build-agent.sh
 
 name="tf-agent-smoke-$$"
 cleanup() { docker rm -f "$name" >/dev/null 2>&1 || true; }

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Installs the packed packages (scripts/pack-platforms.sh) into an empty project per Node.js
-# version and runs one exec (scripts/smoke-installed.js) and the contract
-# (scripts/contract-installed.js) through the installed package against the running engine.
+# Installs the packed packages (scripts/build/pack-platforms.sh) into an empty project per Node.js
+# version and runs one exec (scripts/ci/smoke-installed.js) and the contract
+# (scripts/ci/contract-installed.js) through the installed package against the running engine.
 #   --cpu x64    (default) this machine's Node.js builds of each version
 #   --cpu arm64  arm64 Linux: npm chooses the package for --cpu=arm64, and the arm64 Node.js runs
 #                under qemu-user (qemu-aarch64-static), with Debian's arm64 glibc, libstdc++ and
 #                libgcc from the *-arm64-cross packages as its root (-L /usr/aarch64-linux-gnu)
-# The install is scripts/install-packed.sh: npm itself picks the platform package, and this
+# The install is scripts/ci/install-packed.sh: npm itself picks the platform package, and this
 # checks that it picked this platform's and no other. Node.js versions: NODE_MAJORS (default
 # "20 22 24").
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 root=$(pwd)
 cpu=x64
 [ "${1:-}" = "--cpu" ] && { cpu=$2; shift 2; }
@@ -39,15 +39,15 @@ else
 fi
 
 for major in ${NODE_MAJORS:-20 22 24}; do
-  node=$(bash scripts/fetch-node.sh "$cpu" "$major")
+  node=$(bash scripts/build/fetch-node.sh "$cpu" "$major")
   # npm itself runs on this machine's Node.js of the same version.
-  host_node=$(bash scripts/fetch-node.sh x64 "$major")
+  host_node=$(bash scripts/build/fetch-node.sh x64 "$major")
   dir="$work/$plat-node$major"
   rm -rf "$dir"
   mkdir -p "$dir"
   start=$(date +%s)
   PATH="$(dirname "$host_node"):$PATH" NPM_INSTALL_FLAGS="${npm_flags[*]}" \
-    bash scripts/install-packed.sh "$dir" "$packages"
+    bash scripts/ci/install-packed.sh "$dir" "$packages"
   installed=$(cd "$dir/node_modules" && ls -d trueforge-docker-sandbox* | tr '\n' ' ')
   if [ "$installed" != "trueforge-docker-sandbox trueforge-docker-sandbox-$plat " ]; then
     echo "npm installed '$installed', expected the main package and trueforge-docker-sandbox-$plat only" >&2
@@ -55,6 +55,6 @@ for major in ${NODE_MAJORS:-20 22 24}; do
   fi
   log "Node.js $("${run[@]}" "$node" --version): npm installed ${installed% } in $(($(date +%s) - start)) s"
   start=$(date +%s)
-  (cd "$dir" && "${run[@]}" "$node" "$root/scripts/smoke-installed.js" && "${run[@]}" "$node" "$root/scripts/contract-installed.js" "$plat")
+  (cd "$dir" && "${run[@]}" "$node" "$root/scripts/ci/smoke-installed.js" && "${run[@]}" "$node" "$root/scripts/ci/contract-installed.js" "$plat")
   log "Node.js $major: exec and contract passed in $(($(date +%s) - start)) s"
 done

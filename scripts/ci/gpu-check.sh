@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU smoke test on a machine with an NVIDIA GPU and driver but no container engine and no
-# package registry, from the folder scripts/gpu-bundle.sh makes (run it from there as root):
+# package registry, from the folder scripts/build/gpu-bundle.sh makes (run it from there as root):
 #   1. unpacks Debian's Podman from the folder's .deb files (dpkg -x, into $GPU_CHECK_WORK;
 #      nothing is installed), configures it (its own config, storage and run folders there) and
 #      imports the bundle's glibc image;
@@ -30,7 +30,7 @@ log() { printf '[gpu-check] %s\n' "$*" >&2; }
 die() { log "$*"; exit 2; }
 
 [ "$(id -u)" = 0 ] || die "run as root (Podman runs rootful here)"
-ls "$B"/debs/podman_*.deb >/dev/null 2>&1 || die "no debs/podman_*.deb beside this script: run it from a folder made by scripts/gpu-bundle.sh"
+ls "$B"/debs/podman_*.deb >/dev/null 2>&1 || die "no debs/podman_*.deb beside this script: run it from a folder made by scripts/build/gpu-bundle.sh"
 command -v dpkg >/dev/null 2>&1 || die "dpkg is needed to unpack the bundle's packages"
 if [ ! -x "$P/usr/bin/podman" ]; then
   mkdir -p "$P"
@@ -42,7 +42,7 @@ major=$(cat "$B/debs/PODMAN_MAJOR" 2>/dev/null || echo 4)
 need=$([ "$major" = 5 ] && echo 2.38 || echo 2.36)
 log "host: $(uname -sr), glibc $glibc; the bundle's Podman $major needs glibc $need or later"
 if [ "$(printf '%s\n%s\n' "$need" "$glibc" | sort -V | head -1)" != "$need" ]; then
-  die "glibc $glibc is older than $need: make the bundle with scripts/gpu-bundle.sh --podman 4 (it stops at the GPU step: Podman 4 drops CDI devices)"
+  die "glibc $glibc is older than $need: make the bundle with scripts/build/gpu-bundle.sh --podman 4 (it stops at the GPU step: Podman 4 drops CDI devices)"
 fi
 
 mkdir -p "$W"/{run,storage,tmp,libpod,volumes}

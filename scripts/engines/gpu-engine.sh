@@ -8,14 +8,14 @@
 # binary is a do-nothing script, so containers get fake GPU ids and no device: everything the
 # provider does (requests, environment, labels, allocation) is real, only the GPU is not.
 #
-# Like scripts/fault-engine.sh, it shares nothing mutable with other engines
+# Like scripts/engines/fault-engine.sh, it shares nothing mutable with other engines
 # (scripts/lib/test-dockerd.sh).
 #
-#   scripts/gpu-engine.sh start      start it (idempotent), wait until it answers, load the image
-#   scripts/gpu-engine.sh stop       SIGTERM, wait for it to exit
-#   scripts/gpu-engine.sh teardown   remove every container on it, then stop it
-#   scripts/gpu-engine.sh status     running / stopped (exit 0 / 3)
-#   scripts/gpu-engine.sh host       print its address
+#   scripts/engines/gpu-engine.sh start      start it (idempotent), wait until it answers, load the image
+#   scripts/engines/gpu-engine.sh stop       SIGTERM, wait for it to exit
+#   scripts/engines/gpu-engine.sh teardown   remove every container on it, then stop it
+#   scripts/engines/gpu-engine.sh status     running / stopped (exit 0 / 3)
+#   scripts/engines/gpu-engine.sh host       print its address
 set -euo pipefail
 
 ENGINE_NAME=gpu
@@ -23,8 +23,8 @@ ENGINE_WHAT="GPU test engine"
 ENGINE_STARTING_NOTE="with a stand-in nvidia-container-runtime-hook"
 HOOK_DIR=/var/lib/docker-gpu-hook
 DOCKERD_PATH_PREFIX=$HOOK_DIR
-# shellcheck source=lib/test-dockerd.sh
-. "$(dirname "$0")/lib/test-dockerd.sh"
+# shellcheck source=../lib/test-dockerd.sh
+. "$(dirname "$0")/../lib/test-dockerd.sh"
 
 # The stand-in hook: reads the container state it is given and does nothing.
 before_start() {

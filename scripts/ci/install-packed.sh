@@ -3,17 +3,17 @@
 # package.json depends on the main package only, and `overrides` point every platform package at
 # its local tarball (as if all were published), so npm itself installs the one whose os/cpu/libc
 # match (or match the --cpu/--os/--libc in NPM_INSTALL_FLAGS) and skips the others.
-# PACKAGES: a folder made by scripts/pack-platforms.sh; without it, the packages are packed into
-# DIR/packages first (scripts/pack.sh: the platform packages whose binary is built).
-# Usage: scripts/install-packed.sh DIR [PACKAGES]
+# PACKAGES: a folder made by scripts/build/pack-platforms.sh; without it, the packages are packed into
+# DIR/packages first (scripts/build/pack.sh: the platform packages whose binary is built).
+# Usage: scripts/ci/install-packed.sh DIR [PACKAGES]
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 dir=$(realpath -m "$1")
 mkdir -p "$dir"
 packages=${2:-}
 if [ -z "$packages" ]; then
   packages="$dir/packages"
-  bash "$root/scripts/pack.sh" --out "$packages" >/dev/null
+  bash "$root/scripts/build/pack.sh" --out "$packages" >/dev/null
 fi
 packages=$(realpath "$packages")
 node - "$dir/package.json" "$packages" <<'EOF'

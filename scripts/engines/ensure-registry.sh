@@ -17,7 +17,7 @@
 # registry.log holds the access log (Combined Log Format, one line per request), so a test can
 # count the manifest requests a pull made.
 #
-# Usage: scripts/ensure-registry.sh [all|plain|stop]
+# Usage: scripts/engines/ensure-registry.sh [all|plain|stop]
 #   all (default)  both registries      plain  only :5000
 #   stop           stops the registries this script started (by their pid files)
 # Prints KEY=VALUE lines on stdout (PLAIN_REGISTRY, AUTH_REGISTRY, AUTH_USER, AUTH_PASSWORD,
@@ -90,7 +90,7 @@ write_config() {
   mkdir -p "$dir/data"
   {
     cat <<EOF
-# Written by scripts/ensure-registry.sh: a test registry on loopback, plain HTTP.
+# Written by scripts/engines/ensure-registry.sh: a test registry on loopback, plain HTTP.
 version: 0.1
 log:
   level: info

@@ -5,11 +5,11 @@
 # that gpu-check.sh unpacks with dpkg -x there, never installing them; kept packed, they are a
 # third of their unpacked size), a minimal glibc image (busybox plus Debian's libc) as a tarball,
 # this package's built addon and JS, the bandwidth program (built here with cc), the smoke
-# driver and scripts/gpu-check.sh. Node itself is added (xz-compressed) with --with-node, for a
+# driver and scripts/ci/gpu-check.sh. Node itself is added (xz-compressed) with --with-node, for a
 # machine without one. Prints the folder's size; fails when it is not under 64 MiB.
 #
-#   scripts/gpu-bundle.sh [--podman 5|4] [--with-node] [FOLDER]   (default: 5, target/gpu-bundle)
-#   scripts/gpu-bundle.sh --node-only [FOLDER]                    (default: target/gpu-node)
+#   scripts/build/gpu-bundle.sh [--podman 5|4] [--with-node] [FOLDER]   (default: 5, target/gpu-bundle)
+#   scripts/build/gpu-bundle.sh --node-only [FOLDER]                    (default: target/gpu-node)
 #
 # Node, xz-compressed, is 23 MiB: with the Podman 5 bundle (45 MiB) it would pass 64 MiB. For a
 # machine without node, --node-only makes a folder of its own (node.xz and unpack.sh): carry it
@@ -25,7 +25,7 @@
 # Needs: apt-get (Debian lists; Debian 13's are fetched into a private folder), cc, and the
 # addon built (`npm run build`).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 root=$(pwd)
 
 with_node=0
@@ -95,7 +95,7 @@ debs=$(mktemp -d)
 trap 'rm -rf "$debs"' EXIT
 chmod 755 "$debs"
 
-command -v readelf >/dev/null 2>&1 || { log "readelf is needed (binutils; scripts/ensure-gpu-tools.sh brings it)"; exit 1; }
+command -v readelf >/dev/null 2>&1 || { log "readelf is needed (binutils; scripts/ci/ensure-gpu-tools.sh brings it)"; exit 1; }
 # A fresh machine may have no package lists yet.
 if ! apt-cache show busybox-static >/dev/null 2>&1; then apt-get update -qq; fi
 log "downloading ${#PACKAGES[@]} Debian packages for Podman $podman, ${#IMAGE_PACKAGES[@]} for the image"
@@ -160,7 +160,7 @@ node -p "require('./package.json').files.join('\\n')" | while read -r f; do cp -
 mkdir -p "$out/bench"
 cp bench/gpu/bandwidth.c "$out/bench/"
 cc -O2 -std=c11 -o "$out/bench/bandwidth" bench/gpu/bandwidth.c -ldl
-cp scripts/gpu-check.sh scripts/gpu-smoke.js "$out/"
+cp scripts/ci/gpu-check.sh scripts/dev/gpu-smoke.js "$out/"
 chmod 755 "$out/gpu-check.sh"
 if [ "$with_node" = 1 ]; then
   log "adding node $(node --version) (xz)"

@@ -6,9 +6,9 @@
 # (CONTAINERS_CONF, never /etc/containers/containers.conf) and network namespace (unshare --net:
 # its bridge and firewall rules stay there).
 #
-#   scripts/podman-engine.sh start      install podman + catatonit if missing, start, load images
-#   scripts/podman-engine.sh teardown   remove every container on it, stop it
-#   scripts/podman-engine.sh host       print its address
+#   scripts/engines/podman-engine.sh start      install podman + catatonit if missing, start, load images
+#   scripts/engines/podman-engine.sh teardown   remove every container on it, stop it
+#   scripts/engines/podman-engine.sh host       print its address
 set -euo pipefail
 
 RUN=/run/tf-podman
@@ -20,8 +20,8 @@ LOG=/tmp/tf-podman.log
 IMAGES=(trueforge-sandbox-busybox:1 trueforge-sandbox-debian:12 trueforge-sandbox:2)
 
 log() { printf '[podman-engine] %s\n' "$*" >&2; }
-# shellcheck source=lib/podman-service.sh
-. "$(dirname "$0")/lib/podman-service.sh"
+# shellcheck source=../lib/podman-service.sh
+. "$(dirname "$0")/../lib/podman-service.sh"
 
 service_pid() {
   [ -f "$PIDFILE" ] || return 0

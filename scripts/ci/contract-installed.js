@@ -3,7 +3,7 @@
 // package as a consumer installed it: `trueforge-docker-sandbox` resolves from the current
 // directory's node_modules. No test runner, so it runs on any Node.js (also an emulated arm64 one
 // under qemu-user). Prints which Node.js, which CPU and which platform package's binary loaded.
-// Usage: node scripts/contract-installed.js [expected platform package suffix, e.g. linux-arm64-gnu]
+// Usage: node scripts/ci/contract-installed.js [expected platform package suffix, e.g. linux-arm64-gnu]
 const assert = require('node:assert/strict')
 const { randomBytes } = require('node:crypto')
 const path = require('node:path')

@@ -10,12 +10,12 @@
 # which is all the suites use. `runsc-debug` is the same runtime logging every system call the
 # sandbox makes, with its errors, under /tmp/runsc-gvisor/ (for finding what gVisor refuses).
 #
-#   scripts/gvisor-engine.sh start      install runsc if missing, start (idempotent), load images,
+#   scripts/engines/gvisor-engine.sh start      install runsc if missing, start (idempotent), load images,
 #                                       check that a container runs under runsc
-#   scripts/gvisor-engine.sh stop       SIGTERM, wait for it to exit
-#   scripts/gvisor-engine.sh teardown   remove every container on it, then stop it
-#   scripts/gvisor-engine.sh status     running / stopped (exit 0 / 3)
-#   scripts/gvisor-engine.sh host       print its address (unix:///var/run/docker-gvisor.sock)
+#   scripts/engines/gvisor-engine.sh stop       SIGTERM, wait for it to exit
+#   scripts/engines/gvisor-engine.sh teardown   remove every container on it, then stop it
+#   scripts/engines/gvisor-engine.sh status     running / stopped (exit 0 / 3)
+#   scripts/engines/gvisor-engine.sh host       print its address (unix:///var/run/docker-gvisor.sock)
 set -euo pipefail
 
 RUNSC=/usr/bin/runsc
@@ -31,8 +31,8 @@ ENGINE_CONFIG_JSON=$(cat <<JSON
 }}
 JSON
 )
-# shellcheck source=lib/test-dockerd.sh
-. "$(dirname "$0")/lib/test-dockerd.sh"
+# shellcheck source=../lib/test-dockerd.sh
+. "$(dirname "$0")/../lib/test-dockerd.sh"
 # busybox for most suites, Debian for bash and coreutils, the TrueForge image for Code Mode and
 # Python.
 IMAGES=(trueforge-sandbox-busybox:1 trueforge-sandbox-debian:12 trueforge-sandbox:2)
