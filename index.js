@@ -2,12 +2,12 @@
 
 // The package entry: a thin class over the native binding that speaks the SandboxProvider
 // contract. It shapes results and forwards log events to the host's logger; what callers hand
-// it is checked in validate.js, and the binding's coded errors become the contract's classes (the
-// host's own when injected) in errors.js.
+// it is checked in lib/validate.js, and the binding's coded errors become the contract's classes
+// (the host's own when injected) in lib/errors.js.
 
 const path = require('node:path')
 
-const { NativeProvider } = require('./loader.js')
+const { NativeProvider } = require('./lib/loader.js')
 const {
   SandboxError,
   SandboxNotAvailableError,
@@ -25,7 +25,7 @@ const {
   argumentError,
   fromNative,
   translated,
-} = require('./errors.js')
+} = require('./lib/errors.js')
 const {
   unrepresentable,
   pickErrors,
@@ -33,10 +33,10 @@ const {
   execParamsError,
   requireStrings,
   malformedPathError,
-} = require('./validate.js')
-const { DockerCodeModeTransport } = require('./transport.js')
-const { fromTrueForgeManifest } = require('./trueforge.js')
-const { reapSandboxes, engineStats, shapeBuild, forward } = require('./standalone.js')
+} = require('./lib/validate.js')
+const { DockerCodeModeTransport } = require('./lib/transport.js')
+const { fromTrueForgeManifest } = require('./lib/trueforge.js')
+const { reapSandboxes, engineStats, shapeBuild, forward } = require('./lib/standalone.js')
 
 /** @typedef {import('./index.d.ts').ExecResult} ExecResult */
 /** @typedef {import('./index.d.ts').SandboxBuild} SandboxBuild */

@@ -102,7 +102,7 @@ test('doctor says why the agent does not serve the test sandbox, and that it sti
   if (!x64) return console.warn('skipped: the fake agents are x86_64 code')
   const dir = fakeAgentDir('exits', version)
   dirs.push(dir)
-  const cli = path.join(__dirname, '..', 'cli.js')
+  const cli = path.join(__dirname, '..', 'cli', 'index.js')
   const r = spawnSync(
     process.execPath,
     [cli, 'doctor', '--image', BUSYBOX, '--network', 'none', '--namespace', namespace],

@@ -1,5 +1,5 @@
 // A large Code Mode request is checked and measured natively, then built by its plan on the
-// JavaScript thread in slices (transport.js, `buildByPlan`). The value built must be exactly what
+// JavaScript thread in slices (lib/transport.js, `buildByPlan`). The value built must be exactly what
 // `JSON.parse` of the same text gives, for any text; the native check must refuse exactly what
 // `JSON.parse` refuses. No engine here: this is the parser itself.
 
@@ -7,14 +7,14 @@ import fc from 'fast-check'
 
 // The binding's measuring entry point and the builder are internal: not part of the package's API.
 // eslint-disable-next-line @typescript-eslint/no-require-imports
-const { codeModeMeasure } = require('../loader.js') as {
+const { codeModeMeasure } = require('../lib/loader.js') as {
   codeModeMeasure: (
     payload: Buffer,
     smallSteps?: boolean,
   ) => { heap: number; values: number; plan: Uint32Array | null; unfit: string | null }
 }
 // eslint-disable-next-line @typescript-eslint/no-require-imports
-const { buildByPlan } = require('../transport.js') as {
+const { buildByPlan } = require('../lib/transport.js') as {
   buildByPlan: (bytes: Buffer, plan: Uint32Array) => Promise<unknown>
 }
 

@@ -75,7 +75,7 @@ describe('the addon error classes', () => {
   })
 
   test('the extra classes: invalid path, not a regular file, engine', () => {
-    // errors.js takes (message, path) for these two; index.d.ts must declare that constructor
+    // lib/errors.js takes (message, path) for these two; index.d.ts must declare that constructor
     // (`tsc` flags these two lines while it inherits Error's (message, options) instead).
     const ip = new SandboxInvalidPathError('bad path', '/p')
     expect(ip).toBeInstanceOf(SandboxError)
@@ -180,8 +180,8 @@ describe('errors thrown by the provider', () => {
 })
 
 describe('one translation for every call path', () => {
-  // errors.js is internal; its translator is what every entry point goes through.
-  const { fromNative } = require('../errors.js') as { fromNative: (e: unknown, injected?: object) => any }
+  // lib/errors.js is internal; its translator is what every entry point goes through.
+  const { fromNative } = require('../lib/errors.js') as { fromNative: (e: unknown, injected?: object) => any }
   const coded = (code: string, message: string, fields: object = {}) =>
     Object.assign(new Error(message), { code }, fields)
 

@@ -1,5 +1,5 @@
 // GPUs without a GPU: exclusive allocation, device requests, the environment and the typed
-// errors, end to end on a real engine. scripts/gpu-engine.sh runs a second dockerd with a
+// errors, end to end on a real engine. scripts/engines/gpu-engine.sh runs a second dockerd with a
 // do-nothing `nvidia-container-runtime-hook` on its PATH, so it accepts NVIDIA device requests
 // and hands containers fake GPU ids; the allocation (labels, lock, held set) is all real.
 // The main engine (no hook) shows the refusals: no NVIDIA driver, no CDI.
@@ -13,7 +13,7 @@ import { DockerSandboxProvider, SandboxGpuError } from '..'
 import { BUSYBOX, containersInNamespace, LABEL_NAMESPACE, ok, rejection, sleep, uniqueNamespace } from './helpers'
 
 const ROOT = join(__dirname, '..')
-const ENGINE = join(ROOT, 'scripts', 'gpu-engine.sh')
+const ENGINE = join(ROOT, 'scripts', 'engines', 'gpu-engine.sh')
 const HOST = 'unix:///var/run/docker-gpu.sock'
 const LABEL_GPUS = 'trueforge.sandbox.gpus'
 const FAKE_SMI_IMAGE = 'trueforge-test-fake-nvidia-smi:1'

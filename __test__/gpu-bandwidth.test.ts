@@ -1,7 +1,7 @@
 // The bandwidth program of the GPU smoke test (bench/gpu/bandwidth.c), checked where there is no
 // GPU: it compiles warning-free with `cc`; without a CUDA driver it says so, cleanly, in JSON and
 // with its own exit code (with a driver it must measure); its PTX assembles for the GPU
-// architectures we care about with NVIDIA's ptxas (scripts/ensure-gpu-tools.sh fetches it; the
+// architectures we care about with NVIDIA's ptxas (scripts/ci/ensure-gpu-tools.sh fetches it; the
 // driver checks the same PTX again on a GPU machine).
 
 import { execFileSync, spawnSync } from 'node:child_process'
@@ -49,7 +49,7 @@ test('bad arguments exit 64 with a usage line', () => {
 
 const ptxasThere = existsSync(PTXAS)
 if (!ptxasThere)
-  console.warn(`gpu-bandwidth.test.ts: ptxas check SKIPPED: no ${PTXAS} (run scripts/ensure-gpu-tools.sh)`)
+  console.warn(`gpu-bandwidth.test.ts: ptxas check SKIPPED: no ${PTXAS} (run scripts/ci/ensure-gpu-tools.sh)`)
 ;(ptxasThere ? test : test.skip).each(['sm_50', 'sm_80', 'sm_89', 'sm_90'])(
   'its PTX assembles with ptxas for %s',
   (arch) => {

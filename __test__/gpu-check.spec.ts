@@ -1,5 +1,5 @@
-// scripts/gpu-bundle.sh and scripts/gpu-check.sh, up to the point where a GPU is needed
-// (`npm run test:gpu-check`, apart from the default suite: see jest.gpucheck.config.js).
+// scripts/build/gpu-bundle.sh and scripts/ci/gpu-check.sh, up to the point where a GPU is needed
+// (`npm run test:gpu-check`, apart from the default suite: see jest.config.js).
 // The Podman 5 bundle (what a GPU machine runs) must build under the 64 MiB a device call
 // carries; the Podman 4 bundle (whose Podman runs on this machine's glibc) must build too, and
 // its gpu-check.sh must start Podman's service from the folder, run a sandbox round trip
@@ -25,7 +25,7 @@ afterAll(() => {
 function bundle(podman: '4' | '5'): { dir: string; size: number } {
   const dir = join(ROOT, 'target', `gpu-bundle-test-${podman}`)
   bundles.push(dir)
-  const r = spawnSync('bash', [join(ROOT, 'scripts', 'gpu-bundle.sh'), '--podman', podman, dir], {
+  const r = spawnSync('bash', [join(ROOT, 'scripts', 'build', 'gpu-bundle.sh'), '--podman', podman, dir], {
     encoding: 'utf8',
     timeout: 240_000,
   })
@@ -58,7 +58,7 @@ test('the Podman 5 bundle (for GPU machines) holds everything and stays under 64
 test('--node-only: node for a machine without one, in a folder of its own under 64 MiB, that unpacks and runs', () => {
   const dir = join(ROOT, 'target', 'gpu-node-test')
   bundles.push(dir)
-  const r = spawnSync('bash', [join(ROOT, 'scripts', 'gpu-bundle.sh'), '--node-only', dir], {
+  const r = spawnSync('bash', [join(ROOT, 'scripts', 'build', 'gpu-bundle.sh'), '--node-only', dir], {
     encoding: 'utf8',
     timeout: 240_000,
   })

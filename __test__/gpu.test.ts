@@ -1,11 +1,11 @@
-// The GPU smoke test, `npm run test:gpu` (jest -c jest.gpu.config.js). Needs a GPU on this host
+// The GPU smoke test, `npm run test:gpu` (jest --selectProjects gpu). Needs a GPU on this host
 // and an engine that gives GPUs (the NVIDIA runtime or toolkit, or CDI); skips, saying why,
 // everywhere else. It checks that a sandbox sees exactly its GPUs, that two exclusive sandboxes
 // see disjoint GPUs (or, on a one-GPU host, that the second is refused naming the first), and
 // measures memory bandwidth with one program (bench/gpu/bandwidth.c) inside a sandbox and on
 // the host, printing both and their ratio, which must be at least 0.97.
 //
-// Settings (scripts/gpu-check.sh sets them for its Podman service):
+// Settings (scripts/ci/gpu-check.sh sets them for its Podman service):
 //   TRUEFORGE_GPU_TEST_HOST     the engine (default: $DOCKER_HOST or the local socket)
 //   TRUEFORGE_GPU_TEST_IMAGE    a glibc image (default: the debian test image)
 //   TRUEFORGE_GPU_TEST_ALL      the `gpus` value meaning every GPU (default 'all'; CDI: 'nvidia.com/gpu=all')

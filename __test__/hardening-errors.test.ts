@@ -212,7 +212,7 @@ test('60 downloads of a file rewritten in place are never INTERNAL: its content 
 }, 120_000)
 
 test('FILE_CHANGED from the binding is SandboxFileChangedError (409), built on the host base class when given', () => {
-  const { fromNative, onHostBase } = require('../errors.js') as {
+  const { fromNative, onHostBase } = require('../lib/errors.js') as {
     fromNative: (e: unknown, injected?: object) => any
     onHostBase: (base: new (message?: string) => Error) => object
   }

@@ -11,10 +11,10 @@ export type { ExecResult }
 
 export const BUSYBOX = 'trueforge-sandbox-busybox:1'
 export const DEBIAN = 'trueforge-sandbox-debian:12'
-/** The TrueForge-ready image (images/trueforge/Dockerfile; made offline by scripts/ensure-images.sh). */
+/** The TrueForge-ready image (images/trueforge/Dockerfile; made offline by scripts/images/ensure-images.sh). */
 export const TRUEFORGE = 'trueforge-sandbox:2'
 
-/** The OCI runtime the suites run under: jest.runsc.config.js sets runsc (gVisor); unset, the
+/** The OCI runtime the suites run under: the runsc jest project sets runsc (gVisor); unset, the
  * engine's default. */
 export const TEST_RUNTIME = process.env.TRUEFORGE_TEST_RUNTIME
 /** Under gVisor (runsc, release 20221219 from Debian 12): what it cannot do is skipped where the

@@ -112,7 +112,7 @@ test('a stopped container is restarted transparently with its files kept', async
   expect(await ok(fresh, id, 'cat up.txt kept.txt')).toBe('while stoppedkept\n')
 })
 
-// A rootless engine on cgroup v1 (scripts/podman-rootless-engine.sh here) gives containers no
+// A rootless engine on cgroup v1 (scripts/engines/podman-rootless-engine.sh here) gives containers no
 // cgroup, so nothing can pause them and there is nothing to unpause.
 const rootlessOnCgroupV1 =
   (process.env.DOCKER_HOST ?? '').startsWith('unix:///run/user/') &&

@@ -1,4 +1,4 @@
-// The loader (loader.js) on a machine no binary fits: its error names this platform and the
+// The loader (lib/loader.js) on a machine no binary fits: its error names this platform and the
 // supported ones (package.json's napi.targets) and keeps the generated loader's errors as cause.
 // Each case runs in a child Node.js with process.platform/arch replaced before the require.
 

@@ -12,7 +12,7 @@
 // The main engine is shared with other test runs: the paths that act on the whole engine
 // (`rm --stopped --all-namespaces`, `rm --image-work`, the GPU lock, leases that look hours old,
 // which any reaper on the engine may remove) run on an engine of our own,
-// scripts/scratch-engine.sh, which has no network (sandboxes there use `network: 'none'`).
+// scripts/engines/scratch-engine.sh, which has no network (sandboxes there use `network: 'none'`).
 
 import { spawnSync } from 'node:child_process'
 import { createHash, randomBytes } from 'node:crypto'
@@ -42,8 +42,8 @@ import { ensureRegistries, pollUntil, PLAIN, repoName } from './images/support'
 jest.setTimeout(120_000)
 
 const ROOT = path.resolve(__dirname, '..')
-const CLI = path.join(ROOT, 'cli.js')
-const SCRATCH = path.join(ROOT, 'scripts', 'scratch-engine.sh')
+const CLI = path.join(ROOT, 'cli', 'index.js')
+const SCRATCH = path.join(ROOT, 'scripts', 'engines', 'scratch-engine.sh')
 const SCRATCH_HOST = 'unix:///var/run/docker-scratch.sock'
 const LABEL_PROBE = 'trueforge.sandbox.probe'
 const LABEL_IMAGEWORK = 'trueforge.sandbox.imagework'
@@ -410,7 +410,7 @@ describe('on an engine of our own: every namespace, the leases, the GPU lock and
 
   beforeAll(() => {
     const r = spawnSync('bash', [SCRATCH, 'start'], { encoding: 'utf8', timeout: 120_000 })
-    if (r.status !== 0) throw new Error(`scripts/scratch-engine.sh start failed: ${r.stderr}`)
+    if (r.status !== 0) throw new Error(`scripts/engines/scratch-engine.sh start failed: ${r.stderr}`)
   }, 180_000)
 
   afterAll(async () => {

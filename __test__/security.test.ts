@@ -29,7 +29,7 @@ import {
   TEST_RUNTIME,
 } from './helpers'
 
-// Also run against Podman (jest.podman.config.js). There the in-sandbox checks are the same; the
+// Also run against Podman (the podman jest project). There the in-sandbox checks are the same; the
 // `docker inspect` spellings differ (docs/podman.md; __test__/engines/podman.test.ts checks the
 // effective result instead), and a rootless Podman on cgroup v1 enforces no resource limit.
 const onPodman = (process.env.DOCKER_HOST ?? '').endsWith('podman.sock')

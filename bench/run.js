@@ -21,7 +21,7 @@
 //                         (its round trip and the pressure runs; BENCH_CM_PRESSURE: their
 //                         sandbox counts, default 1,4,16); BENCH_SKIP_EGRESS=1 the egress
 //                         proxy's section (BENCH_EGRESS_ROUNDS, default 5); BENCH_SKIP_RUNSC=1
-//                         gVisor's (it starts and stops scripts/gvisor-engine.sh)
+//                         gVisor's (it starts and stops scripts/engines/gvisor-engine.sh)
 //   BENCH_WARM_POOL_SIZE  pool size for the "addon (warm pool)" rows (default 2)
 //   BENCH_WARM_SETTLE_MS  pause after each warm-pool create so the refill does not load the
 //                         next measurement (default 1500)
@@ -847,11 +847,11 @@ function codeModePressureBench() {
 }
 
 /**
- * gVisor beside runc (bench/runsc.js) on the engine of scripts/gvisor-engine.sh, started for it
+ * gVisor beside runc (bench/runsc.js) on the engine of scripts/engines/gvisor-engine.sh, started for it
  * and stopped after (`{ error }` where it cannot run: no root, no runsc package).
  */
 async function runscBench() {
-  const script = path.join(__dirname, '..', 'scripts', 'gvisor-engine.sh')
+  const script = path.join(__dirname, '..', 'scripts', 'engines', 'gvisor-engine.sh')
   const sh = (cmd) =>
     new Promise((resolve) =>
       execFile('bash', [script, cmd], { timeout: 300_000 }, (err, _o, e) =>
@@ -1146,7 +1146,7 @@ function renderMarkdown({
       )
       L.push('')
       L.push(
-        `Image ${runsc.image}, ${runsc.runs} execs, on a private engine (scripts/gvisor-engine.sh) that runs both runtimes, so the two columns share everything but the runtime. The floor is the fewest raw requests for an exec (create, start to the stream's end, inspect) in the same sandbox. The Code Mode round trip is the agent's static \`mcp-client call-tool\` in the sandbox to a dispatcher in the bench's process, per call in a loop of ${runsc.runs} less an empty loop (Code Mode without the agent needs Python, which the image lacks).`,
+        `Image ${runsc.image}, ${runsc.runs} execs, on a private engine (scripts/engines/gvisor-engine.sh) that runs both runtimes, so the two columns share everything but the runtime. The floor is the fewest raw requests for an exec (create, start to the stream's end, inspect) in the same sandbox. The Code Mode round trip is the agent's static \`mcp-client call-tool\` in the sandbox to a dispatcher in the bench's process, per call in a loop of ${runsc.runs} less an empty loop (Code Mode without the agent needs Python, which the image lacks).`,
       )
     }
     L.push('')
@@ -1435,7 +1435,7 @@ async function bench() {
     }
     if (process.env.BENCH_SKIP_RUNSC !== '1' && (!wantOps || wantOps.includes('runsc'))) {
       const t0 = performance.now()
-      log('gVisor beside runc (bench/runsc.js on the engine of scripts/gvisor-engine.sh) …')
+      log('gVisor beside runc (bench/runsc.js on the engine of scripts/engines/gvisor-engine.sh) …')
       runsc = await runscBench()
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }

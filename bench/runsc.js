@@ -1,13 +1,13 @@
 'use strict'
 
-// gVisor (runsc) beside runc, on the same private engine (scripts/gvisor-engine.sh, which
+// gVisor (runsc) beside runc, on the same private engine (scripts/engines/gvisor-engine.sh, which
 // registers runsc through its own config file), through the provider with the agent and with
 // `agent: false`: exec `true` p50, create → first exec, and 1 KiB and 100 MiB upload and download
 // (the 100 MiB upload is staged through the engine's archive endpoint where the agent can), and
 // with the agent a Code Mode round trip (`mcp-client call-tool` in the sandbox).
 // Prints one JSON object. Run:
 //
-//   bash scripts/gvisor-engine.sh start && node bench/runsc.js
+//   bash scripts/engines/gvisor-engine.sh start && node bench/runsc.js
 //
 // BENCH_RUNS (default 20) sets the exec samples; DOCKER_HOST defaults to the gVisor engine.
 

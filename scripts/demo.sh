@@ -3,8 +3,8 @@
 # and the addon exist (each step is skipped when already done), then run the demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/ensure-engine.sh
-bash scripts/ensure-images.sh trueforge
+bash scripts/engines/ensure-engine.sh
+bash scripts/images/ensure-images.sh trueforge
 if [ ! -d node_modules/@napi-rs/cli ]; then
   if [ -f package-lock.json ]; then npm ci --no-audit --no-fund; else npm install --no-audit --no-fund; fi
 fi

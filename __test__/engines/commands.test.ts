@@ -20,7 +20,7 @@ import {
 
 jest.setTimeout(90_000)
 
-const CLI = path.resolve(__dirname, '..', '..', 'cli.js')
+const CLI = path.resolve(__dirname, '..', '..', 'cli', 'index.js')
 const namespace = uniqueNamespace('t-cmds')
 const other = uniqueNamespace('t-cmds-other')
 const provider = new DockerSandboxProvider({ image: BUSYBOX, namespace, tenantName: 'acme' })

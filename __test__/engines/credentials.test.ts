@@ -1,7 +1,7 @@
 // Registry credentials from the Docker config when `registryAuth` names none for the registry:
 // plain `auths` (as `docker login` writes them), and a `credHelpers` entry running a tiny
 // `docker-credential-*` helper written here; an unusable helper is an error naming it. Against
-// the loopback registry with htpasswd (scripts/ensure-registry.sh, 127.0.0.1:5001). Each case
+// the loopback registry with htpasswd (scripts/engines/ensure-registry.sh, 127.0.0.1:5001). Each case
 // runs in a fresh process with its own DOCKER_CONFIG (the addon reads the real environment).
 
 import { execFileSync, spawnSync } from 'node:child_process'

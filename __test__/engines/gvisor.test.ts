@@ -1,5 +1,5 @@
-// gVisor (runsc) with the in-sandbox agent, on the engine of scripts/gvisor-engine.sh (run by
-// jest.runsc.config.js; skipped elsewhere). Issue 32: the agent starts and serves there (its
+// gVisor (runsc) with the in-sandbox agent, on the engine of scripts/engines/gvisor-engine.sh (run by
+// the runsc jest project; skipped elsewhere). Issue 32: the agent starts and serves there (its
 // createSandbox failed with AGENT_LOST before), with the same guarantees as under runc: commands
 // and files as the sandbox user, timeouts that kill everything a command started (gVisor has no
 // child subreaper: the session guard keeps them in reach), exit codes from waitpid, and large

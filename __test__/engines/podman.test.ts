@@ -1,7 +1,7 @@
 // The security baseline and the warm pool on Podman, where its Docker API differs from Docker's
 // (docs/podman.md):
-// run by jest.podman.config.js with DOCKER_HOST at the socket of scripts/podman-engine.sh (rootful)
-// or scripts/podman-rootless-engine.sh (rootless); skipped in the default run (the same properties are checked on Docker by __test__/security.test.ts,
+// run by the podman jest project with DOCKER_HOST at the socket of scripts/engines/podman-engine.sh (rootful)
+// or scripts/engines/podman-rootless-engine.sh (rootless); skipped in the default run (the same properties are checked on Docker by __test__/security.test.ts,
 // whose inspect-format assertions — docker-init, PidMode "", CapDrop ["ALL"], the `bridge`
 // network's gateway — are Docker's spellings and do not apply to Podman).
 

@@ -1,9 +1,9 @@
 'use strict'
 
-// Loaded before each test file of jest.runsc.config.js (and, through NODE_OPTIONS, in the node
+// Loaded before each test file of the runsc jest project (and, through NODE_OPTIONS, in the node
 // processes the tests start): every provider made without a `runtime` option gets
 // TRUEFORGE_TEST_RUNTIME, so the suites run unchanged under that runtime (runsc on the engine of
-// scripts/gvisor-engine.sh). A test that names a runtime keeps its own.
+// scripts/engines/gvisor-engine.sh). A test that names a runtime keeps its own.
 
 const path = require('node:path')
 

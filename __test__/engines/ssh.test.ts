@@ -17,7 +17,7 @@ jest.setTimeout(90_000)
 
 const namespace = uniqueNamespace('t-ssh')
 const CHILD = path.join(__dirname, 'child.js')
-const CLI = path.resolve(__dirname, '..', '..', 'cli.js')
+const CLI = path.resolve(__dirname, '..', '..', 'cli', 'index.js')
 const ENV_KEYS = [
   'DOCKER_HOST',
   'DOCKER_TLS_VERIFY',

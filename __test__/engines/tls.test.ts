@@ -1,5 +1,5 @@
 // Engines reached the way the Docker CLI reaches them: a second dockerd that only speaks TLS on
-// 127.0.0.1 (scripts/tls-engine.sh: its own namespace, certificates made by openssl there), found
+// 127.0.0.1 (scripts/engines/tls-engine.sh: its own namespace, certificates made by openssl there), found
 // by the `tls` option, by DOCKER_HOST/DOCKER_TLS_VERIFY/DOCKER_CERT_PATH, and by a Docker context
 // that the real `docker context create` wrote; and every way it can go wrong, as typed errors
 // within engineTimeoutMs.
@@ -13,7 +13,7 @@ import { DockerSandboxProvider, SandboxEngineError } from '../..'
 import { BUSYBOX, cleanupNamespace, rejection, uniqueNamespace } from '../helpers'
 
 const ROOT = path.resolve(__dirname, '..', '..')
-const SCRIPT = path.join(ROOT, 'scripts', 'tls-engine.sh')
+const SCRIPT = path.join(ROOT, 'scripts', 'engines', 'tls-engine.sh')
 const namespace = uniqueNamespace('t-tls')
 const CHILD = path.join(__dirname, 'child.js')
 const ENV_KEYS = [
@@ -257,7 +257,7 @@ test('an engine is its own world: a sandbox on the TLS engine is not reachable t
 }, 60_000)
 
 test('doctor, ls and rm through TLS (DOCKER_* variables and a context), and doctor on plain tcp to the TLS port', () => {
-  const CLI = path.join(ROOT, 'cli.js')
+  const CLI = path.join(ROOT, 'cli', 'index.js')
   const run = (args: string[], env: Record<string, string>) => {
     const base = { ...process.env }
     for (const k of ENV_KEYS) delete base[k]

@@ -45,7 +45,7 @@ setupFaultFile()
 
 const IDLE_MIN = 0.1 // 6 s
 const DELETE_MIN = 0.05 // 3 s
-const CLI = path.resolve(__dirname, '..', '..', 'cli.js')
+const CLI = path.resolve(__dirname, '..', '..', 'cli', 'index.js')
 
 describeFaults('fault 8: idle stop and reaping', () => {
   const nsIdle = faultNamespace('f8-idle')

@@ -1,6 +1,6 @@
 'use strict'
 
-// Starts the isolated fault engine (scripts/fault-engine.sh) and clears the per-file results.
+// Starts the isolated fault engine (scripts/engines/fault-engine.sh) and clears the per-file results.
 const { execFileSync } = require('node:child_process')
 const fs = require('node:fs')
 

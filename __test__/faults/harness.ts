@@ -1,4 +1,4 @@
-// The fault suite's harness: the isolated fault engine (scripts/fault-engine.sh) and a docker CLI
+// The fault suite's harness: the isolated fault engine (scripts/engines/fault-engine.sh) and a docker CLI
 // wrapper aimed at it, a call wrapper that counts every provider call and classifies how it
 // settled, fault and leak accounting, an unhandled-rejection watch on the real process, and
 // child processes (a fresh provider in a fresh process). Each file's figures go to
@@ -34,7 +34,7 @@ const paths = require('./paths') as {
 export { BUSYBOX }
 export const FAULT_HOST = paths.FAULT_HOST
 export const MAIN_HOST = paths.MAIN_HOST
-/** Only `jest -c jest.faults.config.js` sets this; the default `jest` run skips the fault files. */
+/** Only `jest --selectProjects faults` sets this; the default `jest` run skips the fault files. */
 export const ENABLED = process.env.TRUEFORGE_FAULTS === '1'
 export const describeFaults: jest.Describe = ENABLED ? describe : describe.skip
 const CHILD = path.join(__dirname, 'child.js')
@@ -66,7 +66,7 @@ export function cliName(tag: string): string {
 
 export type EngineCommand = 'start' | 'stop' | 'restart' | 'pause' | 'resume' | 'status'
 
-/** Runs scripts/fault-engine.sh; throws with its output on failure. */
+/** Runs scripts/engines/fault-engine.sh; throws with its output on failure. */
 export function faultEngine(cmd: EngineCommand): string {
   try {
     return execFileSync('bash', [paths.ENGINE_SCRIPT, cmd], {

@@ -7,7 +7,7 @@ const ROOT = path.resolve(__dirname, '..', '..')
 
 module.exports = {
   ROOT,
-  ENGINE_SCRIPT: path.join(ROOT, 'scripts', 'fault-engine.sh'),
+  ENGINE_SCRIPT: path.join(ROOT, 'scripts', 'engines', 'fault-engine.sh'),
   RESULTS_DIR: path.join(ROOT, 'test-results'),
   PARTS_DIR: path.join(ROOT, 'test-results', '.faults-parts'),
   SUMMARY_FILE: path.join(ROOT, 'test-results', 'faults.json'),

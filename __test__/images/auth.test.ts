@@ -1,5 +1,5 @@
 // registryAuth against a real registry with htpasswd basic auth on loopback
-// (scripts/ensure-registry.sh, 127.0.0.1:5001): without credentials, and with wrong ones, the
+// (scripts/engines/ensure-registry.sh, 127.0.0.1:5001): without credentials, and with wrong ones, the
 // pull fails with the registry's reason; with them it succeeds (buildImage and createSandbox).
 
 import { DockerSandboxProvider } from '../..'

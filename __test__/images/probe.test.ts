@@ -2,7 +2,7 @@
 // `reason: null`, and what it lacks for TrueForge (python >= 3.9 with the pydantic v2 API and
 // git for the skill init; genson, curl, jq, ripgrep for the agent) is a `metadata.warning` and a
 // logged warning; tool versions are recorded. Also checks the recommended image
-// trueforge-sandbox:2 (images/trueforge/Dockerfile, made offline by scripts/ensure-images.sh) end
+// trueforge-sandbox:2 (images/trueforge/Dockerfile, made offline by scripts/images/ensure-images.sh) end
 // to end, and that it holds exactly the pins of the Dockerfile and requirements.txt.
 
 import { execFileSync } from 'node:child_process'
@@ -21,7 +21,10 @@ const sandboxes = new SandboxTracker(namespace)
 
 beforeAll(() => {
   // Reuses present images; makes trueforge-sandbox:2 (about 90 s) when it is missing or stale.
-  execFileSync('bash', [path.join(ROOT, 'scripts', 'ensure-images.sh'), 'all'], { stdio: 'ignore', timeout: 170_000 })
+  execFileSync('bash', [path.join(ROOT, 'scripts', 'images', 'ensure-images.sh'), 'all'], {
+    stdio: 'ignore',
+    timeout: 170_000,
+  })
 }, 180_000)
 
 afterAll(async () => {

@@ -1,4 +1,4 @@
-// Pulls through a real registry on loopback (scripts/ensure-registry.sh, 127.0.0.1:5000):
+// Pulls through a real registry on loopback (scripts/engines/ensure-registry.sh, 127.0.0.1:5000):
 // buildImage() starts one background pull and reports its progress, status reads never start
 // another, a missing tag fails with the registry's reason and a later buildImage() retries, and
 // createSandbox() on an absent image pulls it first.

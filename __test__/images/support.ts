@@ -1,4 +1,4 @@
-// Shared pieces of the image tests: the loopback registries (scripts/ensure-registry.sh), pushing
+// Shared pieces of the image tests: the loopback registries (scripts/engines/ensure-registry.sh), pushing
 // uniquely named images to them, counting pull attempts (engine events and the registry's
 // access log), polling build status, asking a fresh Node process for a status, and removing
 // every image reference a test file made, even when it fails. The docker CLI here is setup and
@@ -28,9 +28,9 @@ export interface Registries {
   password: string
 }
 
-/** Runs scripts/ensure-registry.sh (idempotent, safe in parallel) and parses what it prints. */
+/** Runs scripts/engines/ensure-registry.sh (idempotent, safe in parallel) and parses what it prints. */
 export function ensureRegistries(): Registries {
-  const out = execFileSync('bash', [path.join(ROOT, 'scripts', 'ensure-registry.sh')], {
+  const out = execFileSync('bash', [path.join(ROOT, 'scripts', 'engines', 'ensure-registry.sh')], {
     encoding: 'utf8',
     stdio: ['ignore', 'pipe', 'pipe'],
     timeout: 180_000,

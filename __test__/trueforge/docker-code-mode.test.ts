@@ -1,7 +1,7 @@
 // Code Mode through TrueForge's real Sandbox class over DockerSandboxProvider: the turn configures
 // Code Mode with an MCP tool set, the agent's commands call its tools with `mcp-client` and the
 // Python API, TrueForge's own CodeModeDispatcher does the routing, and closing the turn ends the
-// relay. Runs inside a TrueForge checkout (see scripts/test-trueforge.sh).
+// relay. Runs inside a TrueForge checkout (see scripts/ci/test-trueforge.sh).
 
 import { isCallToolResponseResult, type IToolSet } from '../../src/core/mcp/IMCPServer'
 import { SANDBOX_EXEC_TOOL_NAME, Sandbox } from '../../src/core/sandbox/Sandbox'

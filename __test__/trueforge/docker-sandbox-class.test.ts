@@ -1,7 +1,7 @@
 // TrueForge's real Sandbox class driven over DockerSandboxProvider the way a server turn drives it:
 // the exec tool through callTool, user uploads, tool-result dumps, git credentials, a session
 // carried to a later turn (fresh provider, existing sandbox id) and a sandbox removed between turns.
-// Runs inside a TrueForge checkout (see scripts/test-trueforge.sh); every container it makes is
+// Runs inside a TrueForge checkout (see scripts/ci/test-trueforge.sh); every container it makes is
 // removed at the end.
 
 import { execFileSync } from 'node:child_process'

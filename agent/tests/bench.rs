@@ -1,7 +1,7 @@
 //! Figures for the agent over plain pipes (the floor under any engine stream):
 //! `cargo test --release -p trueforge-agent --test bench -- --ignored --nocapture`.
 //! With `TRUEFORGE_AGENT_RUNNER=docker exec -i -u 0 <container>` they are taken through the
-//! engine's exec stream instead (scripts/agent-smoke.sh prints those too).
+//! engine's exec stream instead (scripts/ci/agent-smoke.sh prints those too).
 
 mod common;
 

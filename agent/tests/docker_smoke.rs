@@ -1,5 +1,5 @@
 //! The static agent inside a real container (busybox: no bash, no Python), driven through
-//! `docker exec -i`. Run by scripts/agent-smoke.sh, which makes the container and sets
+//! `docker exec -i`. Run by scripts/ci/agent-smoke.sh, which makes the container and sets
 //! `TF_SMOKE_CONTAINER`, `TRUEFORGE_AGENT_BIN` (the agent's path in the container) and
 //! `TRUEFORGE_AGENT_RUNNER` (`docker exec -i -u 0 <container>`); ignored by a plain cargo test.
 
@@ -15,7 +15,7 @@ use trueforge_agent_proto::msg::{
 };
 
 fn container() -> String {
-  std::env::var("TF_SMOKE_CONTAINER").expect("run through scripts/agent-smoke.sh")
+  std::env::var("TF_SMOKE_CONTAINER").expect("run through scripts/ci/agent-smoke.sh")
 }
 
 fn as_user(user: &str, command: &str) -> ExecRequest {

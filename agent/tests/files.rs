@@ -774,7 +774,7 @@ async fn layout_makes_owned_directories_without_following_links() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_calls_are_recorded_in_a_root_owned_activity_file() {
   if std::env::var_os("TRUEFORGE_AGENT_BIN").is_some() {
-    // Only a debug build lets a test move the layout root; scripts/agent-smoke.sh checks the
+    // Only a debug build lets a test move the layout root; scripts/ci/agent-smoke.sh checks the
     // release binaries' activity file in a container.
     eprintln!("skipped: the binary under test is not a debug build");
     return;

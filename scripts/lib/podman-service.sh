@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# What the rootful and rootless test Podmans (scripts/podman-engine.sh,
-# scripts/podman-rootless-engine.sh) do alike: their containers.conf, waiting for the service and
+# What the rootful and rootless test Podmans (scripts/engines/podman-engine.sh,
+# scripts/engines/podman-rootless-engine.sh) do alike: their containers.conf, waiting for the service and
 # loading the images, and removing every container before stopping it. The sourcing script defines
 # `log` and IMAGES.
 

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# A second, isolated dockerd for a test suite, sourced by scripts/fault-engine.sh and
-# scripts/gpu-engine.sh. The sourcing script sets ENGINE_NAME (`faults`, `gpu`: the socket, data
+# A second, isolated dockerd for a test suite, sourced by scripts/engines/fault-engine.sh and
+# scripts/engines/gpu-engine.sh. The sourcing script sets ENGINE_NAME (`faults`, `gpu`: the socket, data
 # root, exec root, pid file, config, cgroup parent and log are named after it) and ENGINE_WHAT
 # (for messages), and may define `before_start` (run before dockerd starts), set
 # DOCKERD_PATH_PREFIX (put first on dockerd's PATH), ENGINE_CONFIG_JSON (the engine's config file,
@@ -47,7 +47,7 @@ load_images() {
   for img in "${IMAGES[@]}"; do
     if dk image inspect "$img" >/dev/null 2>&1; then continue; fi
     if ! docker image inspect "$img" >/dev/null 2>&1; then
-      log "image $img is not in the main engine either: run scripts/ensure-images.sh first"
+      log "image $img is not in the main engine either: run scripts/images/ensure-images.sh first"
       return 1
     fi
     log "loading $img from the main engine"
@@ -64,7 +64,7 @@ start() {
       kill -CONT "$pid"
     fi
   else
-    command -v dockerd >/dev/null 2>&1 || { log "no dockerd: run scripts/ensure-engine.sh first"; exit 1; }
+    command -v dockerd >/dev/null 2>&1 || { log "no dockerd: run scripts/engines/ensure-engine.sh first"; exit 1; }
     mkdir -p "$DATA_ROOT" "$EXEC_ROOT"
     if declare -F before_start >/dev/null; then before_start; fi
     # A config file of its own (empty unless the sourcing script gives one): options from

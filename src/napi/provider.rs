@@ -66,7 +66,7 @@ pub struct NativeLayout {
 }
 
 type LogFn = ThreadsafeFunction<String, (), String, napi::Status, false, true>;
-/// One Code Mode request for JavaScript: its cost token (see transport.js; none for a small
+/// One Code Mode request for JavaScript: its cost token (see lib/transport.js; none for a small
 /// one), the relay's generation, the request's number, and its text with, for a large one, the
 /// plan to build it by in slices.
 type RequestArgs = FnArgs<(Option<External<()>>, u32, u32, Payload, Option<Uint32Array>)>;
@@ -560,7 +560,7 @@ pub struct NativeFed {
 }
 
 /// The steps of a large Code Mode request's plan (see `codemode::meter`), for the builder in
-/// transport.js.
+/// lib/transport.js.
 #[napi(object)]
 pub struct NativePlanOps {
   pub object: u32,
