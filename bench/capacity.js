@@ -15,6 +15,10 @@
 //
 // Prints one JSON object. Every container it makes carries the bench label and is removed.
 
+// The raw client's containers join no network, as the addon's do under its default egress
+// policy: neither pays for network set-up.
+process.env.BENCH_NETWORK ??= 'none'
+
 const { execFileSync, spawn } = require('node:child_process')
 const fs = require('node:fs')
 

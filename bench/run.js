@@ -1213,7 +1213,7 @@ function renderMarkdown({
       )
       L.push('')
       L.push(
-        `Image ${capacity.image}; ${capacity.cpus} CPUs. Host memory: a child process holding that many idle sandboxes (each ran one command, so its agent is connected), RSS after collections, per sandbox past the first; the raw client (the floor's plain HTTP) made and ran a command in as many containers. The machine's figures: ${m.sandboxes} sandboxes of ours against none.`,
+        `Image ${capacity.image}; ${capacity.cpus} CPUs. Host memory: a child process holding that many idle sandboxes (each ran one command, so its agent is connected), RSS after collections, per sandbox past the first; the raw client (the floor's plain HTTP) made and ran a command in as many containers, on no network, as the addon's sandboxes under their default egress policy. The machine's figures: ${m.sandboxes} sandboxes of ours against none.`,
       )
     }
     L.push('')
