@@ -260,7 +260,7 @@ export interface NativeMeasured {
 
 /**
  * The steps of a large Code Mode request's plan (see `codemode::meter`), for the builder in
- * transport.js.
+ * lib/transport.js.
  */
 export interface NativePlanOps {
   object: number

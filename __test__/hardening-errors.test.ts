@@ -189,8 +189,8 @@ describe("Code Mode's start() failures", () => {
 test('60 downloads of a file rewritten in place are never INTERNAL: its content or a typed error', async () => {
   const p = provider()
   const id = await sandboxes.create(p)
-  // Four writers rewrite the file as fast as they can.
-  const writer = '(while :; do echo $RANDOM > f; done) >/dev/null 2>&1 </dev/null &'
+  // Four writers rewrite the file as fast as they can, until `stop` exists.
+  const writer = '(while [ ! -e stop ]; do echo $RANDOM > f; done) >/dev/null 2>&1 </dev/null &'
   await ok(p, id, Array(4).fill(writer).join(' '))
   const seen: Record<string, number> = {}
   for (let i = 0; i < 60; i++) {
@@ -208,7 +208,10 @@ test('60 downloads of a file rewritten in place are never INTERNAL: its content 
   }
   const unexpected = Object.keys(seen).filter((k) => k !== 'content' && k !== 'FILE_CHANGED')
   expect({ unexpected, seen }).toEqual({ unexpected: [], seen })
-  expect(seen.content ?? 0).toBeGreaterThan(0)
+  // How many came back whole depends on the machine's load (every write during a read is a
+  // FILE_CHANGED); once the writers stop, the file comes back whole.
+  await ok(p, id, 'touch stop; sleep 0.5')
+  expect((await p.downloadFile({ sandboxId: id, path: `${id}/f` })).toString()).toMatch(/^\d{1,5}\n$/)
 }, 120_000)
 
 test('FILE_CHANGED from the binding is SandboxFileChangedError (409), built on the host base class when given', () => {
