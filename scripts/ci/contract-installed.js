@@ -6,10 +6,13 @@
 // Usage: node scripts/ci/contract-installed.js [expected platform package suffix, e.g. linux-arm64-gnu]
 const assert = require('node:assert/strict')
 const { randomBytes } = require('node:crypto')
+const { createRequire } = require('node:module')
 const path = require('node:path')
 
-const entry = require.resolve('trueforge-docker-sandbox', { paths: [process.cwd()] })
-const { DockerSandboxProvider } = require(entry)
+// Resolved as a file in the current directory would: this script sits inside the package's own
+// folder, where its name would resolve to the package itself (self-reference through `exports`).
+const installed = createRequire(path.join(process.cwd(), 'consumer.js'))
+const { DockerSandboxProvider } = installed('trueforge-docker-sandbox')
 
 async function ok(provider, sandboxId, command) {
   const r = await provider.exec({ sandboxId, command })
