@@ -53,6 +53,9 @@ pub struct Conn {
   pub arch: Arch,
   stderr: Arc<Mutex<Vec<u8>>>,
   routes: Routes,
+  /// When the connection was made, in ms since the epoch: a container started after that runs
+  /// another agent (gVisor keeps the old agent's stream open across a restart).
+  made_ms: u128,
 }
 
 impl Conn {
@@ -219,7 +222,15 @@ async fn still_there(engine: &Engine, container: &str, c: &Conn) -> Result<bool,
         .inspect_container("inspect the sandbox container", container)
         .await
         .map_err(|e| Failure::Start(StartError::Other(e)))?;
-      match info.and_then(|i| i.state).and_then(|s| s.running) {
+      let state = info.and_then(|i| i.state);
+      let started = state
+        .as_ref()
+        .and_then(|s| s.started_at.as_deref())
+        .and_then(epoch_ms);
+      match state.and_then(|s| s.running) {
+        // Started again since this connection was made: its agent is gone, whatever its
+        // stream looks like.
+        Some(true) if started.is_some_and(|t| t > c.made_ms) => Ok(false),
         Some(true) => Ok(true),
         _ => {
           c.client.close();
@@ -228,6 +239,25 @@ async fn still_there(engine: &Engine, container: &str, c: &Conn) -> Result<bool,
       }
     }
   }
+}
+
+fn now_ms() -> u128 {
+  std::time::SystemTime::now()
+    .duration_since(std::time::UNIX_EPOCH)
+    .map_or(0, |d| d.as_millis())
+}
+
+/// The engine's RFC 3339 time (`2026-12-06T08:00:00.123456789Z`) in ms since the epoch.
+fn epoch_ms(s: &str) -> Option<u128> {
+  let secs = crate::util::timestamps::parse_time(s)? as u128;
+  let frac = s.get(19..)?.strip_prefix('.').unwrap_or("");
+  let digits: String = frac
+    .chars()
+    .take_while(char::is_ascii_digit)
+    .take(3)
+    .collect();
+  let ms = format!("{digits:0<3}").parse::<u128>().unwrap_or(0);
+  Some(secs * 1000 + ms)
 }
 
 /// Forgets the connection once it ends. Not one of the engine's background tasks: it is the
@@ -394,6 +424,7 @@ async fn launch(
     arch,
     stderr,
     routes,
+    made_ms: now_ms(),
   })
 }
 
@@ -458,5 +489,21 @@ async fn no_hello(
     }
     Ok(Some(_)) => Failure::Unavailable(text),
     Err(e) => Failure::Start(StartError::Other(e)),
+  }
+}
+
+#[cfg(test)]
+mod tests {
+  use super::epoch_ms;
+
+  #[test]
+  fn engine_times_read_to_the_millisecond() {
+    let whole = epoch_ms("2026-12-06T08:00:00Z").expect("a time");
+    assert_eq!(
+      epoch_ms("2026-12-06T08:00:00.123456789Z"),
+      Some(whole + 123)
+    );
+    assert_eq!(epoch_ms("2026-12-06T08:00:00.5Z"), Some(whole + 500));
+    assert_eq!(epoch_ms("0001-01-01T00:00:00Z"), None);
   }
 }
