@@ -210,18 +210,21 @@ const PROBE_WAIT: Duration = Duration::from_secs(1);
 /// Whether a quiet agent still answers. Its container may have stopped (or the agent died)
 /// while its engine has not closed the stream yet: a call sent then would be lost with no way
 /// to know whether it ran, while a ping that fails proves nothing was sent, so a new agent can
-/// take the call. A slow answer is not a failure while the container runs; once it stopped, the
-/// agent is gone (gVisor's engine keeps the stream of a stopped sandbox's exec open), and the
-/// caller starts the container again (`StartError::NotRunning`).
+/// take the call. A slow answer is not a failure while the container runs; once it stopped (or
+/// started again), the agent is gone (gVisor's engine keeps the stream of a stopped sandbox's
+/// exec open), and the caller starts the container (or a new agent) again.
 async fn still_there(engine: &Engine, container: &str, c: &Conn) -> Result<bool, Failure> {
   match tokio::time::timeout(PROBE_WAIT, c.client.ping()).await {
     Ok(Ok(_)) => Ok(true),
     Ok(Err(_)) => Ok(false),
     Err(_) => {
-      let info = engine
-        .inspect_container("inspect the sandbox container", container)
-        .await
-        .map_err(|e| Failure::Start(StartError::Other(e)))?;
+      // An engine that does not answer either (frozen, say) tells nothing: the call goes on
+      // the connection, under its own deadline, as it would have without the ping.
+      let inspect = engine.inspect_container("inspect the sandbox container", container);
+      let Ok(info) = tokio::time::timeout(PROBE_WAIT, inspect).await else {
+        return Ok(true);
+      };
+      let info = info.map_err(|e| Failure::Start(StartError::Other(e)))?;
       let state = info.and_then(|i| i.state);
       let started = state
         .as_ref()
