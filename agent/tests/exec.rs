@@ -275,6 +275,14 @@ async fn without_a_subreaper_the_session_guard_keeps_every_escape() {
   })
   .await;
   let h = a.client.hello();
+  // qemu-user (the aarch64 binary's runner here) emulates no seccomp filter.
+  let emulated = !std::env::var("TRUEFORGE_AGENT_RUNNER")
+    .unwrap_or_default()
+    .is_empty();
+  if emulated && !h.session_guard {
+    eprintln!("skipped: the emulator runs no seccomp filter, so there is no session guard: {h:?}");
+    return;
+  }
   assert!(!h.subreaper && h.session_guard, "{h:?}");
   // setsid succeeds for the program, which stays in the command's session.
   let out = a
