@@ -42,6 +42,19 @@ pub fn rfc3339(secs: u64) -> String {
   )
 }
 
+/// `parse_time` to the millisecond (`…:00.123456789Z`): whether a container started before or
+/// after something this process did a moment ago.
+pub fn parse_time_ms(s: &str) -> Option<u64> {
+  let secs = parse_time(s)?;
+  let frac = s.get(19..)?.strip_prefix('.').unwrap_or("");
+  let digits: String = frac
+    .chars()
+    .take_while(char::is_ascii_digit)
+    .take(3)
+    .collect();
+  Some(secs * 1000 + format!("{digits:0<3}").parse::<u64>().unwrap_or(0))
+}
+
 /// Parses the engine's RFC 3339 timestamps (`2026-11-29T09:00:00.123456789Z`) to epoch
 /// seconds; `None` for the zero time the engine uses for "never".
 pub fn parse_time(s: &str) -> Option<u64> {
@@ -85,6 +98,18 @@ pub fn parse_time(s: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
   use super::*;
+
+  #[test]
+  fn engine_times_read_to_the_millisecond() {
+    let whole = parse_time_ms("2026-12-06T08:00:00Z").expect("a time");
+    assert_eq!(whole % 1000, 0);
+    assert_eq!(
+      parse_time_ms("2026-12-06T08:00:00.123456789Z"),
+      Some(whole + 123)
+    );
+    assert_eq!(parse_time_ms("2026-12-06T08:00:00.5Z"), Some(whole + 500));
+    assert_eq!(parse_time_ms("0001-01-01T00:00:00Z"), None);
+  }
 
   #[test]
   fn formatted() {

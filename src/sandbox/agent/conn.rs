@@ -28,6 +28,7 @@ use crate::sandbox::container::Target;
 use crate::sandbox::exec::{is_pid_exhaustion, StartError};
 use crate::util::errors::SandboxError;
 use crate::util::logging::Logger;
+use crate::util::timestamps;
 
 /// A container's connection slot: `None` while none is up.
 pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
@@ -55,7 +56,7 @@ pub struct Conn {
   routes: Routes,
   /// When the connection was made, in ms since the epoch: a container started after that runs
   /// another agent (gVisor keeps the old agent's stream open across a restart).
-  made_ms: u128,
+  made_ms: u64,
 }
 
 impl Conn {
@@ -229,7 +230,7 @@ async fn still_there(engine: &Engine, container: &str, c: &Conn) -> Result<bool,
       let started = state
         .as_ref()
         .and_then(|s| s.started_at.as_deref())
-        .and_then(epoch_ms);
+        .and_then(timestamps::parse_time_ms);
       match state.and_then(|s| s.running) {
         // Started again since this connection was made: its agent is gone, whatever its
         // stream looks like.
@@ -242,25 +243,6 @@ async fn still_there(engine: &Engine, container: &str, c: &Conn) -> Result<bool,
       }
     }
   }
-}
-
-fn now_ms() -> u128 {
-  std::time::SystemTime::now()
-    .duration_since(std::time::UNIX_EPOCH)
-    .map_or(0, |d| d.as_millis())
-}
-
-/// The engine's RFC 3339 time (`2026-12-06T08:00:00.123456789Z`) in ms since the epoch.
-fn epoch_ms(s: &str) -> Option<u128> {
-  let secs = crate::util::timestamps::parse_time(s)? as u128;
-  let frac = s.get(19..)?.strip_prefix('.').unwrap_or("");
-  let digits: String = frac
-    .chars()
-    .take_while(char::is_ascii_digit)
-    .take(3)
-    .collect();
-  let ms = format!("{digits:0<3}").parse::<u128>().unwrap_or(0);
-  Some(secs * 1000 + ms)
 }
 
 /// Forgets the connection once it ends. Not one of the engine's background tasks: it is the
@@ -427,7 +409,7 @@ async fn launch(
     arch,
     stderr,
     routes,
-    made_ms: now_ms(),
+    made_ms: timestamps::now_ms(),
   })
 }
 
@@ -492,21 +474,5 @@ async fn no_hello(
     }
     Ok(Some(_)) => Failure::Unavailable(text),
     Err(e) => Failure::Start(StartError::Other(e)),
-  }
-}
-
-#[cfg(test)]
-mod tests {
-  use super::epoch_ms;
-
-  #[test]
-  fn engine_times_read_to_the_millisecond() {
-    let whole = epoch_ms("2026-12-06T08:00:00Z").expect("a time");
-    assert_eq!(
-      epoch_ms("2026-12-06T08:00:00.123456789Z"),
-      Some(whole + 123)
-    );
-    assert_eq!(epoch_ms("2026-12-06T08:00:00.5Z"), Some(whole + 500));
-    assert_eq!(epoch_ms("0001-01-01T00:00:00Z"), None);
   }
 }
