@@ -10,7 +10,7 @@ use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use trueforge_agent_proto::codemode::{MAX_MESSAGE_BYTES, MAX_REPLY_BYTES};
 use trueforge_agent_proto::msg::{
@@ -156,7 +156,7 @@ pub(crate) async fn read_request(conn: &mut UnixStream) -> Option<Result<BytesMu
     if body.capacity() - body.len() < 1024 {
       body.reserve(body.len().max(4096));
     }
-    match conn.read_buf(&mut body).await {
+    match read_some(conn, &mut body).await {
       Ok(0) => break,
       Ok(n) => {
         size += n;
@@ -174,6 +174,19 @@ pub(crate) async fn read_request(conn: &mut UnixStream) -> Option<Result<BytesMu
     )));
   }
   Some(Ok(body))
+}
+
+/// One read from a client, as `read_buf` but without tokio's shortcut of waiting for the next
+/// event after a short read: gVisor reports a client's `shutdown(SHUT_WR)` that lands with its
+/// last bytes as readable only (no hang-up), so after that short read no event would come and
+/// the request would never end. Reading again until the socket says "would block" sees the end.
+async fn read_some(conn: &UnixStream, body: &mut BytesMut) -> io::Result<usize> {
+  loop {
+    match conn.try_read_buf(body) {
+      Err(e) if e.kind() == io::ErrorKind::WouldBlock => conn.readable().await?,
+      r => return r,
+    }
+  }
 }
 
 /// One client connection: its request to the host, the host's reply back.
