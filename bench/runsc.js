@@ -107,7 +107,10 @@ async function measure(runtime, agent) {
 
 const dispatcher = {
   close() {},
-  async dispatch() {
+  async dispatch({ request }) {
+    // The client asks which tools the server has before it calls one.
+    if (request.op === 'list_tools')
+      return { ok: true, result: { tools: [{ name: 'echo', annotations: { readOnlyHint: true } }] } }
     return { ok: true, result: { content: [], structuredContent: { echoed: {} } } }
   },
 }
