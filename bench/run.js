@@ -1233,6 +1233,7 @@ function renderMarkdown({
             '× bound',
             'heap growth MiB',
             'longest stall ms',
+            'that stall: on a CPU / waiting for one, ms',
             'longest GC pause ms',
             'dispatched',
             'refused',

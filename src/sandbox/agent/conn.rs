@@ -356,6 +356,10 @@ type Output = std::pin::Pin<
   Box<dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
 >;
 
+/// The agent stream's first read buffer. It grows for a larger frame; an idle connection holds
+/// it for as long as the sandbox lives (1 MiB here made each idle sandbox cost the host 1 MiB).
+const OUTPUT_BUFFER: usize = 64 * 1024;
+
 /// Starts the agent at `path` (as root, or as `user`) and waits for its hello.
 async fn launch(
   engine: &Engine,
@@ -374,7 +378,7 @@ async fn launch(
     .await
     .map_err(start)?;
   let StartExecResults::Attached { output, input } = engine
-    .start_exec(op, &id, Some(1 << 20), limit)
+    .start_exec(op, &id, Some(OUTPUT_BUFFER), limit)
     .await
     .map_err(start)?
   else {
