@@ -442,7 +442,7 @@ extern "C" fn command_entry(arg: *mut libc::c_void) -> libc::c_int {
 /// Starts the command's process as posix_spawn does (`CLONE_VM | CLONE_VFORK`): it runs in the
 /// shepherd's memory, on a stack of its own, until its exec, and the shepherd waits until then.
 /// A fork would copy the shepherd's address space (the agent's, as forked) only for the exec to
-/// drop it: that copy cost about 0.7 ms per command here, and several under gVisor.
+/// drop it, a copy that costs more the larger the agent, and far more under gVisor.
 /// Until then `command` writes only its own stack and the thread's errno, which the shepherd
 /// sets again before it reads it.
 unsafe fn spawn_command(plan: &Plan, errfd: libc::c_int) -> libc::pid_t {

@@ -356,8 +356,8 @@ type Output = std::pin::Pin<
   Box<dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
 >;
 
-/// The agent stream's first read buffer. It grows for a larger frame; an idle connection holds
-/// it for as long as the sandbox lives (1 MiB here made each idle sandbox cost the host 1 MiB).
+/// The agent stream's first read buffer, kept small: it grows for a larger frame, and an idle
+/// connection holds it for as long as its sandbox lives, so it is the host's cost per sandbox.
 const OUTPUT_BUFFER: usize = 64 * 1024;
 
 /// Starts the agent at `path` (as root, or as `user`) and waits for its hello.
