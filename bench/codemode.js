@@ -21,20 +21,12 @@ const { join } = require('node:path')
 const Docker = require('dockerode')
 
 const { DockerSandboxProvider } = require('..')
+const { ECHO_DISPATCHER: dispatcher, ECHO_SERVERS: SERVERS } = require('./impl/common')
 
 const IMAGE = process.env.BENCH_IMAGE || 'trueforge-sandbox-debian:12'
 const API_CALLS = Number(process.argv[2] || 300)
 const CLI_CALLS = Number(process.argv[3] || 60)
 const ROUNDS = Number(process.argv[4] || 5)
-
-const dispatcher = {
-  close() {},
-  async dispatch({ request }) {
-    if (request.op === 'list_tools')
-      return { ok: true, result: { tools: [{ name: 'echo', annotations: { readOnlyHint: true } }] } }
-    return { ok: true, result: { content: [], structuredContent: { echoed: request.arguments ?? {} } } }
-  },
-}
 
 const MEASURE = `
 import asyncio, json, subprocess, sys, time
@@ -73,8 +65,6 @@ for i in range(cli_n):
 print(json.dumps({"api_p50": pct(a, .5), "api_p99": pct(a, .99), "cli_p50": pct(c, .5), "cli_p99": pct(c, .99),
                   "pycli_p50": pct(py, .5), "startup_p50": pct(s, .5)}))
 `
-
-const SERVERS = Buffer.from(JSON.stringify({ demo: { allowed_tools: [] } })).toString('base64')
 
 function docker(args) {
   return execFileSync('docker', args, { encoding: 'utf8', maxBuffer: 16 << 20 }).trim()

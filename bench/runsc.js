@@ -17,6 +17,7 @@ const { randomBytes } = require('node:crypto')
 
 const { DockerSandboxProvider } = require('..')
 const floor = require('./impl/floor')
+const { ECHO_DISPATCHER, ECHO_SERVERS } = require('./impl/common')
 
 const RUNS = Number(process.env.BENCH_RUNS || 20)
 const IMAGE = process.env.BENCH_IMAGE || 'trueforge-sandbox-busybox:1'
@@ -105,16 +106,6 @@ async function measure(runtime, agent) {
   }
 }
 
-const dispatcher = {
-  close() {},
-  async dispatch({ request }) {
-    // The client asks which tools the server has before it calls one.
-    if (request.op === 'list_tools')
-      return { ok: true, result: { tools: [{ name: 'echo', annotations: { readOnlyHint: true } }] } }
-    return { ok: true, result: { content: [], structuredContent: { echoed: {} } } }
-  },
-}
-
 /**
  * A Code Mode round trip from inside the sandbox: `mcp-client call-tool` (the agent's static
  * client, installed as TrueForge installs it) to a dispatcher here, per call, timed as a loop of
@@ -131,9 +122,12 @@ async function codeModeCall(p, id) {
   await p.uploadFile({ sandboxId: id, remotePath: install.remotePath, content: Buffer.from(install.content) })
   const link = install.pathBinSymlink ? `ln -sf ${install.remotePath} ${install.pathBinSymlink}` : 'true'
   await sh(`chmod 0555 ${install.remotePath} && ${link}`)
-  const { env } = await transport.start({ codeModeDispatcher: dispatcher, sandboxId: id, requestTimeoutSeconds: 60 })
-  const servers = Buffer.from(JSON.stringify({ demo: { allowed_tools: [] } })).toString('base64')
-  const full = { ...env, TFY_MCP_SERVERS: servers, TFY_ENABLE_AGENT_APPROVALS: 'true' }
+  const { env } = await transport.start({
+    codeModeDispatcher: ECHO_DISPATCHER,
+    sandboxId: id,
+    requestTimeoutSeconds: 60,
+  })
+  const full = { ...env, TFY_MCP_SERVERS: ECHO_SERVERS, TFY_ENABLE_AGENT_APPROVALS: 'true' }
   try {
     await sh("mcp-client call-tool demo echo '{}' >/dev/null", full)
     const loop = async (n) => {

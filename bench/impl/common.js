@@ -182,7 +182,25 @@ function splitPath(p) {
   return { dir: path.posix.dirname(p), name: path.posix.basename(p) }
 }
 
+/**
+ * The Code Mode dispatcher the benches call: one MCP server `demo` with one tool, `echo`, which
+ * gives back its arguments. The client lists the server's tools before it calls one.
+ */
+const ECHO_DISPATCHER = {
+  close() {},
+  async dispatch({ request }) {
+    if (request.op === 'list_tools')
+      return { ok: true, result: { tools: [{ name: 'echo', annotations: { readOnlyHint: true } }] } }
+    return { ok: true, result: { content: [], structuredContent: { echoed: request.arguments ?? {} } } }
+  },
+}
+
+/** `TFY_MCP_SERVERS` for it: every tool of `demo` allowed. */
+const ECHO_SERVERS = Buffer.from(JSON.stringify({ demo: { allowed_tools: [] } })).toString('base64')
+
 module.exports = {
+  ECHO_DISPATCHER,
+  ECHO_SERVERS,
   ADDON_ENGINE_NAMESPACE,
   ENGINE_PATH,
   SOCKET,

@@ -47,12 +47,14 @@ pub fn rfc3339(secs: u64) -> String {
 pub fn parse_time_ms(s: &str) -> Option<u64> {
   let secs = parse_time(s)?;
   let frac = s.get(19..)?.strip_prefix('.').unwrap_or("");
-  let digits: String = frac
-    .chars()
-    .take_while(char::is_ascii_digit)
+  // The first three digits of the fraction, padded with zeros.
+  let ms = frac
+    .bytes()
+    .take_while(u8::is_ascii_digit)
+    .chain(std::iter::repeat(b'0'))
     .take(3)
-    .collect();
-  Some(secs * 1000 + format!("{digits:0<3}").parse::<u64>().unwrap_or(0))
+    .fold(0, |ms, d| ms * 10 + u64::from(d - b'0'));
+  Some(secs * 1000 + ms)
 }
 
 /// Parses the engine's RFC 3339 timestamps (`2026-11-29T09:00:00.123456789Z`) to epoch
