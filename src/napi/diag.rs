@@ -54,7 +54,9 @@ impl NativeEngineStats {
       image_works: n(works.as_ref().map_or(0, |i| i.works())),
       pool_refills: n(shared.peek::<pool::State>().map_or(0, |p| p.refills())),
       reaper_leases: n(shared.peek::<reaper::State>().map_or(0, |r| r.leases())),
-      agent_connections: n(shared.peek::<agent::State>().map_or(0, |a| a.connections())),
+      agent_connections: n(shared
+        .peek::<agent::conn::Conns>()
+        .map_or(0, |a| a.connections())),
     }
   }
 }

@@ -205,13 +205,7 @@ impl Provider {
       }
     };
     if state.as_ref().and_then(|s| s.paused) == Some(true) {
-      return crate::sandbox::container::ensure_started(
-        engine,
-        target,
-        self.placement.as_ref(),
-        &self.log,
-      )
-      .await;
+      return self.ensure_started(engine, target).await;
     }
     // Three seconds without a word at least (a ping's second, then this grace), so one slow
     // answer on a loaded machine never costs the agent and the calls it serves.
@@ -354,7 +348,7 @@ impl Provider {
         let reason = if self.agent.enabled {
           engine
             .shared
-            .state::<agent::State>()
+            .state::<agent::down::Downs>()
             .down_reason(&container)
             .unwrap_or_else(|| "the agent cannot run in this sandbox".into())
         } else {
@@ -420,7 +414,7 @@ impl Provider {
         Ok(Standing::Gone | Standing::Removing) => return not_available(&target.sandbox_id),
         Ok(Standing::Stopped) => break "the sandbox's container stopped".to_string(),
         Ok(Standing::Running) if std::time::Instant::now() >= deadline => {
-          let state = engine.shared.state::<agent::State>();
+          let state = engine.shared.state::<agent::down::Downs>();
           let gave_up = state.lost_agent(target, &detail, &self.log);
           break format!(
             "the container still runs on the engine at {}: the agent was killed or died{}",

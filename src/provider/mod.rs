@@ -115,7 +115,7 @@ impl Provider {
       hold.release().await;
       // The engine's last provider: its sandboxes' agents go too (the next call starts one).
       if let Some(e) = engine.filter(|e| e.shared.stats().providers == 0) {
-        if let Some(agents) = e.shared.peek::<crate::sandbox::agent::State>() {
+        if let Some(agents) = e.shared.peek::<crate::sandbox::agent::conn::Conns>() {
           agents.close_all();
         }
       }
@@ -133,6 +133,15 @@ impl Provider {
   /// How the engine is reached (address, TLS, where it was chosen).
   pub fn endpoint(&self) -> &crate::engine::endpoint::Endpoint {
     &self.endpoint
+  }
+
+  /// Starts `target`'s container when it is stopped (or unpauses it). A container started
+  /// again runs none of its last life's processes: its agent is tried again on the next call.
+  async fn ensure_started(&self, engine: &Engine, target: &Target) -> Result<()> {
+    if container::ensure_started(engine, target, self.placement.as_ref(), &self.log).await? {
+      crate::sandbox::agent::restarted(engine, &target.container_id);
+    }
+    Ok(())
   }
 
   async fn engine(&self) -> Result<Engine> {
@@ -397,7 +406,7 @@ impl Provider {
     if target.exclusive_gpus {
       // Files go only into a running exclusive sandbox: a stopped one may be moving to other
       // GPUs, and a write into the container it leaves would be lost.
-      container::ensure_started(&engine, &target, self.placement.as_ref(), &self.log).await?;
+      self.ensure_started(&engine, &target).await?;
       target = container::resolve(&engine, &self.scope, sandbox_id).await?;
     }
     let ro = self.cfg.read_only_rootfs;

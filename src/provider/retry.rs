@@ -166,8 +166,7 @@ impl Provider {
       }
       Standing::Running | Standing::Stopped => {}
     }
-    let started =
-      container::ensure_started(engine, target, self.placement.as_ref(), &self.log).await;
+    let started = self.ensure_started(engine, target).await;
     match started {
       Err(e) if unclear(&e) => match container::standing(engine, &self.scope, target).await? {
         Standing::Removing | Standing::Gone => Err(not_available(&target.sandbox_id)),

@@ -31,7 +31,7 @@ while :; do
 done
 "#;
 
-/// The init's `$0`: how a container's entrypoint is known as ours (`agent::Facts`).
+/// The init's `$0`: how a container's entrypoint is known as ours (`agent::facts::Facts`).
 pub const INIT_NAME: &str = "trueforge-init";
 
 /// `INIT_SCRIPT` for sandboxes made to run the in-sandbox agent (`find` reads the file where GNU

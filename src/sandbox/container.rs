@@ -36,7 +36,7 @@ pub struct Target {
   /// The container's `Config.User`: whom commands and files run as (`None`: root).
   pub user: Option<String>,
   /// What the in-sandbox agent needs to know about the container.
-  pub agent: std::sync::Arc<crate::sandbox::agent::Facts>,
+  pub agent: std::sync::Arc<crate::sandbox::agent::facts::Facts>,
 }
 
 /// Per-engine state (kept per engine: `EngineShared::state`).
@@ -153,7 +153,7 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
     .id
     .clone()
     .ok_or_else(|| SandboxError::Internal("inspect returned no id".into()))?;
-  let user = crate::sandbox::agent::sandbox_user(&info);
+  let user = crate::sandbox::agent::facts::sandbox_user(&info);
   let owner = match resolve_owner(engine, &container_id, user.as_deref()).await {
     Ok(owner) => owner,
     // A container removed meanwhile fails the read of its passwd in odd ways (a missing file,
@@ -178,7 +178,7 @@ pub async fn resolve(engine: &Engine, scope: &Scope, sandbox_id: &str) -> Result
     tenant: scope.tenant.clone(),
     exclusive_gpus: devices::gpus_of(&info).is_some(),
     saved: crate::sandbox::swap::saved_of(info.config.as_ref().and_then(|c| c.labels.as_ref())),
-    agent: crate::sandbox::agent::Facts::of(&info).into(),
+    agent: crate::sandbox::agent::facts::Facts::of(&info).into(),
     user,
   };
   remember(engine, &t);
@@ -322,12 +322,13 @@ pub async fn remove_container(engine: &Engine, container: &str, force: bool) -> 
 /// in this process share one start; other processes racing us get the engine's "already
 /// started", which is success too. A container that is gone is forgotten and `Ok`: the caller's
 /// next try resolves the id again (another process may have moved the sandbox to other GPUs).
+/// True when it was started through `placement`: its processes, its agent's included, are new.
 pub async fn ensure_started(
   engine: &Engine,
   target: &Target,
   placement: &dyn Placement,
   log: &Logger,
-) -> Result<()> {
+) -> Result<bool> {
   let state = engine.shared.state::<State>();
   let _guard = state.start_locks.lock(target.container_id.clone()).await;
   let Some(info) = engine
@@ -335,11 +336,11 @@ pub async fn ensure_started(
     .await?
   else {
     forget(engine, &target.name);
-    return Ok(());
+    return Ok(false);
   };
   let run = info.state.clone().unwrap_or_default();
   if run.running == Some(true) && run.paused != Some(true) && run.restarting != Some(true) {
-    return Ok(());
+    return Ok(false);
   }
   if run.paused == Some(true) {
     log.info(
@@ -348,9 +349,11 @@ pub async fn ensure_started(
     );
     return engine
       .unpause_container("unpause the sandbox", &target.container_id)
-      .await;
+      .await
+      .map(|()| false);
   }
-  placement.start(engine, target, &info, log).await
+  placement.start(engine, target, &info, log).await?;
+  Ok(true)
 }
 
 /// Starts a stopped sandbox container (no checks); one that is gone is forgotten.
@@ -364,12 +367,7 @@ pub async fn start_stopped(engine: &Engine, target: &Target, log: &Logger) -> Re
     .await?
   {
     forget(engine, &target.name);
-    return Ok(());
   }
-  // A restarted container may run the agent that its last life could not keep; the agent of
-  // its last life is gone.
-  let agents = engine.shared.state::<crate::sandbox::agent::State>();
-  agents.restarted(&target.container_id);
   Ok(())
 }
 

@@ -381,7 +381,7 @@ async fn lay_out_by_agent(
         "" => format!("it died while it laid out the new sandbox ({detail})"),
         text => format!("it died while it laid out the new sandbox ({detail}); it said: {text}"),
       };
-      let state = engine.shared.state::<agent::State>();
+      let state = engine.shared.state::<agent::down::Downs>();
       state.fall_back(target, agent::down::Cause::Create, &why, log);
       Ok(false)
     }

@@ -53,7 +53,7 @@ pub async fn remove_saved(engine: &Engine, saved: &Saved, log: &Logger) {
   for v in saved
     .volumes
     .iter()
-    .filter(|v| !crate::sandbox::agent::is_agent_volume(v))
+    .filter(|v| !crate::sandbox::agent::facts::is_agent_volume(v))
   {
     if let Err(e) = engine.remove_unused_volume(v).await {
       log.warn(

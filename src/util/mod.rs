@@ -1,5 +1,6 @@
-//! Pieces every layer uses: the error type, ids, label keys, timestamps, logging.
+//! Pieces every layer uses: the error type, ids, label keys, timestamps, logging, bounded maps.
 
+pub mod bounded;
 pub mod errors;
 pub mod ids;
 pub mod labels;

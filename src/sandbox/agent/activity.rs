@@ -6,8 +6,9 @@
 //! init, which counts `/trueforge/.activity`: calls through the agent refresh that file through
 //! the agent. Refreshes are throttled per container and never delay the call.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bollard::exec::{CreateExecOptions, StartExecResults};
@@ -16,9 +17,10 @@ use futures_util::StreamExt;
 use trueforge_agent_proto::msg::UploadSpec;
 
 use crate::engine::Engine;
-use crate::sandbox::agent::{bounded_insert, Conn, State};
+use crate::sandbox::agent::conn::Conn;
 use crate::sandbox::container::Target;
 use crate::sandbox::layout;
+use crate::util::bounded::bounded_insert;
 
 /// Refreshes the agent's activity file as root, never following or trusting what the workload
 /// put there: a file that is not root's regular file with one link is replaced.
@@ -26,6 +28,10 @@ const TOUCH_AS_ROOT: &str = r#"f=/tmp/.trueforge-agent-activity
 if [ -f "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %u:%h "$f" 2>/dev/null)" = 0:1 ]; then touch -c "$f"; exit 0; fi
 rm -rf "$f" 2>/dev/null
 t=$(mktemp /tmp/.trueforge-agent-activity.XXXXXX) && chmod 644 "$t" && mv -f "$t" "$f""#;
+
+/// When the idle stop's activity was last refreshed for each container, per engine.
+#[derive(Default)]
+struct Touched(Mutex<HashMap<String, Instant>>);
 
 /// How a container's activity must be refreshed on top of what the call itself records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,8 +92,8 @@ pub fn touch(engine: &Engine, target: &Target, conn: Option<Arc<Conn>>, keep: Ke
     return;
   }
   {
-    let state = engine.shared.state::<State>();
-    let mut touched = state.touched.lock().expect("touched");
+    let state = engine.shared.state::<Touched>();
+    let mut touched = state.0.lock().expect("touched");
     let key = &target.container_id;
     if touched
       .get(key)
@@ -161,7 +167,7 @@ async fn as_root(engine: &Engine, container: &str) -> bool {
 #[cfg(test)]
 mod tests {
   use super::*;
-  use crate::sandbox::agent::Facts;
+  use crate::sandbox::agent::facts::Facts;
 
   fn target(agent_init: bool, idle_secs: u64) -> Target {
     Target {

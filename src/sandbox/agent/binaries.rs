@@ -80,6 +80,23 @@ impl Bundle {
   }
 }
 
+/// Whether, and with which binaries, a provider uses the agent.
+#[derive(Clone)]
+pub struct Setup {
+  /// The `agent` option.
+  pub enabled: bool,
+  pub binaries: Arc<Binaries>,
+}
+
+impl Setup {
+  pub fn of(cfg: &crate::config::ProviderConfig) -> Self {
+    Self {
+      enabled: cfg.agent,
+      binaries: Binaries::of(cfg.agent_bin_dir.as_deref()),
+    }
+  }
+}
+
 /// The binaries in one directory, loaded on first use. A failure (no directory, a wrong file)
 /// is kept as the reason the agent cannot run, which `doctor` and the fallback warning show.
 pub struct Binaries {

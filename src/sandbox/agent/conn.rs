@@ -20,14 +20,10 @@ use trueforge_agent_proto::client::{AgentClient, CallHandler, ClientError, Clien
 use trueforge_agent_proto::msg::Hello;
 
 use crate::engine::Engine;
-use crate::sandbox::agent::binaries::{Arch, Binary};
-use crate::sandbox::agent::down::Cause;
-use crate::sandbox::agent::{bounded_insert, egress, ops, place, volume, Failure, Setup, State};
-use crate::sandbox::body::non_root;
-use crate::sandbox::container::Target;
+use crate::sandbox::agent::binaries::Arch;
 use crate::sandbox::exec::{is_pid_exhaustion, StartError};
+use crate::util::bounded::bounded_insert;
 use crate::util::errors::SandboxError;
-use crate::util::logging::Logger;
 use crate::util::timestamps;
 
 /// A container's connection slot: `None` while none is up.
@@ -39,9 +35,17 @@ type Routes = Arc<Mutex<HashMap<String, (u64, CallHandler)>>>;
 const MAX_STDERR: usize = 16 * 1024;
 /// How long the agent has to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// CapEff bits: CAP_SETGID, CAP_SETUID.
-const CAP_SETGID: u64 = 1 << 6;
-const CAP_SETUID: u64 = 1 << 7;
+
+/// Why no agent serves a call.
+#[derive(Debug)]
+pub enum Failure {
+  /// The container is not running, gone, or out of processes: the caller recovers as for an
+  /// engine exec (`provider::retry`).
+  Start(StartError),
+  /// The agent cannot run in this container (no binary for its platform, an exec format
+  /// error, the option is off …): calls take the engine's exec and archive endpoints.
+  Unavailable(String),
+}
 
 /// One live agent in one container.
 pub struct Conn {
@@ -60,6 +64,11 @@ pub struct Conn {
 }
 
 impl Conn {
+  /// When the connection was made, in ms since the epoch.
+  pub fn made_ms(&self) -> u64 {
+    self.made_ms
+  }
+
   pub fn hello(&self) -> &Hello {
     self.client.hello()
   }
@@ -96,8 +105,20 @@ impl Conn {
   }
 }
 
-impl State {
-  fn slot(&self, container: &str) -> Slot {
+/// The connections of one engine (kept per engine: `EngineShared::state`).
+#[derive(Default)]
+pub struct Conns {
+  /// One connection slot per container, while it has a live agent or a start under way.
+  conns: Mutex<HashMap<String, Slot>>,
+}
+
+impl Conns {
+  /// Containers with a live agent connection (or one starting).
+  pub fn connections(&self) -> usize {
+    self.conns.lock().expect("agent conns").len()
+  }
+
+  pub(crate) fn slot(&self, container: &str) -> Slot {
     let mut conns = self.conns.lock().expect("agent conns");
     if let Some(s) = conns.get(container) {
       return s.clone();
@@ -108,7 +129,7 @@ impl State {
   }
 
   /// Forgets `container`'s slot if it is still `slot` and holds nothing (or holds `conn`).
-  fn release(&self, container: &str, slot: &Slot, conn: Option<&Arc<Conn>>) {
+  pub(crate) fn release(&self, container: &str, slot: &Slot, conn: Option<&Arc<Conn>>) {
     let mut conns = self.conns.lock().expect("agent conns");
     let Some(current) = conns.get(container) else {
       return;
@@ -161,195 +182,14 @@ impl State {
   }
 }
 
-/// The container's agent, started (or replaced) when there is none alive.
-pub async fn connect(
-  engine: &Engine,
-  target: &Target,
-  setup: &Setup,
-  log: &Logger,
-) -> Result<Arc<Conn>, Failure> {
-  if !setup.enabled {
-    return Err(Failure::Unavailable("the `agent` option is false".into()));
-  }
-  let state = engine.shared.state::<State>();
-  let container = target.container_id.as_str();
-  if let Some(why) = state.down(container) {
-    return Err(Failure::Unavailable(why));
-  }
-  let slot = state.slot(container);
-  let mut held = slot.lock().await;
-  if let Some(c) = held.as_ref().filter(|c| !c.client.is_closed()) {
-    if c.client.silent_for() < PROBE_AFTER || still_there(engine, container, c).await? {
-      return Ok(c.clone());
-    }
-    c.client.close();
-  }
-  *held = None;
-  match start(engine, target, setup, log).await {
-    Ok(c) => {
-      *held = Some(c.clone());
-      drop(held);
-      watch(engine, container, slot, c.clone());
-      Ok(c)
-    }
-    Err(e) => {
-      drop(held);
-      state.release(container, &slot, None);
-      if let Failure::Unavailable(why) = &e {
-        state.fall_back(target, Cause::Start, why, log);
-      }
-      Err(e)
-    }
-  }
-}
-
-/// A connection quiet for this long is pinged before a call is sent on it.
-const PROBE_AFTER: Duration = Duration::from_millis(100);
-/// How long that ping may take before the connection is used anyway.
-const PROBE_WAIT: Duration = Duration::from_secs(1);
-
-/// Whether a quiet agent still answers. Its container may have stopped (or the agent died)
-/// while its engine has not closed the stream yet: a call sent then would be lost with no way
-/// to know whether it ran, while a ping that fails proves nothing was sent, so a new agent can
-/// take the call. A slow answer is not a failure while the container runs; once it stopped (or
-/// started again), the agent is gone (gVisor's engine keeps the stream of a stopped sandbox's
-/// exec open), and the caller starts the container (or a new agent) again.
-async fn still_there(engine: &Engine, container: &str, c: &Conn) -> Result<bool, Failure> {
-  match tokio::time::timeout(PROBE_WAIT, c.client.ping()).await {
-    Ok(Ok(_)) => Ok(true),
-    Ok(Err(_)) => Ok(false),
-    Err(_) => {
-      // An engine that does not answer either (frozen, say) tells nothing: the call goes on
-      // the connection, under its own deadline, as it would have without the ping.
-      let inspect = engine.inspect_container("inspect the sandbox container", container);
-      let Ok(info) = tokio::time::timeout(PROBE_WAIT, inspect).await else {
-        return Ok(true);
-      };
-      let info = info.map_err(|e| Failure::Start(StartError::Other(e)))?;
-      let state = info.and_then(|i| i.state);
-      let started = state
-        .as_ref()
-        .and_then(|s| s.started_at.as_deref())
-        .and_then(timestamps::parse_time_ms);
-      match state.and_then(|s| s.running) {
-        // Started again since this connection was made: its agent is gone, whatever its
-        // stream looks like.
-        Some(true) if started.is_some_and(|t| t > c.made_ms) => Ok(false),
-        Some(true) => Ok(true),
-        _ => {
-          c.client.close();
-          Err(Failure::Start(StartError::NotRunning))
-        }
-      }
-    }
-  }
-}
-
 /// Forgets the connection once it ends. Not one of the engine's background tasks: it is the
-/// connection's own, and ends with it (`State::close_all` ends them all).
-fn watch(engine: &Engine, container: &str, slot: Slot, conn: Arc<Conn>) {
-  let (state, container) = (engine.shared.state::<State>(), container.to_string());
+/// connection's own, and ends with it (`Conns::close_all` ends them all).
+pub(crate) fn watch(engine: &Engine, container: &str, slot: Slot, conn: Arc<Conn>) {
+  let (state, container) = (engine.shared.state::<Conns>(), container.to_string());
   tokio::spawn(async move {
     conn.client.closed().await;
     state.release(&container, &slot, Some(&conn));
   });
-}
-
-async fn start(
-  engine: &Engine,
-  target: &Target,
-  setup: &Setup,
-  log: &Logger,
-) -> Result<Arc<Conn>, Failure> {
-  let bundle = setup
-    .binaries
-    .bundle()
-    .await
-    .map_err(Failure::Unavailable)?;
-  let arch = image_arch(engine, &target.agent.image).await?;
-  let binary = bundle.get(arch).ok_or_else(|| {
-    Failure::Unavailable(format!(
-      "its image is built for {} and this package carries no agent binary for that platform",
-      arch.name()
-    ))
-  })?;
-  let path = binary_path(engine, target, &bundle.tag, binary).await?;
-  let user = target.user.as_deref();
-  // Podman drops every capability of a sandbox whose user is not root (`body::podman_adjust`):
-  // there the agent starts as that user at once.
-  let first = (engine.podman && non_root(user)).then_some(user).flatten();
-  let mut conn = launch(engine, &target.container_id, &path, arch, first).await?;
-  let switch = CAP_SETUID | CAP_SETGID;
-  if first.is_none() && conn.hello().cap_eff & switch != switch && non_root(user) {
-    // No capability to switch users: the agent runs as the sandbox's user itself.
-    conn.client.close();
-    conn = launch(engine, &target.container_id, &path, arch, user).await?;
-  }
-  // The static `mcp-client` and its directories, in sandboxes made by an earlier version too.
-  // Best effort: a workload that planted a link there only loses the static client.
-  let _ = ops::lay_out(&conn, ops::code_mode_layout(&conn, target)).await;
-  let conn = Arc::new(conn);
-  // Under a policy the sandbox has no network but this: a port that cannot be opened leaves it
-  // with none at all, which is safe, and says so.
-  if let Err(why) = egress::attach(engine, &conn, target, log).await {
-    log.warn(
-      "the sandbox's egress port is not open: it reaches nothing outside",
-      serde_json::json!({ "sandboxId": target.sandbox_id, "reason": why }),
-    );
-  }
-  Ok(conn)
-}
-
-/// The platform of an image (cached per image id).
-async fn image_arch(engine: &Engine, image: &str) -> Result<Arch, Failure> {
-  let state = engine.shared.state::<State>();
-  if let Some(a) = state.archs.lock().expect("archs").get(image) {
-    return Ok(*a);
-  }
-  let info = engine
-    .inspect_image(image)
-    .await
-    .map_err(|e| Failure::Start(StartError::Other(e)))?
-    .ok_or_else(|| {
-      Failure::Unavailable(format!(
-        "its image {image} is no longer in the engine, so its platform is unknown"
-      ))
-    })?;
-  let name = info.architecture.unwrap_or_default();
-  let arch = Arch::of_image(&name).ok_or_else(|| {
-    Failure::Unavailable(format!(
-      "its image is built for {name:?}, a platform the agent is not built for"
-    ))
-  })?;
-  bounded_insert(
-    &mut state.archs.lock().expect("archs"),
-    image.to_string(),
-    arch,
-  );
-  Ok(arch)
-}
-
-/// The binary's path: in the container's agent volume when it mounts ours, else placed.
-async fn binary_path(
-  engine: &Engine,
-  target: &Target,
-  tag: &str,
-  binary: &Binary,
-) -> Result<String, Failure> {
-  let mount = volume::mount_dir(tag);
-  if target.agent.mounted.as_deref() == Some(mount.as_str()) {
-    return Ok(format!("{mount}/{}", binary.arch.file_name()));
-  }
-  let placed = place::ensure(
-    engine,
-    &target.container_id,
-    target.agent.read_only_root,
-    tag,
-    binary,
-  )
-  .await
-  .map_err(|e| Failure::Start(StartError::from_engine(e)))?;
-  placed.map_err(|why| Failure::Unavailable(format!("the agent cannot be placed: {why}")))
 }
 
 type Output = std::pin::Pin<
@@ -361,7 +201,7 @@ type Output = std::pin::Pin<
 const OUTPUT_BUFFER: usize = 64 * 1024;
 
 /// Starts the agent at `path` (as root, or as `user`) and waits for its hello.
-async fn launch(
+pub(crate) async fn launch(
   engine: &Engine,
   container: &str,
   path: &str,

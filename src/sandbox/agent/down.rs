@@ -18,12 +18,14 @@
 //! endpoints); one given up for dying may lose the call it was retried on, and a single loss
 //! then gives it up again.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::sandbox::agent::{bounded_insert, State};
 use crate::sandbox::container::Target;
+use crate::util::bounded::bounded_insert;
 use crate::util::logging::Logger;
 
 /// How long an agent is given up for the first time.
@@ -58,7 +60,17 @@ impl Down {
   }
 }
 
-impl State {
+/// The sandboxes of one engine whose agent was given up, or lost (kept per engine:
+/// `EngineShared::state`).
+#[derive(Default)]
+pub struct Downs {
+  /// Containers the agent cannot run in, or cannot keep running in, and why.
+  down: Mutex<HashMap<String, Down>>,
+  /// When each container's agent was last lost while its container ran.
+  losses: Mutex<HashMap<String, Vec<Instant>>>,
+}
+
+impl Downs {
   /// Why the agent is given up in `container` now, when it is.
   pub(crate) fn down(&self, container: &str) -> Option<String> {
     let down = self.down.lock().expect("agent down");
@@ -149,16 +161,12 @@ impl State {
   }
 
   /// The provider restarted `container`: its agent is tried again on the next call (a warning
-  /// already given is not given again for the same reason), and a connection to the agent of
-  /// its last life is closed. That one is dead, but its stream may not have ended: under gVisor
-  /// the engine keeps an exec's stream open after its sandbox stopped, and a call sent on it
-  /// would wait for the silence watch (30 s) to give it up.
+  /// already given is not given again for the same reason), and its losses start over.
   pub fn restarted(&self, container: &str) {
     if let Some(d) = self.down.lock().expect("agent down").get_mut(container) {
       d.wait = Duration::ZERO;
     }
     self.losses.lock().expect("agent losses").remove(container);
-    self.close_conn(container);
   }
 }
 
@@ -183,7 +191,7 @@ mod tests {
 
   #[test]
   fn a_crash_loop_gives_the_agent_up_and_a_relapse_at_once() {
-    let s = State::default();
+    let s = Downs::default();
     let (t, log) = (target(), Logger::default());
     assert!(!s.lost_agent(&t, "killed", &log));
     assert!(!s.lost_agent(&t, "killed", &log));
@@ -204,7 +212,7 @@ mod tests {
 
   #[test]
   fn one_warning_per_sandbox_and_reason() {
-    let s = State::default();
+    let s = Downs::default();
     let t = target();
     let warned = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let w = warned.clone();
@@ -234,7 +242,7 @@ mod tests {
 
   #[test]
   fn the_wait_doubles_for_the_same_reason_up_to_the_cap() {
-    let s = State::default();
+    let s = Downs::default();
     let (t, log) = (target(), Logger::default());
     let mut waits = Vec::new();
     for _ in 0..8 {

@@ -15,8 +15,9 @@ use trueforge_agent_proto::msg::{EgressListenSpec, ErrorKind};
 use crate::config::egress::Egress as Recorded;
 use crate::egress::{Egress, EgressStats, Mode, Refusal, Served};
 use crate::engine::Engine;
-use crate::sandbox::agent::{bounded_insert, Conn};
+use crate::sandbox::agent::conn::Conn;
 use crate::sandbox::container::Target;
+use crate::util::bounded::bounded_insert;
 use crate::util::logging::{Level, Logger};
 
 /// The port the agent listens on, in the sandbox's own network namespace: the same in every

@@ -12,7 +12,7 @@ use trueforge_agent_proto::msg::{
 };
 
 use crate::engine::Engine;
-use crate::sandbox::agent::Conn;
+use crate::sandbox::agent::conn::Conn;
 use crate::sandbox::container::Target;
 use crate::sandbox::exec::{ExecOutput, ExecRequest};
 use crate::sandbox::layout;

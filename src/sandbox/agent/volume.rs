@@ -18,17 +18,13 @@ use bytes::Bytes;
 use serde_json::json;
 
 use crate::engine::{claim, Engine};
-use crate::sandbox::agent::binaries::Bundle;
-use crate::sandbox::agent::{Setup, State};
+use crate::sandbox::agent::binaries::{Bundle, Setup};
 use crate::sandbox::transfer::entry_header;
 use crate::util::errors::{Result, SandboxError};
 use crate::util::labels;
 use crate::util::logging::Logger;
 
-/// Agent volumes (and their claim containers) are named this followed by the tag.
-pub const VOLUME_PREFIX: &str = "trueforge-agent-";
-/// Where agent directories live in a sandbox: mounted volumes and placed copies alike.
-pub const MOUNT_ROOT: &str = "/.trueforge-agent";
+use crate::sandbox::agent::facts::{MOUNT_ROOT, VOLUME_PREFIX};
 use crate::util::labels::LABEL_AGENT;
 /// Where the claim container mounts the volume.
 const CLAIM_MOUNT: &str = "/agent";
@@ -42,10 +38,14 @@ const RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// What became of one tag's volume in this process.
 #[derive(Clone)]
-pub(crate) enum Made {
+enum Made {
   Ready,
   Failed(Instant),
 }
+
+/// The agent volume of each binaries tag, once made (or why not), per engine.
+#[derive(Default)]
+struct Volumes(tokio::sync::Mutex<HashMap<String, Made>>);
 
 pub fn volume_name(tag: &str) -> String {
   format!("{VOLUME_PREFIX}{tag}")
@@ -56,24 +56,6 @@ pub fn mount_dir(tag: &str) -> String {
   format!("{MOUNT_ROOT}/{tag}")
 }
 
-/// The agent directory a container has mounted from an agent volume, if any.
-pub fn mounted_dir(info: &ContainerInspectResponse) -> Option<String> {
-  let from_mounts = info.mounts.iter().flatten().find_map(|m| {
-    let name = m.name.as_deref()?;
-    let dest = m.destination.as_deref()?;
-    (name.starts_with(VOLUME_PREFIX) && dest.starts_with(MOUNT_ROOT)).then(|| dest.to_string())
-  });
-  from_mounts.or_else(|| {
-    let hc = info.host_config.as_ref()?;
-    hc.mounts.iter().flatten().find_map(|m| {
-      let source = m.source.as_deref()?;
-      let target = m.target.as_deref()?;
-      (source.starts_with(VOLUME_PREFIX) && target.starts_with(MOUNT_ROOT))
-        .then(|| target.to_string())
-    })
-  })
-}
-
 /// The read-only mount of the agent volume for a new sandbox, making and filling the volume on
 /// first use on this engine. `None` when the agent is off, has no binaries, or the volume cannot
 /// be had (logged): the sandbox is made without it and gets the binary on first use.
@@ -82,8 +64,8 @@ pub async fn mount_for_create(engine: &Engine, setup: &Setup, log: &Logger) -> O
     return None;
   }
   let bundle = setup.binaries.bundle().await.ok()?;
-  let state = engine.shared.state::<State>();
-  let mut volumes = state.volumes.lock().await;
+  let state = engine.shared.state::<Volumes>();
+  let mut volumes = state.0.lock().await;
   match volumes.get(&bundle.tag) {
     Some(Made::Ready) => {}
     Some(Made::Failed(at)) if at.elapsed() < RETRY_AFTER => return None,
@@ -327,7 +309,8 @@ async fn is_ready(engine: &Engine, claim_id: &str) -> Result<bool> {
 #[cfg(test)]
 mod tests {
   use super::*;
-  use bollard::models::HostConfig;
+  use crate::sandbox::agent::facts::mounted_dir;
+  use bollard::models::{ContainerInspectResponse, HostConfig};
 
   #[test]
   fn names_and_the_mounted_dir() {
