@@ -467,13 +467,11 @@ fn describe(edges: &[(String, Vec<(String, usize)>)], circle: &[String]) -> Stri
 ///   of `conn`, `down` and `volume`, which each use it; `down` closes `conn`'s connections;
 ///   `container` reads `Facts` there and tells it of restarts. Each module keeping its own state
 ///   (the engine keeps state per type) breaks it.
-/// - The agent client: `Stream` and the connection's `Shared` state hold each other.
-const KNOWN_CIRCLES: [(&str, &str); 2] = [
+const KNOWN_CIRCLES: [(&str, &str); 1] = [
   (
     "src",
     "sandbox::agent, sandbox::agent::conn, sandbox::agent::down, sandbox::agent::egress, sandbox::agent::ops, sandbox::agent::volume, sandbox::container, sandbox::swap",
   ),
-  ("agent-proto/src", "client, client::stream"),
 ];
 
 /// No module, in the addon, the agent or the protocol crate, depends on itself through others:
