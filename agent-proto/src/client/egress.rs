@@ -77,10 +77,10 @@ impl EgressConn {
 
   /// Why the stream is gone, as the I/O error a proxy passes on.
   fn gone(&self) -> io::Error {
-    if self.stream.shared().is_ended() {
+    if self.stream.carrier().is_ended() {
       io::Error::new(
         io::ErrorKind::ConnectionAborted,
-        self.stream.shared().ended_error().to_string(),
+        self.stream.carrier().ended_error().to_string(),
       )
     } else {
       io::Error::new(

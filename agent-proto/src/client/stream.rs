@@ -1,6 +1,7 @@
 //! One stream's two ends inside the client: the `Slot` the reader task routes frames into, and
 //! the `Stream` a request (or a Code Mode call) reads them from and sends data on, with credit
-//! both ways.
+//! both ways. A stream reaches its connection only through `Carrier`, so that the connection's
+//! state (which holds the streams' slots, and the calls made of streams) can sit above it.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -8,9 +9,31 @@ use std::task::{Context, Poll};
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::sync::{mpsc, Semaphore};
 
-use super::{ClientError, Shared};
+use super::error::ClientError;
 use crate::frame::{self, Frame, Kind, CREDIT_BATCH, HEADER_LEN, MAX_DATA, WINDOW};
 use crate::msg::{AgentError, ErrorKind, Outcome};
+
+/// What a stream needs of the connection that carries it (the connection's `Shared` state).
+pub(super) trait Carrier: Send + Sync {
+  /// Writes one frame.
+  fn send(&self, f: &Frame);
+  /// Writes encoded frames, together.
+  fn send_bytes(&self, b: Bytes);
+  /// Writes a data frame with the caller's bytes as they are.
+  fn send_data(&self, id: u32, data: Bytes);
+  /// Ends the connection: every stream's waiter wakes with `StreamEnded`.
+  fn end(&self, reason: String);
+  /// Whether the connection has ended.
+  fn is_ended(&self) -> bool;
+  /// The `StreamEnded` error, with why the connection ended.
+  fn ended_error(&self) -> ClientError;
+  /// Takes `n` bytes granted back off stream `id`'s count; `false` when the stream is no longer
+  /// routed (then there is nothing to grant).
+  fn granted(&self, id: u32, n: u32) -> bool;
+  /// Stops routing stream `id` and closes its credit; `counted`: it was one of the open Code Mode
+  /// calls, one fewer now.
+  fn release(&self, id: u32, counted: bool);
+}
 
 /// What arrives on a stream.
 pub(super) enum Inbound {
@@ -47,7 +70,7 @@ pub(super) enum Origin {
 
 /// The caller's end of a stream.
 pub(super) struct Stream {
-  shared: Arc<Shared>,
+  carrier: Arc<dyn Carrier>,
   id: u32,
   rx: mpsc::UnboundedReceiver<Inbound>,
   credit: Arc<Semaphore>,
@@ -66,12 +89,17 @@ pub(super) struct Stream {
 }
 
 impl Stream {
-  pub fn new(shared: Arc<Shared>, id: u32, origin: Origin) -> (Slot, Stream) {
-    Self::with_window(shared, id, origin, WINDOW)
+  pub fn new(carrier: Arc<dyn Carrier>, id: u32, origin: Origin) -> (Slot, Stream) {
+    Self::with_window(carrier, id, origin, WINDOW)
   }
 
   /// A stream on which the agent sends at most `window` bytes before we grant more.
-  pub fn with_window(shared: Arc<Shared>, id: u32, origin: Origin, window: u32) -> (Slot, Stream) {
+  pub fn with_window(
+    carrier: Arc<dyn Carrier>,
+    id: u32,
+    origin: Origin,
+    window: u32,
+  ) -> (Slot, Stream) {
     let (tx, rx) = mpsc::unbounded_channel();
     let credit = Arc::new(Semaphore::new(WINDOW as usize));
     let slot = Slot {
@@ -82,7 +110,7 @@ impl Stream {
       egress: origin == Origin::Egress,
     };
     let stream = Stream {
-      shared,
+      carrier,
       id,
       rx,
       credit,
@@ -110,13 +138,13 @@ impl Stream {
       Some(m) => Ok(m),
       None => {
         self.finished = true;
-        Err(self.shared.ended_error())
+        Err(self.carrier.ended_error())
       }
     }
   }
 
   /// `next` for a poller: `None` once the stream is over for us (the agent cancelled it, or the
-  /// connection ended: `Shared::is_ended` says which).
+  /// connection ended: `Carrier::is_ended` says which).
   pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Inbound>> {
     if let Some(m) = self.early.take() {
       return Poll::Ready(Some(m));
@@ -147,14 +175,9 @@ impl Stream {
       return;
     }
     let n = std::mem::take(&mut self.consumed);
-    {
-      let mut st = self.shared.state.lock().expect("state");
-      match st.streams.get_mut(&self.id) {
-        Some(slot) => slot.unacked = slot.unacked.saturating_sub(n as u64),
-        None => return,
-      }
+    if self.carrier.granted(self.id, n) {
+      self.carrier.send(&Frame::credit(self.id, n));
     }
-    self.shared.send(&Frame::credit(self.id, n));
   }
 
   /// Sends `data` in chunks, each once the agent has granted room for it. `Ok(false)` when the
@@ -175,7 +198,7 @@ impl Stream {
             }
             None => {
               self.finished = true;
-              return Err(self.shared.ended_error());
+              return Err(self.carrier.ended_error());
             }
           }
         }
@@ -191,14 +214,14 @@ impl Stream {
                 Some(_) => Ok(false),
                 None => {
                   self.finished = true;
-                  Err(self.shared.ended_error())
+                  Err(self.carrier.ended_error())
                 }
               };
             }
           }
         }
       }
-      self.shared.send_data(self.id, chunk);
+      self.carrier.send_data(self.id, chunk);
     }
     Ok(true)
   }
@@ -214,7 +237,7 @@ impl Stream {
     let mut b = BytesMut::with_capacity(HEADER_LEN + data.len());
     b.put_slice(&frame::header(Kind::Data, self.id, data.len()));
     b.put_slice(data);
-    self.shared.send_bytes(b.freeze());
+    self.carrier.send_bytes(b.freeze());
   }
 
   /// Whether the stream is over for us (answered, or given up by the agent).
@@ -222,13 +245,14 @@ impl Stream {
     self.finished
   }
 
-  pub fn shared(&self) -> &Arc<Shared> {
-    &self.shared
+  /// The connection this stream is on.
+  pub fn carrier(&self) -> &dyn Carrier {
+    &*self.carrier
   }
 
   /// No more data from us.
   pub fn send_end(&self) {
-    self.shared.send(&Frame::empty(Kind::End, self.id));
+    self.carrier.send(&Frame::empty(Kind::End, self.id));
   }
 
   /// Answers an agent-opened stream and forgets it.
@@ -236,7 +260,7 @@ impl Stream {
     self.finished = true;
     self.release();
     self
-      .shared
+      .carrier
       .send(&Frame::json(Kind::Result, self.id, outcome));
   }
 
@@ -260,7 +284,7 @@ impl Stream {
     let mut both = BytesMut::new();
     Frame::new(Kind::Data, self.id, data.clone()).encode(&mut both);
     Frame::json(Kind::Result, self.id, outcome).encode(&mut both);
-    self.shared.send_bytes(both.freeze());
+    self.carrier.send_bytes(both.freeze());
     true
   }
 
@@ -268,18 +292,13 @@ impl Stream {
   pub fn violation(&mut self, what: &str) -> ClientError {
     self.finished = true;
     let reason = format!("protocol error: {what}");
-    self.shared.end(reason.clone());
+    self.carrier.end(reason.clone());
     ClientError::Protocol(what.to_string())
   }
 
   fn release(&mut self) {
-    let mut st = self.shared.state.lock().expect("state");
-    if let Some(slot) = st.remove(self.id) {
-      slot.credit.close();
-    }
-    if std::mem::take(&mut self.counted) {
-      st.open_calls = st.open_calls.saturating_sub(1);
-    }
+    let counted = std::mem::take(&mut self.counted);
+    self.carrier.release(self.id, counted);
   }
 }
 
@@ -295,7 +314,7 @@ impl Drop for Stream {
       Origin::Host => {
         // Abandoned: the agent stops (a running command is killed, a partial upload removed).
         self.release();
-        self.shared.send(&Frame::empty(Kind::Cancel, self.id));
+        self.carrier.send(&Frame::empty(Kind::Cancel, self.id));
         return;
       }
     };

@@ -1,8 +1,16 @@
 //! The client against a scripted agent on an in-memory pipe.
 
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{duplex, split, AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
+
 use super::*;
-use crate::msg::{ErrorKind, FileKind};
-use tokio::io::{duplex, split, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
+use crate::frame::{self, Frame, Kind, AGENT_STREAM, MAX_DATA, MAX_PAYLOAD, WINDOW};
+use crate::msg::{
+  AgentError, AgentRequest, DownloadHead, DownloadSpec, ErrorKind, ExecDone, ExecSpec, FileKind,
+  Hello, Outcome, PingInfo, Request, UploadDone, UploadSpec,
+};
 
 pub(super) struct Fake {
   rd: ReadHalf<DuplexStream>,
