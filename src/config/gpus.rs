@@ -235,6 +235,22 @@ mod tests {
   }
 
   #[test]
+  fn gpus_forms() {
+    let g = |v: Value| {
+      ProviderConfig::from_json(json!({ "image": "x", "gpus": v }))
+        .unwrap()
+        .gpus
+    };
+    assert_eq!(g(json!("all")), Some(Gpus::All));
+    assert_eq!(g(json!(2)), Some(Gpus::Count(2)));
+    assert_eq!(
+      g(json!(["0", "GPU-abc-1"])),
+      Some(Gpus::Devices(vec!["0".into(), "GPU-abc-1".into()]))
+    );
+    assert_eq!(g(Value::Null), None);
+  }
+
+  #[test]
   fn gpus_option_forms() {
     let g = |v: Value| cfg(json!({ "gpus": v })).expect("valid").gpus;
     assert_eq!(

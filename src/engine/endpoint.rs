@@ -755,4 +755,26 @@ pub(crate) mod tests {
       assert_eq!(normalize_docker_host(ok, "dockerHost").unwrap(), ok);
     }
   }
+
+  #[test]
+  fn docker_hosts() {
+    assert_eq!(
+      normalize_docker_host("tcp://1.2.3.4:2375", "h").unwrap(),
+      "tcp://1.2.3.4:2375"
+    );
+    assert_eq!(
+      normalize_docker_host("http://h:1", "h").unwrap(),
+      "tcp://h:1"
+    );
+    assert_eq!(
+      normalize_docker_host("unix:///run/d.sock", "h").unwrap(),
+      "unix:///run/d.sock"
+    );
+    assert!(normalize_docker_host("h:1", "h").is_err());
+    assert_eq!(
+      normalize_docker_host("ssh://me@h:22/", "h").unwrap(),
+      "ssh://me@h:22"
+    );
+    assert!(normalize_docker_host("ssh://-oProxyCommand=x", "h").is_err());
+  }
 }

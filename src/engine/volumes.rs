@@ -1,11 +1,13 @@
-//! Named volumes: the typed operations the in-sandbox agent's volume needs (the removal of a
-//! moved sandbox's volumes is `Engine::remove_unused_volume`).
+//! Named volumes: the typed operations the in-sandbox agent's volume needs, and the removal of a
+//! moved sandbox's volumes.
 
 use std::collections::HashMap;
 
 use bollard::models::{Volume, VolumeCreateRequest};
+use bollard::query_parameters::RemoveVolumeOptions;
 
-use crate::engine::{absent_on, Engine};
+use crate::engine::request::absent_on;
+use crate::engine::Engine;
 use crate::util::errors::{Result, SandboxError};
 
 impl Engine {
@@ -42,5 +44,16 @@ impl Engine {
           detail: format!("the engine says {name} exists, and then that it does not"),
         }),
     }
+  }
+
+  /// Removes a volume nothing mounts (never forced); `false` when it is gone or in use.
+  pub async fn remove_unused_volume(&self, volume: &str) -> Result<bool> {
+    let opts = RemoveVolumeOptions { force: false };
+    let r = self
+      .control("remove a sandbox volume", || {
+        self.docker.remove_volume(volume, Some(opts.clone()))
+      })
+      .await;
+    absent_on(r, &[404, 409]).map(|r| r.is_some())
   }
 }
