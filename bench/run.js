@@ -950,7 +950,7 @@ function loadTargets(load, results) {
       detail: rows
         .map(
           (r) =>
-            `${r.title}: ${r.ratio.toFixed(3)}× (ours ${fmtMs(r.ours)} ms, floor ${fmtMs(r.floor)} ms, ${r.errors} errors; quiet ${Number.isFinite(r.quiet) ? `${r.quiet.toFixed(3)}×` : 'not measured'})`,
+            `${r.title}: ${fmtRatio3(r.ratio)} (ours ${fmtMs(r.ours)} ms, floor ${fmtMs(r.floor)} ms, ${r.errors} errors; quiet ${Number.isFinite(r.quiet) ? fmtRatio3(r.quiet) : 'not measured'})`,
         )
         .join('; '),
     },
