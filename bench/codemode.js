@@ -18,15 +18,14 @@ const { createServer } = require('node:net')
 const { tmpdir } = require('node:os')
 const { join } = require('node:path')
 
-const Docker = require('dockerode')
-
 const { DockerSandboxProvider } = require('..')
-const { ECHO_DISPATCHER: dispatcher, ECHO_SERVERS: SERVERS } = require('./impl/common')
+const { ECHO_DISPATCHER: dispatcher, ECHO_SERVERS: SERVERS, engineEcho } = require('./impl/common')
 
 const IMAGE = process.env.BENCH_IMAGE || 'trueforge-sandbox-debian:12'
 const API_CALLS = Number(process.argv[2] || 300)
 const CLI_CALLS = Number(process.argv[3] || 60)
 const ROUNDS = Number(process.argv[4] || 5)
+const ENGINE_SOCKET = process.env.DOCKER_HOST?.startsWith('unix://') ? process.env.DOCKER_HOST.slice(7) : undefined
 
 const MEASURE = `
 import asyncio, json, subprocess, sys, time
@@ -68,40 +67,6 @@ print(json.dumps({"api_p50": pct(a, .5), "api_p99": pct(a, .99), "cli_p50": pct(
 
 function docker(args) {
   return execFileSync('docker', args, { encoding: 'utf8', maxBuffer: 16 << 20 }).trim()
-}
-
-/** p50 and p99 of `n` round trips of a 128-byte frame through `cat` on an attached exec stream. */
-async function engineEcho(containerName, n) {
-  const docker = new Docker(
-    process.env.DOCKER_HOST?.startsWith('unix://') ? { socketPath: process.env.DOCKER_HOST.slice(7) } : undefined,
-  )
-  const exec = await docker.getContainer(containerName).exec({ Cmd: ['cat'], AttachStdin: true, AttachStdout: true })
-  const stream = await exec.start({ hijack: true, stdin: true })
-  const frame = Buffer.alloc(120, 0x61)
-  // Each reply is the 120 bytes behind the engine's 8-byte stream header.
-  let pending = 0
-  let wake = null
-  stream.on('data', (b) => {
-    pending += b.length
-    if (pending >= 128 && wake) {
-      pending -= 128
-      const w = wake
-      wake = null
-      w()
-    }
-  })
-  const times = []
-  for (let i = 0; i < n + 20; i++) {
-    const back = new Promise((r) => (wake = r))
-    const t = process.hrtime.bigint()
-    stream.write(frame)
-    await back
-    if (i >= 20) times.push(Number(process.hrtime.bigint() - t) / 1e6)
-  }
-  stream.end()
-  times.sort((a, b) => a - b)
-  const pct = (p) => +times[Math.min(times.length - 1, Math.floor(times.length * p))].toFixed(3)
-  return { p50: pct(0.5), p99: pct(0.99) }
 }
 
 // The floor's server runs in this process: its measurement must not block the event loop.
@@ -217,7 +182,7 @@ async function main() {
           String(CLI_CALLS),
         ]),
       )
-      const echo = await engineEcho(floorName, API_CALLS)
+      const echo = await engineEcho(floorName, API_CALLS, ENGINE_SOCKET)
       rounds.push({ agent: a, conn, relay, floor, echo })
     }
     const best = (which) => {

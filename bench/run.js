@@ -13,15 +13,18 @@
 //                         (keys: exec, create, xfer_small, xfer_10m, xfer_100m, conc_exec,
 //                         conc_create, mem)
 //   BENCH_IMPLS           comma list to run a subset of addon,addon-engine,floor,floor-exec,
-//                         dockerode,cli (addon: through the in-sandbox agent; addon-engine:
-//                         `agent: false`; floor-exec: transfers through a raw exec's streams)
+//                         dockerode,testcontainers,cli (addon: through the in-sandbox agent;
+//                         addon-engine: `agent: false`; floor-exec: transfers through a raw
+//                         exec's streams)
 //   BENCH_OPS             comma list of operation keys to run a subset (see OPS below)
 //   BENCH_SKIP_MEM=1      skip the memory probes; BENCH_SKIP_REQS=1 skip the request count;
 //                         BENCH_SKIP_AGENT=1 the agent probe; BENCH_SKIP_CODEMODE=1 Code Mode
 //                         (its round trip and the pressure runs; BENCH_CM_PRESSURE: their
 //                         sandbox counts, default 1,4,16); BENCH_SKIP_EGRESS=1 the egress
 //                         proxy's section (BENCH_EGRESS_ROUNDS, default 5); BENCH_SKIP_RUNSC=1
-//                         gVisor's (it starts and stops scripts/engines/gvisor-engine.sh)
+//                         gVisor's (it starts and stops scripts/engines/gvisor-engine.sh);
+//                         BENCH_SKIP_LOAD=1 the run under load (BENCH_LOAD: how many
+//                         CPU-bound processes spin beside it, default 2)
 //   BENCH_WARM_POOL_SIZE  pool size for the "addon (warm pool)" rows (default 2)
 //   BENCH_WARM_SETTLE_MS  pause after each warm-pool create so the refill does not load the
 //                         next measurement (default 1500)
@@ -32,7 +35,7 @@
 const os = require('node:os')
 const fs = require('node:fs')
 const path = require('node:path')
-const { fork, execFile } = require('node:child_process')
+const { fork, execFile, spawn } = require('node:child_process')
 
 const common = require('./impl/common')
 const addonImpl = require('./impl/addon')
@@ -310,6 +313,7 @@ async function iterate(op, im, ctx, row) {
     return err
   }
   row.samples.push(ms)
+  row.loads.push(os.loadavg()[0])
   if (scratch.partMs !== undefined) row.parts.push(scratch.partMs)
   if (op.concurrent && res && res.errors) {
     row.errors += res.errors
@@ -346,7 +350,7 @@ async function runOp(op, impls, reps, works) {
   const rows = new Map()
   const ctxs = new Map()
   for (const im of impls) {
-    const row = { samples: [], parts: [], errors: 0, messages: [] }
+    const row = { samples: [], parts: [], loads: [], errors: 0, messages: [] }
     rows.set(im.name, row)
     try {
       ctxs.set(im.name, await prepare(op, im, works))
@@ -401,6 +405,11 @@ async function memoryProbes(impls, reps, log) {
   const out = {}
   for (const im of impls) {
     out[im.name] = {}
+    if (im.noProbe) {
+      out[im.name].skipped = im.noProbe
+      log(`  memory ${im.name}: left out: ${im.noProbe}`)
+      continue
+    }
     let id
     try {
       id = await im.createSandbox()
@@ -421,6 +430,7 @@ async function memoryProbes(impls, reps, log) {
         }
         log(`  memory ${im.name} ${dir}: peak growth ${fmtBytes(out[im.name][dir].growth)}`)
       }
+      out[im.name].load = os.loadavg()[0]
     } catch (e) {
       out[im.name].error = shortError(e)
       log(`  memory ${im.name}: ${out[im.name].error}`)
@@ -454,11 +464,12 @@ async function requestCounts(implNames, log) {
   const out = {}
   try {
     for (const name of implNames) {
-      const im = makeImpl(name, { socket: proxy.socket })
       const rec = {}
+      let im
       let warm
       let id
       try {
+        im = makeImpl(name, { socket: proxy.socket })
         // Warm-up: version negotiation and the like happen once per process, not per call.
         warm = await im.createSandbox()
         await im.exec(warm, 'true')
@@ -475,7 +486,7 @@ async function requestCounts(implNames, log) {
         rec.error = shortError(e)
       } finally {
         for (const x of [id, warm]) if (x) await im.remove(x).catch(() => {})
-        await im.cleanup()
+        if (im) await im.cleanup()
       }
       out[name] = rec
     }
@@ -492,10 +503,73 @@ async function requestCounts(implNames, log) {
   return out
 }
 
+/** The container behind one of the addon's sandboxes (its id label). */
+async function containerOf(sandboxId) {
+  const filters = encodeURIComponent(JSON.stringify({ label: [`trueforge.sandbox.id=${sandboxId}`] }))
+  const { data } = await floorImpl.client(common.SOCKET).json('GET', `/containers/json?filters=${filters}`)
+  if (!data.length) throw new Error(`no container for sandbox ${sandboxId}`)
+  return data[0].Id
+}
+
+const ECHO_ROUNDS = 200
+
+/**
+ * The least an exec of `true` can cost through the engine's exec stream and the sandbox's shell,
+ * in the addon's own work sandbox: the shell's spawn as the sandbox's user (through the addon's
+ * exec, so its user and its shell) plus one small round trip on an attached exec stream.
+ */
+async function execLimit(im, sandboxId, n) {
+  const { shell, ms: spawnMs } = await common.shellSpawnMs(async (command) => {
+    const r = await im.exec(sandboxId, command)
+    if (r.exitCode !== 0) throw new Error(`${command}: exit code ${r.exitCode}: ${String(r.output).slice(0, 200)}`)
+    return r.output
+  }, n)
+  const spawnLoad = os.loadavg()[0]
+  const echo = await common.engineEcho(await containerOf(sandboxId), ECHO_ROUNDS, common.SOCKET)
+  return { shell, n, spawnMs, spawnLoad, echo, echoLoad: os.loadavg()[0], limitMs: spawnMs + echo.p50 }
+}
+
+/** Children that spin a CPU each, as other work on a busy server would. */
+const spinners = new Set()
+
+function startSpinners(n) {
+  for (let i = 0; i < n; i++) {
+    const c = spawn(process.execPath, ['-e', 'for (;;);'], { stdio: 'ignore' })
+    spinners.add(c)
+    c.on('exit', () => spinners.delete(c))
+  }
+}
+
+function stopSpinners() {
+  for (const c of spinners) c.kill('SIGKILL')
+}
+
+const LOAD_OPS = ['exec_true', 'exec_x50']
+
+/** exec `true` and the 50 concurrent execs for the addon and the floor, with `n` spinners beside. */
+async function underLoad(impls, reps, works, n) {
+  const pair = impls.filter((im) => im.name === OURS || im.name === 'floor')
+  if (pair.length < 2) return { error: 'it needs the addon and the floor among BENCH_IMPLS' }
+  for (const im of pair) if (!works.has(im.name)) works.set(im.name, await im.createSandbox())
+  startSpinners(n)
+  try {
+    // Long enough for the spinners to be running flat out before the first sample.
+    await sleep(1000)
+    const results = {}
+    for (const key of LOAD_OPS) {
+      const op = OPS.find((o) => o.key === key)
+      results[key] = await runOp(op, pair, reps[op.repsKey], works)
+    }
+    return { spinners: n, results }
+  } finally {
+    stopSpinners()
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Implementations
 
-const IMPL_ORDER = ['addon', 'addon-engine', 'floor', 'floor-exec', 'dockerode', 'cli']
+const IMPL_ORDER = ['addon', 'addon-engine', 'floor', 'floor-exec', 'dockerode', 'testcontainers', 'cli']
 const EXEC_FLOOR = 'floor (exec stream)'
 const OURS = 'addon'
 const WARM = 'addon (warm pool)'
@@ -519,6 +593,9 @@ function makeImpl(name, opts = {}) {
       return floorImpl.createExecStream(opts)
     case 'dockerode':
       return dockerodeImpl.create(opts)
+    case 'testcontainers':
+      // Loaded only when asked for: it is a large package.
+      return require('./impl/testcontainers').create(opts)
     case 'cli':
       return cliImpl.create(opts)
     default:
@@ -606,13 +683,14 @@ function buildRows(opsRun, results) {
         mbps: op.bytes ? mbps(op.bytes, s.p50) : NaN,
         r50: oursS && name !== OURS ? s.p50 / oursS.p50 : name === OURS ? 1 : NaN,
         r95: oursS && name !== OURS ? s.p95 / oursS.p95 : name === OURS ? 1 : NaN,
+        load: r.loads.length ? summarize(r.loads).p50 : NaN,
       })
     }
   }
   return rows
 }
 
-const HEAD = ['operation', 'impl', 'n', 'err', 'p50 ms', 'p95 ms', 'MB/s', 'alt/ours p50', 'alt/ours p95']
+const HEAD = ['operation', 'impl', 'n', 'err', 'p50 ms', 'p95 ms', 'MB/s', 'alt/ours p50', 'alt/ours p95', 'load 1m']
 
 function fmtMbps(x) {
   return fmtNum(x, x >= 100 ? 0 : x >= 1 ? 1 : 3)
@@ -629,13 +707,14 @@ function cells(r) {
     r.op.bytes ? fmtMbps(r.mbps) : '',
     r.impl === OURS ? '(ours)' : fmtRatio(r.r50),
     r.impl === OURS ? '(ours)' : fmtRatio(r.r95),
+    fmtNum(r.load, 2),
   ]
 }
 
 function textTable(rows) {
   const all = [HEAD, ...rows.map(cells)]
   const w = HEAD.map((_, i) => Math.max(...all.map((c) => c[i].length)))
-  const right = new Set([2, 3, 4, 5, 6, 7, 8])
+  const right = new Set([2, 3, 4, 5, 6, 7, 8, 9])
   const line = (c) => c.map((x, i) => (right.has(i) ? x.padStart(w[i]) : x.padEnd(w[i]))).join('  ')
   const out = [line(HEAD), w.map((n) => '-'.repeat(n)).join('  ')]
   let last = null
@@ -742,6 +821,10 @@ function evaluateTargets(rows, mem) {
   return targets
 }
 
+// The agent's bounds against the floor for the rows the run under load repeats: one place, so
+// the two sections judge alike.
+const FLOOR_BOUNDS = { exec_true: 0.1, exec_x50: 0.2 }
+
 /** The issue's bounds for the agent path, against the floor (the fewest raw engine requests). */
 function agentTargets(rows, probe) {
   const get = (key, impl) => rows.find((r) => r.op.key === key && r.impl === impl)
@@ -761,8 +844,8 @@ function agentTargets(rows, probe) {
       `ours ${fmtMs(ours.p50)} ms, floor ${fmtMs(floor.p50)} ms (${(ours.p50 / floor.p50).toFixed(3)}×)${engine}`,
     )
   }
-  vsFloor('exec_true', 0.1, 'exec `true` p50')
-  vsFloor('exec_x50', 0.2, '50 concurrent execs over 10 sandboxes, wall p50')
+  vsFloor('exec_true', FLOOR_BOUNDS.exec_true, 'exec `true` p50')
+  vsFloor('exec_x50', FLOOR_BOUNDS.exec_x50, '50 concurrent execs over 10 sandboxes, wall p50')
   vsFloor('upload_1KiB', 0.15, '1 KiB upload p50')
   vsFloor('download_1KiB', 0.15, '1 KiB download p50')
   for (const dir of ['upload', 'download']) {
@@ -810,6 +893,68 @@ function agentTargets(rows, probe) {
     )
   }
   return targets
+}
+
+const LIMIT_FACTOR = 1.25
+
+/** exec `true` through the agent against the in-sandbox limit measured beside it. */
+function execLimitTargets(rows, limit) {
+  const name = `exec \`true\` p50 ≤ ${LIMIT_FACTOR} × (shell spawn + exec-stream echo)`
+  const ours = rows.find((r) => r.op.key === 'exec_true' && r.impl === OURS)
+  if (!limit || limit.error || !ours || !ours.n)
+    return [{ name, status: 'N/A', detail: limit?.error || 'not measured' }]
+  return [
+    {
+      name,
+      status: ours.p50 <= LIMIT_FACTOR * limit.limitMs ? 'MET' : 'MISSED',
+      detail: `ours ${fmtMs(ours.p50)} ms, limit ${fmtMs(limit.limitMs)} ms (\`${limit.shell} -c true\` ${fmtMs(limit.spawnMs)} ms + echo ${fmtMs(limit.echo.p50)} ms): ${(ours.p50 / limit.limitMs).toFixed(2)}×, bound ${fmtMs(LIMIT_FACTOR * limit.limitMs)} ms`,
+    },
+  ]
+}
+
+/** Per repeated row: ours and the floor under load, their ratio, and the same ratio quiet. */
+function loadRows(load, results) {
+  return LOAD_OPS.map((key) => {
+    const op = OPS.find((o) => o.key === key)
+    const p50 = (m, name) => (m && m.get(name) ? summarize(m.get(name).samples).p50 : NaN)
+    const loaded = load.results[key]
+    const ours = p50(loaded, OURS)
+    const floor = p50(loaded, 'floor')
+    const quiet = results[key] ? p50(results[key], OURS) / p50(results[key], 'floor') : NaN
+    const both = [...loaded.values()]
+    return {
+      key,
+      title: op.title,
+      ours,
+      floor,
+      ratio: ours / floor,
+      quiet,
+      errors: both.reduce((n, r) => n + r.errors, 0),
+      load: summarize(both.flatMap((r) => r.loads)).p50,
+    }
+  })
+}
+
+function loadTargets(load, results) {
+  const bounds = LOAD_OPS.map(
+    (k) => `${k === 'exec_true' ? 'exec `true`' : '50 concurrent execs'} ≤ ${FLOOR_BOUNDS[k]}×`,
+  )
+  const name = `Under load (${load.spinners ?? '?'} CPU-bound processes beside the bench): ours/floor p50 within the quiet targets (${bounds.join(', ')})`
+  if (load.error) return [{ name, status: 'N/A', detail: load.error }]
+  const rows = loadRows(load, results)
+  const ok = rows.every((r) => r.errors === 0 && Number.isFinite(r.ratio) && r.ratio <= FLOOR_BOUNDS[r.key])
+  return [
+    {
+      name,
+      status: ok ? 'MET' : 'MISSED',
+      detail: rows
+        .map(
+          (r) =>
+            `${r.title}: ${fmtRatio3(r.ratio)} (ours ${fmtMs(r.ours)} ms, floor ${fmtMs(r.floor)} ms, ${r.errors} errors; quiet ${Number.isFinite(r.quiet) ? fmtRatio3(r.quiet) : 'not measured'})`,
+        )
+        .join('; '),
+    },
+  ]
 }
 
 /**
@@ -989,6 +1134,16 @@ function codeModeTargets(cm) {
   ]
 }
 
+/** Ratios far below 1, where two decimals would hide the change. */
+function fmtRatio3(x) {
+  return Number.isFinite(x) ? `${x.toFixed(3)}×` : '-'
+}
+
+/** The 1-minute load average at a child section's start and end. */
+function sectionLoad(l) {
+  return l ? `1-minute load average: ${fmtNum(l[0], 2)} at its start, ${fmtNum(l[1], 2)} at its end.` : ''
+}
+
 function fmtLoad(l) {
   return l.map((x) => x.toFixed(2)).join(' / ')
 }
@@ -1005,6 +1160,10 @@ function renderMarkdown({
   egress,
   runsc,
   capacity,
+  limit,
+  load,
+  results,
+  sectionLoads,
   targets,
   notes,
   wallMs,
@@ -1051,28 +1210,102 @@ function renderMarkdown({
   )
   L.push('')
   L.push('Implementations: **addon** (this package), **floor** (fewest raw Engine API requests over the unix')
-  L.push('socket with Node `http`), **dockerode** (minimal dockerode + tar-stream equivalent), **cli** (`docker`')
-  L.push('run/exec/cp through child processes). Repetitions alternate between implementations, rotating the order.')
+  L.push('socket with Node `http`), **dockerode** (minimal dockerode + tar-stream equivalent), **testcontainers**')
+  L.push('(the `testcontainers` package as its users write it: GenericContainer…start(), exec, copyContentToContainer,')
+  L.push(
+    'copyArchiveFromContainer, stop; its Ryuk reaper off), **cli** (`docker` run/exec/cp through child processes).',
+  )
+  L.push('Repetitions alternate between implementations, rotating the order. `load 1m` is the median of the')
+  L.push("machine's 1-minute load average taken after each of the row's samples.")
   L.push('')
   L.push('## Results')
   L.push('')
-  L.push(mdTable(HEAD, rows.map(cells), [2, 3, 4, 5, 6, 7, 8]))
+  L.push(mdTable(HEAD, rows.map(cells), [2, 3, 4, 5, 6, 7, 8, 9]))
   L.push('')
+  if (limit) {
+    L.push('## Exec `true` against the in-sandbox limit')
+    L.push('')
+    if (limit.error) L.push(`Could not run: ${limit.error}`)
+    else {
+      const ours = rows.find((r) => r.op.key === 'exec_true' && r.impl === OURS)
+      L.push(
+        mdTable(
+          ['measure', 'ms', 'load 1m'],
+          [
+            [
+              `\`${limit.shell} -c true\` spawned in the sandbox as its user, per spawn`,
+              fmtMs(limit.spawnMs),
+              fmtNum(limit.spawnLoad, 2),
+            ],
+            [
+              `a 128-byte echo through an attached engine exec stream, p50 (p99 ${fmtMs(limit.echo.p99)})`,
+              fmtMs(limit.echo.p50),
+              fmtNum(limit.echoLoad, 2),
+            ],
+            ['the limit: spawn + echo', fmtMs(limit.limitMs), ''],
+            [
+              'exec `true` through the addon, p50 (the row above)',
+              ours ? fmtMs(ours.p50) : '–',
+              ours ? fmtNum(ours.load, 2) : '',
+            ],
+            ['exec `true` / the limit', ours ? fmtRatio(ours.p50 / limit.limitMs) : '–', ''],
+          ],
+          [1, 2],
+        ),
+      )
+      L.push('')
+      L.push(
+        `Measured in the addon's work sandbox right after the exec \`true\` rows. The spawn: the addon's exec of a loop of ${limit.n} \`${limit.shell} -c true\` (the shell the addon runs commands with in ${common.IMAGE}) less an empty loop, each the best of three, so the exec carrying the loop cancels out. The echo: ${ECHO_ROUNDS} round trips (after 20 unrecorded) of 120 bytes to \`cat\` in the same container and back on one attached exec stream, the hop any transport over that stream adds.`,
+      )
+    }
+    L.push('')
+  }
+  if (load) {
+    L.push(`## Under load (${load.spinners ?? '?'} CPU-bound processes beside the bench)`)
+    L.push('')
+    if (load.error) L.push(`Could not run: ${load.error}`)
+    else {
+      L.push(
+        mdTable(
+          ['operation', 'ours p50 ms', 'floor p50 ms', 'ours/floor under load', 'ours/floor quiet', 'err', 'load 1m'],
+          loadRows(load, results).map((r) => [
+            r.title,
+            fmtMs(r.ours),
+            fmtMs(r.floor),
+            fmtRatio3(r.ratio),
+            fmtRatio3(r.quiet),
+            String(r.errors),
+            fmtNum(r.load, 2),
+          ]),
+          [1, 2, 3, 4, 5, 6],
+        ),
+      )
+      L.push('')
+      L.push(
+        `The same operations as the rows above, for the addon and the floor only, while ${load.spinners} child processes each spin a CPU (\`for (;;);\` in node), started a second before the first sample and stopped after the last; the quiet ratio is the one of the rows above. The 1-minute load average lags: it climbs through the section.`,
+      )
+    }
+    L.push('')
+  }
   if (mem) {
     L.push('## Peak RSS growth (100 MiB transfer, fresh child process each)')
     L.push('')
     const mrows = []
     for (const [name, m] of Object.entries(mem)) {
+      if (m.skipped) {
+        mrows.push([name, '–', '–', '', `left out: ${m.skipped}`])
+        continue
+      }
       if (m.error) {
-        mrows.push([name, 'error', 'error', m.error])
+        mrows.push([name, 'error', 'error', '', m.error])
         continue
       }
       const cell = (d) =>
         d && Number.isFinite(d.growth) ? `${fmtBytes(d.growth)} (${(d.growth / (100 * MiB)).toFixed(2)}×)` : 'error'
       const errs = [...(m.upload?.errors || []), ...(m.download?.errors || [])]
-      mrows.push([name, cell(m.upload), cell(m.download), errs.join('; ')])
+      mrows.push([name, cell(m.upload), cell(m.download), fmtNum(m.load, 2), errs.join('; ')])
     }
-    L.push(mdTable(['impl', 'upload', 'download', 'errors'], mrows))
+    L.push(mdTable(['impl', 'upload', 'download', 'load 1m', 'errors'], mrows, [3]))
     L.push('')
     L.push('Growth is peak RSS (sampled every 2 ms) minus RSS just before the call, after GC, with the upload')
     L.push('payload already resident; a download necessarily holds the 100 MiB result (1×). Worst of the runs.')
@@ -1094,6 +1327,8 @@ function renderMarkdown({
   }
   if (codemode) {
     L.push('## Code Mode round trip (`call_tool` from inside the sandbox)')
+    L.push('')
+    L.push(sectionLoad(sectionLoads.codemode))
     L.push('')
     if (codemode.error) L.push(`Could not run: ${codemode.error}`)
     else {
@@ -1118,6 +1353,8 @@ function renderMarkdown({
   }
   if (runsc) {
     L.push("## gVisor (`runtime: 'runsc'`) beside runc (`bench/runsc.js`)")
+    L.push('')
+    L.push(sectionLoad(sectionLoads.runsc))
     L.push('')
     if (runsc.error) L.push(`Could not run: ${runsc.error}`)
     else {
@@ -1154,6 +1391,8 @@ function renderMarkdown({
   if (egress) {
     L.push('## Egress under a policy (`bench/egress.js`)')
     L.push('')
+    L.push(sectionLoad(sectionLoads.egress))
+    L.push('')
     if (egress.error) L.push(`Could not run: ${egress.error}`)
     else {
       const d = egress.download_100mib_mbps
@@ -1182,6 +1421,8 @@ function renderMarkdown({
   }
   if (capacity) {
     L.push('## Capacity: what one engine holds (`bench/capacity.js`)')
+    L.push('')
+    L.push(sectionLoad(sectionLoads.capacity))
     L.push('')
     if (capacity.error) L.push(`Could not run: ${capacity.error.split('\n')[0]}`)
     else {
@@ -1220,6 +1461,8 @@ function renderMarkdown({
   }
   if (pressure) {
     L.push('## Code Mode under pressure (requests dense in values, `bench/codemode-pressure.js`)')
+    L.push('')
+    L.push(sectionLoad(sectionLoads.pressure))
     L.push('')
     if (pressure.error) L.push(`Could not run: ${pressure.error}`)
     else {
@@ -1339,6 +1582,7 @@ async function bench() {
     if (stopping) return
     stopping = true
     console.error(`\n${sig}: removing the bench's containers…`)
+    stopSpinners()
     await Promise.allSettled(allImpls.map((im) => im.cleanup()))
     await sweepAll().catch(() => {})
     process.exit(130)
@@ -1356,6 +1600,15 @@ async function bench() {
   let runsc = null
   let capacity = null
   let agent = null
+  let limit = null
+  let load = null
+  const sectionLoads = {}
+  const withLoad = async (key, f) => {
+    const before = os.loadavg()[0]
+    const r = await f()
+    sectionLoads[key] = [before, os.loadavg()[0]]
+    return r
+  }
   try {
     // One long-lived sandbox per implementation for the exec and transfer operations.
     if (opsRun.some((op) => op.uses === 'work')) {
@@ -1400,10 +1653,42 @@ async function bench() {
         .map(([name, r]) => `${name} ${fmtMs(summarize(r.samples).p50)}${r.errors ? ` (${r.errors} err)` : ''}`)
         .join(', ')
       log(`${((performance.now() - t0) / 1000).toFixed(1)} s — p50: ${summary}`)
+      const ours = opImpls.find((im) => im.name === OURS)
+      if (op.key === 'exec_true' && ours && works.has(OURS)) {
+        const t1 = performance.now()
+        process.stdout.write('the in-sandbox limit of an exec (shell spawn + exec-stream echo) … ')
+        try {
+          limit = await execLimit(ours, works.get(OURS), Math.max(20, reps.exec))
+          log(
+            `${((performance.now() - t1) / 1000).toFixed(1)} s — ${limit.shell} spawn ${fmtMs(limit.spawnMs)} ms + echo ${fmtMs(limit.echo.p50)} ms = ${fmtMs(limit.limitMs)} ms`,
+          )
+        } catch (e) {
+          limit = { error: shortError(e) }
+          log(limit.error)
+        }
+      }
     }
     if (warm && warm.im && !warm.done) {
       await warm.im.cleanup()
       await floorImpl.sweep(`${common.NAMESPACE_LABEL}=${common.ADDON_WARM_NAMESPACE}`)
+    }
+
+    if (process.env.BENCH_SKIP_LOAD !== '1' && (!wantOps || wantOps.includes('load'))) {
+      const n = Number(process.env.BENCH_LOAD || 2)
+      const t0 = performance.now()
+      log(`under load (${n} CPU-bound processes; exec \`true\` and 50 concurrent execs, addon and floor) …`)
+      try {
+        load = await underLoad(impls, reps, works, n)
+      } catch (e) {
+        load = { spinners: n, error: shortError(e) }
+      }
+      if (load.error) log(`  ${load.error}`)
+      else
+        for (const r of loadRows(load, results))
+          log(
+            `  ${r.title}: ours/floor ${fmtRatio3(r.ratio)} under load, ${fmtRatio3(r.quiet)} quiet (load ${fmtNum(r.load, 2)})`,
+          )
+      log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
 
     // Free the work sandboxes before the memory probes so they do not share the engine.
@@ -1431,31 +1716,31 @@ async function bench() {
     if (process.env.BENCH_SKIP_CODEMODE !== '1' && (!wantOps || wantOps.includes('codemode'))) {
       const t0 = performance.now()
       log('Code Mode round trip (bench/codemode.js: the agent and the Python relay vs a bind-mounted socket) …')
-      codemode = await codeModeBench()
+      codemode = await withLoad('codemode', codeModeBench)
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
     if (process.env.BENCH_SKIP_RUNSC !== '1' && (!wantOps || wantOps.includes('runsc'))) {
       const t0 = performance.now()
       log('gVisor beside runc (bench/runsc.js on the engine of scripts/engines/gvisor-engine.sh) …')
-      runsc = await runscBench()
+      runsc = await withLoad('runsc', runscBench)
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
     if (process.env.BENCH_SKIP_EGRESS !== '1' && (!wantOps || wantOps.includes('egress'))) {
       const t0 = performance.now()
       log('egress (bench/egress.js: a 100 MiB download and connection set-ups through the proxy) …')
-      egress = await egressBench()
+      egress = await withLoad('egress', egressBench)
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
     if (process.env.BENCH_SKIP_CODEMODE !== '1' && (!wantOps || wantOps.includes('codemode-pressure'))) {
       const t0 = performance.now()
       log('Code Mode under pressure (bench/codemode-pressure.js: dense requests from 1, 4 and 16 sandboxes) …')
-      pressure = await codeModePressureBench()
+      pressure = await withLoad('pressure', codeModePressureBench)
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
     if (process.env.BENCH_SKIP_CAPACITY !== '1' && (!wantOps || wantOps.includes('capacity'))) {
       const t0 = performance.now()
       log('capacity (bench/capacity.js: memory per idle sandbox at 20 and 200 against a raw client, a burst of 50) …')
-      capacity = await capacityBench()
+      capacity = await withLoad('capacity', capacityBench)
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
     if (process.env.BENCH_SKIP_REQS !== '1') {
@@ -1465,6 +1750,7 @@ async function bench() {
       )
     }
   } finally {
+    stopSpinners()
     await Promise.allSettled(allImpls.map((im) => im.cleanup()))
     const left = await sweepAll().catch(() => 0)
     if (left) notes.push(`${left} container(s) were still present at the end and were removed by the label sweep`)
@@ -1481,6 +1767,8 @@ async function bench() {
   }
   const targets = evaluateTargets(rows, mem)
   targets.push(...agentTargets(rows, agent))
+  targets.push(...execLimitTargets(rows, limit))
+  if (load) targets.push(...loadTargets(load, results))
   if (codemode) targets.push(...codeModeTargets(codemode))
   if (pressure) targets.push(...codeModePressureTargets(pressure))
   if (egress) targets.push(...egressTargets(egress))
@@ -1494,10 +1782,11 @@ async function bench() {
     log('')
     log('peak RSS growth during 100 MiB transfers (fresh child process each):')
     for (const [name, m] of Object.entries(mem)) {
-      if (m.error) log(`  ${name.padEnd(10)} error: ${m.error}`)
+      if (m.skipped) log(`  ${name.padEnd(14)} left out: ${m.skipped}`)
+      else if (m.error) log(`  ${name.padEnd(14)} error: ${m.error}`)
       else
         log(
-          `  ${name.padEnd(10)} upload ${fmtBytes(m.upload?.growth).padStart(10)}   download ${fmtBytes(m.download?.growth).padStart(10)}`,
+          `  ${name.padEnd(14)} upload ${fmtBytes(m.upload?.growth).padStart(10)}   download ${fmtBytes(m.download?.growth).padStart(10)}`,
         )
     }
   }
@@ -1525,6 +1814,10 @@ async function bench() {
       egress,
       runsc,
       capacity,
+      limit,
+      load,
+      results,
+      sectionLoads,
       targets,
       notes,
       wallMs,

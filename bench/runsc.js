@@ -17,7 +17,7 @@ const { randomBytes } = require('node:crypto')
 
 const { DockerSandboxProvider } = require('..')
 const floor = require('./impl/floor')
-const { ECHO_DISPATCHER, ECHO_SERVERS } = require('./impl/common')
+const { ECHO_DISPATCHER, ECHO_SERVERS, shellSpawnMs } = require('./impl/common')
 
 const RUNS = Number(process.env.BENCH_RUNS || 20)
 const IMAGE = process.env.BENCH_IMAGE || 'trueforge-sandbox-busybox:1'
@@ -77,19 +77,10 @@ async function measure(runtime, agent) {
     }
     const status = await p.agentStatus(id)
     // What a command's shell costs inside the sandbox on this runtime: the limit for any exec.
-    const shell = 'command -v bash >/dev/null && echo bash || echo sh'
-    const sh = (await p.exec({ sandboxId: id, command: shell })).response?.result.trim() || 'sh'
-    // Timed from here: a loop of RUNS spawns less an empty loop, per spawn (the best of three).
-    const loop = async (n) => {
-      let best = Infinity
-      for (let i = 0; i < 3; i++) {
-        const t0 = process.hrtime.bigint()
-        await p.exec({ sandboxId: id, command: `for i in $(seq ${n}); do ${sh} -c true; done` })
-        best = Math.min(best, ms(t0))
-      }
-      return best
-    }
-    const spawnMs = ((await loop(RUNS)) - (await loop(0))) / RUNS
+    const { ms: spawnMs } = await shellSpawnMs(
+      async (command) => (await p.exec({ sandboxId: id, command })).response?.result ?? '',
+      RUNS,
+    )
     return {
       ...(agent ? { codeModeCallMs: round(await codeModeCall(p, id)) } : {}),
       shellSpawnMs: round(spawnMs),

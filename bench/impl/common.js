@@ -198,9 +198,70 @@ const ECHO_DISPATCHER = {
 /** `TFY_MCP_SERVERS` for it: every tool of `demo` allowed. */
 const ECHO_SERVERS = Buffer.from(JSON.stringify({ demo: { allowed_tools: [] } })).toString('base64')
 
+/**
+ * p50 and p99 of `n` round trips of a 128-byte frame through `cat` on an attached exec stream of
+ * container `containerId` (the engine's own hop, which any transport over that stream adds).
+ * `socketPath` unset: dockerode's default (DOCKER_HOST, else the usual socket).
+ */
+async function engineEcho(containerId, n, socketPath) {
+  // Required here, not at the top: the floor loads this file and uses Node's `http` only.
+  const Docker = require('dockerode')
+  const docker = new Docker(socketPath ? { socketPath } : undefined)
+  const exec = await docker.getContainer(containerId).exec({ Cmd: ['cat'], AttachStdin: true, AttachStdout: true })
+  const stream = await exec.start({ hijack: true, stdin: true })
+  const frame = Buffer.alloc(120, 0x61)
+  // Each reply is the 120 bytes behind the engine's 8-byte stream header.
+  let pending = 0
+  let wake = null
+  stream.on('data', (b) => {
+    pending += b.length
+    if (pending >= 128 && wake) {
+      pending -= 128
+      const w = wake
+      wake = null
+      w()
+    }
+  })
+  const times = []
+  for (let i = 0; i < n + 20; i++) {
+    const back = new Promise((r) => (wake = r))
+    const t = process.hrtime.bigint()
+    stream.write(frame)
+    await back
+    if (i >= 20) times.push(Number(process.hrtime.bigint() - t) / 1e6)
+  }
+  stream.end()
+  times.sort((a, b) => a - b)
+  const pct = (p) => +times[Math.min(times.length - 1, Math.floor(times.length * p))].toFixed(3)
+  return { p50: pct(0.5), p99: pct(0.99) }
+}
+
+/**
+ * What spawning the command's shell costs inside a sandbox, in ms per spawn: a loop of `n`
+ * `<shell> -c true` less an empty loop, each the best of three, so the exec carrying the loop
+ * cancels out. `exec(command)` runs a command there the way the sandbox's commands run (its user,
+ * its shell) and resolves with its output; the shell is the one that runs them, bash where the
+ * image has it (as the addon does), else sh.
+ */
+async function shellSpawnMs(exec, n) {
+  const shell = String(await exec('command -v bash >/dev/null && echo bash || echo sh')).trim() || 'sh'
+  const loop = async (k) => {
+    let best = Infinity
+    for (let i = 0; i < 3; i++) {
+      const t0 = process.hrtime.bigint()
+      await exec(`for i in $(seq ${k}); do ${shell} -c true; done`)
+      best = Math.min(best, Number(process.hrtime.bigint() - t0) / 1e6)
+    }
+    return best
+  }
+  return { shell, ms: ((await loop(n)) - (await loop(0))) / n }
+}
+
 module.exports = {
   ECHO_DISPATCHER,
   ECHO_SERVERS,
+  engineEcho,
+  shellSpawnMs,
   ADDON_ENGINE_NAMESPACE,
   ENGINE_PATH,
   SOCKET,
