@@ -88,6 +88,7 @@ function parseArgs(
 }
 
 /** The flags `ls` and `rm` share: which engine and namespaces, output, deadline (`adminOptions`). */
+/** @type {Record<string, 'string' | 'number' | 'boolean'>} */
 const ADMIN_SPEC = {
   '--namespace': 'string',
   '--all-namespaces': 'boolean',

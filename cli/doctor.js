@@ -22,6 +22,7 @@ calls went through the in-sandbox agent (and why not), and the egress policy in 
 open, none or a policy as JSON, as the provider's egress option). Exit code 0 only when nothing
 fails.`
 
+/** @type {Record<string, 'string' | 'number' | 'boolean'>} */
 const SPEC = {
   '--docker-host': 'string',
   '--image': 'string',

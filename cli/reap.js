@@ -12,6 +12,7 @@ Removes this namespace's sandbox containers (label trueforge.sandbox.managed-by=
 that have been stopped for at least M minutes (default 7200, as autoDeleteIntervalInMinutes).
 Running containers and containers that are not ours are never touched.`
 
+/** @type {Record<string, 'string' | 'number' | 'boolean'>} */
 const SPEC = {
   '--namespace': 'string',
   '--docker-host': 'string',

@@ -17,6 +17,7 @@ build is in progress is never removed (reported as in use). Only containers this
 are ever removed; an id or name that is not one of ours is reported as not found, and anything
 not removed makes the exit code 1.`
 
+/** @type {Record<string, 'string' | 'number' | 'boolean'>} */
 const SPEC = { ...ADMIN_SPEC, '--stopped': 'boolean', '--image-work': 'boolean', '--older-than-minutes': 'number' }
 
 function line(r) {
