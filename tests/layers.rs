@@ -1,13 +1,14 @@
-//! The crate's folders form one order, and a module uses only its own folder or folders before
-//! it: util → {engine, egress} → config → sandbox → {images, gpu} → {fleet, codemode} →
-//! provider → napi. Folders of the same rank (engine and egress; images and gpu; fleet and
-//! codemode) do not use each other. This test reads every source file's `crate::…` paths and
-//! fails on an edge against the order, naming the file, the line and the item. It also keeps
-//! functions under 100 lines.
+//! Each crate's folders form one order, and a module uses only its own folder or folders before
+//! it. The addon (`src`): util → {engine, egress} → config → sandbox → {images, gpu} →
+//! {fleet, codemode} → provider → napi. The agent (`agent/src`): base → state →
+//! {exec, files, egress} → codemode → serve. Folders of the same rank (engine and egress; images
+//! and gpu; fleet and codemode; the agent's exec, files and egress) do not use each other. This
+//! test reads every source file's `crate::…` paths and fails on an edge against the order, naming
+//! the file, the line and the item. It also keeps functions under 100 lines.
 
 use std::path::{Path, PathBuf};
 
-/// Each folder with its rank; equal ranks are siblings that must not use each other.
+/// Each folder of the addon with its rank; equal ranks are siblings that must not use each other.
 const ORDER: [(&str, u32); 11] = [
   ("util", 0),
   ("engine", 1),
@@ -22,11 +23,23 @@ const ORDER: [(&str, u32); 11] = [
   ("napi", 7),
 ];
 
+/// The agent's folders, ranked the same way. What the server keeps across requests (`state`)
+/// sits below the request handlers that fill it, so that the context they all get can name it.
+const AGENT_ORDER: [(&str, u32); 7] = [
+  ("base", 0),
+  ("state", 1),
+  ("exec", 2),
+  ("files", 2),
+  ("egress", 2),
+  ("codemode", 3),
+  ("serve", 4),
+];
+
 /// The longest function body allowed, in lines.
 const MAX_FN_LINES: usize = 100;
 
-fn rank(folder: &str) -> Option<u32> {
-  ORDER.iter().find(|(f, _)| *f == folder).map(|(_, r)| *r)
+fn rank(order: &[(&str, u32)], folder: &str) -> Option<u32> {
+  order.iter().find(|(f, _)| *f == folder).map(|(_, r)| *r)
 }
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -81,10 +94,35 @@ fn code_part(line: &str) -> &str {
 
 #[test]
 fn folders_are_used_in_one_direction() {
-  let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+  let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+  let mut problems = Vec::new();
+  // The crate root only declares the folders (and, in the agent, picks the program to run).
+  for (krate, crate_root, order) in [
+    ("src", "lib.rs", &ORDER[..]),
+    ("agent/src", "main.rs", &AGENT_ORDER[..]),
+  ] {
+    problems.extend(edges_against_order(root, krate, crate_root, order));
+  }
+  assert!(
+    problems.is_empty(),
+    "edges against the layer order:\n{}",
+    problems.join("\n")
+  );
+}
+
+/// Each `crate::` path in the crate under `root/krate` that names a folder of the same or a
+/// later rank than its own (or no folder in `order`), as `file:line: what`.
+fn edges_against_order(
+  root: &Path,
+  krate: &str,
+  crate_root: &str,
+  order: &[(&str, u32)],
+) -> Vec<String> {
+  let src = root.join(krate);
   let mut files = Vec::new();
   sources(&src, &mut files);
   files.sort();
+  let shown = |rel: &Path| format!("{krate}/{}", rel.display());
   let mut problems = Vec::new();
   for file in &files {
     let rel = file.strip_prefix(&src).expect("under src");
@@ -96,23 +134,18 @@ fn folders_are_used_in_one_direction() {
       .to_string_lossy()
       .to_string();
     if parts.next().is_none() {
-      // lib.rs only declares the folders.
-      assert_eq!(
-        first,
-        "lib.rs",
-        "{} sits outside the folders",
-        rel.display()
-      );
+      assert_eq!(first, crate_root, "{} sits outside the folders", shown(rel));
       continue;
     }
-    let own = rank(&first).unwrap_or_else(|| panic!("{} is in an unknown folder", rel.display()));
+    let own =
+      rank(order, &first).unwrap_or_else(|| panic!("{} is in an unknown folder", shown(rel)));
     let text = std::fs::read_to_string(file).expect("read");
     for (n, line) in text.lines().enumerate() {
       for (folder, item) in crate_paths(code_part(line)) {
-        let Some(r) = rank(&folder) else {
+        let Some(r) = rank(order, &folder) else {
           problems.push(format!(
             "{}:{}: crate::{item} is outside the folders",
-            rel.display(),
+            shown(rel),
             n + 1
           ));
           continue;
@@ -120,7 +153,7 @@ fn folders_are_used_in_one_direction() {
         if folder != first && r >= own {
           problems.push(format!(
             "{}:{}: {first} uses crate::{item}, but {folder} comes {} it",
-            rel.display(),
+            shown(rel),
             n + 1,
             if r == own { "beside" } else { "after" }
           ));
@@ -128,11 +161,7 @@ fn folders_are_used_in_one_direction() {
       }
     }
   }
-  assert!(
-    problems.is_empty(),
-    "edges against the layer order:\n{}",
-    problems.join("\n")
-  );
+  problems
 }
 
 /// The lines of each `fn` body, found by indentation (rustfmt puts a body's closing brace at

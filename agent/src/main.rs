@@ -2,27 +2,15 @@
 //! (as root, stdin and stdout attached), it serves the agent protocol on that stream until stdin
 //! closes. Run as `mcp-client` (a link to it), it is the static Code Mode CLI.
 
-mod activity;
+// The folders in the order they may use each other (`tests/layers.rs` holds it): base, then
+// state, then exec, files and egress, then codemode, then serve.
+mod base;
 mod codemode;
-mod conn;
-mod contain;
-mod ctx;
 mod egress;
 mod exec;
 mod files;
-mod held;
-mod lane;
-mod mcp_client;
-mod pool;
-mod pyjson;
-mod recover;
-mod resolve;
 mod serve;
-mod shepherd;
-mod staged;
-mod sys;
-mod users;
-mod watch;
+mod state;
 
 fn main() {
   let mut args = std::env::args_os();
@@ -33,11 +21,11 @@ fn main() {
     .map(|n| n.to_string_lossy().into_owned())
     .unwrap_or_default();
   let code = if name == "mcp-client" {
-    mcp_client::main(rest)
+    codemode::mcp_client::main(rest)
   } else {
     match rest.first().map(String::as_str) {
-      Some("mcp-client") => mcp_client::main(rest[1..].to_vec()),
-      Some("codemode-lane") => lane::main(rest[1..].to_vec()),
+      Some("mcp-client") => codemode::mcp_client::main(rest[1..].to_vec()),
+      Some("codemode-lane") => codemode::lane::main(rest[1..].to_vec()),
       Some("--version") => {
         println!(
           "{} {}",

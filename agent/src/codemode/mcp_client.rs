@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use trueforge_agent_proto::codemode::MAX_MESSAGE_BYTES;
 
-use crate::pyjson::{self, format_g, py_str, Value};
+use crate::codemode::pyjson::{self, format_g, py_str, Value};
 
 const DEFAULT_TIMEOUT_SECONDS: f64 = 300.0;
 const PROG: &str = "mcp-client";

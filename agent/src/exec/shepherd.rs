@@ -16,7 +16,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use crate::sys;
+use crate::base::sys;
 
 /// Status report kinds (first u32 of the 16-byte report).
 pub const EXITED: u32 = 1;
@@ -76,7 +76,7 @@ pub struct Plan {
   /// The command's `oom_score_adj`, as written to /proc (empty: leave it).
   oom_score: &'static [u8],
   /// How the command's processes are kept findable (`contain`).
-  contained: crate::contain::Containment,
+  contained: crate::exec::contain::Containment,
 }
 
 impl Plan {
@@ -155,7 +155,7 @@ impl Plan {
       ids,
       timeout_ns: (timeout_ms > 0).then(|| timeout_ms as i64 * 1_000_000),
       oom_score: command_oom_score(),
-      contained: crate::contain::found(),
+      contained: crate::exec::contain::found(),
     })
   }
 }
@@ -477,7 +477,7 @@ unsafe fn command(plan: &Plan, errfd: libc::c_int) -> ! {
   libc::setsid();
   // From here on nothing this process starts can leave the session just made; a guard that
   // cannot be installed fails the command rather than run it beyond the timeout's reach.
-  if plan.contained.session_guard && !crate::contain::guard_session() {
+  if plan.contained.session_guard && !crate::exec::contain::guard_session() {
     fail(STAGE_GUARD, errno());
   }
   let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);

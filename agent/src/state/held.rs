@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use trueforge_agent_proto::msg::{EgressListenSpec, MAX_CODE_MODE_CALLS};
 
-use crate::sys::{self, Creds, Identity};
+use crate::base::sys::{self, Creds, Identity};
 
 /// The relays by socket path.
 pub struct Relays {

@@ -19,10 +19,10 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use trueforge_agent_proto::frame::{MAX_DATA, WINDOW};
 use trueforge_agent_proto::msg::{AgentError, AgentRequest, EgressListenSpec, ErrorKind, Outcome};
 
-use crate::conn::{In, Sender, StreamIo};
-use crate::ctx::Ctx;
-use crate::held::Listening;
-use crate::sys;
+use crate::base::conn::{In, Sender, StreamIo};
+use crate::base::sys;
+use crate::state::ctx::Ctx;
+use crate::state::held::Listening;
 
 /// Connections the kernel queues before we accept them.
 const BACKLOG: u32 = 1024;

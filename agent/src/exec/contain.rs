@@ -125,7 +125,7 @@ fn probe_guard() -> bool {
     if r == pid {
       return libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
     }
-    if r < 0 && crate::sys::errno() != libc::EINTR {
+    if r < 0 && crate::base::sys::errno() != libc::EINTR {
       return false;
     }
   }

@@ -10,7 +10,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::sys;
+use crate::base::sys;
 
 /// Kernel limit on links followed in one lookup.
 const MAX_LINKS: usize = 40;

@@ -20,10 +20,10 @@ use trueforge_agent_proto::msg::{
   AgentError, ErrorKind, Outcome, StagedDone, StagedHead, StagedUploadSpec,
 };
 
-use crate::conn::{In, StreamIo};
-use crate::ctx::Ctx;
-use crate::files::{self, Staged};
-use crate::sys::{self, Creds};
+use crate::base::conn::{In, StreamIo};
+use crate::base::sys::{self, Creds};
+use crate::files::ops::{self, Staged};
+use crate::state::ctx::Ctx;
 
 /// The directory the engine writes staged files into.
 pub const STAGING_DIR: &str = "/.trueforge-staging";
@@ -95,7 +95,7 @@ enum Step {
 pub async fn upload(ctx: Rc<Ctx>, spec: StagedUploadSpec, mut io: StreamIo) {
   let shown = spec.path.clone();
   let (me, creds, staged) =
-    match files::prepare(&ctx, &shown, spec.user.as_deref(), spec.parents).await {
+    match ops::prepare(&ctx, &shown, spec.user.as_deref(), spec.parents).await {
       Ok((me, creds, staged)) => (me, creds, Arc::new(staged)),
       Err(e) => return io.result(&Outcome::<StagedDone>::Err(e)),
     };
@@ -113,8 +113,8 @@ pub async fn upload(ctx: Rc<Ctx>, spec: StagedUploadSpec, mut io: StreamIo) {
     Step::Failed(e) => Some(Err(e)),
     Step::Placed { size } => {
       let s = staged.clone();
-      let renamed = files::as_user(&ctx, me.clone(), creds.clone(), &shown, move || {
-        files::replace(s.dir.as_raw_fd(), &s.temp, &s.name, size)
+      let renamed = ops::as_user(&ctx, me.clone(), creds.clone(), &shown, move || {
+        ops::replace(s.dir.as_raw_fd(), &s.temp, &s.name, size)
       })
       .await;
       Some(renamed.map(|_| StagedDone {
@@ -125,7 +125,7 @@ pub async fn upload(ctx: Rc<Ctx>, spec: StagedUploadSpec, mut io: StreamIo) {
   };
   if !matches!(&outcome, Some(Ok(StagedDone { declined: None, .. }))) {
     let s = staged.clone();
-    let _ = files::as_user(&ctx, me, creds, &shown, move || {
+    let _ = ops::as_user(&ctx, me, creds, &shown, move || {
       unsafe { libc::unlinkat(s.dir.as_raw_fd(), s.temp.as_ptr(), 0) };
       Ok(())
     })
@@ -197,7 +197,7 @@ async fn stage_and_place(
         .into(),
     ),
     (Err(Unplaced::Missing), true) => Step::Declined(missed()),
-    (Err(Unplaced::Io(e)), _) => Step::Failed(files::io_error(&spec.path, &e)),
+    (Err(Unplaced::Io(e)), _) => Step::Failed(ops::io_error(&spec.path, &e)),
     // Not what the host put (a link, a second link, another size): that attempt only.
     (Err(Unplaced::NotAsPut), _) => Step::Declined(
       "what arrived in the staging directory is not what the host put (a link, or another size); this write goes on the stream"
@@ -429,7 +429,7 @@ fn place(
   }
   sys::cvt(unsafe { libc::fchmod(raw, mode) })?;
   // The user's empty temporary file gives way first: a rename over it would make ext4 write
-  // the staged file out before returning (see `files::replace`). Should the user make that name
+  // the staged file out before returning (see `ops::replace`). Should the user make that name
   // again meanwhile, the move is refused rather than replace what the user made.
   let (from, to) = (entry.dir.as_raw_fd(), staged.dir.as_raw_fd());
   sys::cvt(unsafe { libc::unlinkat(to, staged.temp.as_ptr(), 0) })?;

@@ -16,16 +16,18 @@ use trueforge_agent_proto::msg::{
   AgentError, ErrorKind, Hello, Outcome, PingInfo, Request, AGENT_NAME,
 };
 
-use crate::activity::{self, Activity};
-use crate::codemode;
-use crate::conn::{Conn, Out, Pipe};
-use crate::ctx::Ctx;
-use crate::held::Relays;
-use crate::pool::Pool;
-use crate::sys::{self, Identity};
-use crate::users::Users;
-use crate::watch::Watcher;
-use crate::{egress, exec, files, resolve, staged};
+use crate::base::conn::{Conn, Out, Pipe};
+use crate::base::pool::Pool;
+use crate::base::sys::{self, Identity};
+use crate::base::users::Users;
+use crate::codemode::relay;
+use crate::egress;
+use crate::exec::command;
+use crate::files::{ops, resolve, staged};
+use crate::state::activity::{self, Activity};
+use crate::state::ctx::Ctx;
+use crate::state::held::Relays;
+use crate::state::watch::Watcher;
 
 /// Bytes of stdin buffer taken at a time.
 const READ_BLOCK: usize = 4 << 20;
@@ -51,7 +53,7 @@ fn start() -> std::io::Result<i32> {
   let (input, output) = sys::take_host_stream()?;
   // Orphans of finished commands are reparented here (and reaped), not to PID 1; where that
   // cannot be, commands are kept in their sessions (`contain`). Before any thread starts.
-  let contained = crate::contain::init();
+  let contained = crate::exec::contain::init();
   let me = Identity::current();
   let openat2 = resolve::probe();
   let base_env = capture_env(me.uid);
@@ -75,7 +77,7 @@ fn start() -> std::io::Result<i32> {
 fn capture_env(uid: u32) -> Vec<(Vec<u8>, Vec<u8>)> {
   use std::os::unix::ffi::OsStrExt;
   let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-  let own_home = crate::users::resolve(Some(&uid.to_string()), &passwd, "")
+  let own_home = crate::base::users::resolve(Some(&uid.to_string()), &passwd, "")
     .ok()
     .filter(|u| u.name.is_some())
     .map(|u| u.home)
@@ -244,37 +246,37 @@ fn dispatch(ctx: &Rc<Ctx>, f: Frame) -> Result<(), String> {
   match req {
     Request::Ping | Request::Activity => unreachable!("answered above"),
     Request::Exec(spec) => {
-      tokio::task::spawn_local(exec::run(c, spec, io));
+      tokio::task::spawn_local(command::run(c, spec, io));
     }
     Request::Upload(spec) => {
-      tokio::task::spawn_local(files::upload(c, spec, io));
+      tokio::task::spawn_local(ops::upload(c, spec, io));
     }
     Request::UploadStaged(spec) => {
       tokio::task::spawn_local(staged::upload(c, spec, io));
     }
     Request::Download(spec) => {
-      tokio::task::spawn_local(files::download(c, spec, io));
+      tokio::task::spawn_local(ops::download(c, spec, io));
     }
     Request::Stat(spec) => {
       tokio::task::spawn_local(async move {
-        let o = files::stat(&c, spec).await;
+        let o = ops::stat(&c, spec).await;
         io.result(&o);
       });
     }
     Request::Layout(spec) => {
       tokio::task::spawn_local(async move {
-        let o = files::layout(&c, spec).await;
+        let o = ops::layout(&c, spec).await;
         io.result(&o);
       });
     }
     Request::CodeModeListen(spec) => {
       tokio::task::spawn_local(async move {
-        let o = codemode::listen(c.clone(), spec).await;
+        let o = relay::listen(c.clone(), spec).await;
         io.result(&o);
       });
     }
     Request::CodeModeClose { socket } => {
-      let o = codemode::close(ctx, &socket);
+      let o = relay::close(ctx, &socket);
       io.result(&o);
     }
     Request::EgressListen(spec) => {

@@ -21,10 +21,10 @@ use trueforge_agent_proto::msg::{
   StatInfo, StatSpec, UploadDone, UploadSpec,
 };
 
-use crate::conn::{In, Pipe, StreamIo};
-use crate::ctx::Ctx;
-use crate::resolve::{self, Links};
-use crate::sys::{self, Creds, Identity};
+use crate::base::conn::{In, Pipe, StreamIo};
+use crate::base::sys::{self, Creds, Identity};
+use crate::files::resolve::{self, Links};
+use crate::state::ctx::Ctx;
 
 /// Longest path accepted (PATH_MAX less the terminating NUL).
 const MAX_PATH: usize = 4095;

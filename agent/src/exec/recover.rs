@@ -18,85 +18,23 @@
 //! stopped process cannot fork), then killed; a process stopped on stale data that turns out
 //! owned is continued.
 
-use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tokio::sync::Notify;
+use crate::base::sys;
+use crate::base::users::User;
+use crate::state::procs::{Pressure, Recovery};
 
-use crate::sys;
-use crate::users::User;
-
-/// What a recovery did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Recovery {
-  /// Processes killed (left behind: no running command owned them).
-  pub killed: usize,
-  /// Live processes that running commands own, spared.
-  pub owned: usize,
-}
-
-/// After a recovery found nothing to kill, how long until another may scan /proc (many
-/// commands may be waiting at once).
-const RECOVERY_GAP: Duration = Duration::from_millis(250);
-
-/// What the agent's commands share about processes: the shepherds of those running (their
-/// processes are spared), the reaping of children (a freed pid wakes a waiting command), and
-/// the last recovery.
-#[derive(Default)]
-pub struct Pressure {
-  shepherds: RefCell<HashSet<u32>>,
-  reaped: Notify,
-  last: Cell<Recovery>,
-  fruitless_since: Cell<Option<Instant>>,
-}
-
-impl Pressure {
-  /// `pid` is the shepherd of a command now running.
-  pub fn running(&self, pid: u32) {
-    self.shepherds.borrow_mut().insert(pid);
+/// Kills what no running command owns (see the module's doc); what the last recovery found
+/// instead when it found nothing to kill a moment ago (`Pressure::lately_fruitless`).
+pub async fn recover(procs: &Pressure, user: &User) -> Recovery {
+  if let Some(r) = procs.lately_fruitless() {
+    return r;
   }
-
-  /// That command's call is over.
-  pub fn ended(&self, pid: u32) {
-    self.shepherds.borrow_mut().remove(&pid);
-  }
-
-  /// `n` children were reaped: as many waiting commands may try again.
-  pub fn reaped(&self, n: usize) {
-    for _ in 0..n {
-      self.reaped.notify_one();
-    }
-  }
-
-  /// Waits for a reaped child, at most `pause`.
-  pub async fn until_reaped(&self, pause: Duration) {
-    tokio::select! {
-      _ = self.reaped.notified() => {}
-      _ = tokio::time::sleep(pause) => {}
-    }
-  }
-
-  /// Kills what no running command owns (see the module's doc); what the last recovery found
-  /// instead when it found nothing to kill less than `RECOVERY_GAP` ago.
-  pub async fn recover(&self, user: &User) -> Recovery {
-    if self
-      .fruitless_since
-      .get()
-      .is_some_and(|t| t.elapsed() < RECOVERY_GAP)
-    {
-      return Recovery {
-        killed: 0,
-        ..self.last.get()
-      };
-    }
-    let shepherds = self.shepherds.borrow().clone();
-    let r = kill_leftovers(user, &shepherds).await;
-    self.last.set(r);
-    self.fruitless_since.set((r.killed == 0).then(Instant::now));
-    r
-  }
+  let r = kill_leftovers(user, &procs.shepherds()).await;
+  procs.recovered(r);
+  r
 }
 
 /// Kills the leftovers (see the module's doc) and reaps what was reparented to the agent.

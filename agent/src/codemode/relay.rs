@@ -17,12 +17,12 @@ use trueforge_agent_proto::msg::{
   AgentError, AgentRequest, CodeModeListenSpec, ErrorKind, Outcome,
 };
 
-use crate::conn::In;
-use crate::ctx::Ctx;
-use crate::held::{remove_socket, Relay};
-use crate::pyjson::{self, Value};
-use crate::resolve::{self, Links};
-use crate::sys;
+use crate::base::conn::In;
+use crate::base::sys;
+use crate::codemode::pyjson::{self, Value};
+use crate::files::resolve::{self, Links};
+use crate::state::ctx::Ctx;
+use crate::state::held::{remove_socket, Relay};
 
 fn bad(kind: ErrorKind, msg: String) -> Outcome<()> {
   Outcome::Err(AgentError::new(kind, msg))

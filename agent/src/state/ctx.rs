@@ -4,13 +4,13 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Instant;
 
-use crate::activity::Activity;
-use crate::conn::Conn;
-use crate::held::{Egress, Relays};
-use crate::pool::Pool;
-use crate::sys::{Creds, Identity};
-use crate::users::{User, Users};
-use crate::watch::Watcher;
+use crate::base::conn::Conn;
+use crate::base::pool::Pool;
+use crate::base::sys::{Creds, Identity};
+use crate::base::users::{User, Users};
+use crate::state::activity::Activity;
+use crate::state::held::{Egress, Relays};
+use crate::state::watch::Watcher;
 
 pub struct Ctx {
   pub conn: Rc<Conn>,
@@ -26,8 +26,8 @@ pub struct Ctx {
   pub activity: Activity,
   /// Commands running now.
   pub running: Cell<u32>,
-  /// Running commands' shepherds, reaped children and recoveries (see `recover`).
-  pub procs: crate::recover::Pressure,
+  /// Running commands' shepherds, reaped children and the last recovery (`exec::recover`).
+  pub procs: crate::state::procs::Pressure,
   pub started: Instant,
   pub relays: Relays,
   /// The egress port and its connections.

@@ -24,9 +24,9 @@ use trueforge_agent_proto::codemode::{
 };
 use trueforge_agent_proto::msg::MAX_CODE_MODE_CALLS;
 
-use crate::codemode;
-use crate::sys::{self, Identity};
-use crate::users::Users;
+use crate::base::sys::{self, Identity};
+use crate::base::users::Users;
+use crate::codemode::relay;
 
 /// Replies awaited, by the id their request went out with.
 type Waiting = Rc<RefCell<HashMap<u32, oneshot::Sender<Bytes>>>>;
@@ -61,7 +61,7 @@ fn start(socket: &str, user: Option<&str>) -> io::Result<i32> {
   if sys::cap_eff() & (1 << 6) == 0 && creds.uid == me.uid && creds.gid == me.gid {
     creds.groups = me.groups.clone();
   }
-  let listener = sys::as_user(&me, &creds, || codemode::bind(socket))?
+  let listener = sys::as_user(&me, &creds, || relay::bind(socket))?
     .map_err(|e| io::Error::other(format!("cannot open the Code Mode socket {socket}: {e}")))?;
   let bound = identity(socket);
   listener.set_nonblocking(true)?;
@@ -192,7 +192,7 @@ async fn call(
   waiting: Waiting,
   calls: Rc<Semaphore>,
 ) {
-  let Some(body) = codemode::read_request(&mut conn).await else {
+  let Some(body) = relay::read_request(&mut conn).await else {
     return;
   };
   let body = match body {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
 use trueforge_agent_proto::msg::ActivityInfo;
 
-use crate::sys;
+use crate::base::sys;
 
 /// At most one touch of the file per this interval.
 const TOUCH_EVERY: Duration = Duration::from_secs(1);

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 
-use crate::sys::Creds;
+use crate::base::sys::Creds;
 
 /// A resolved user.
 #[derive(Debug, Clone, PartialEq, Eq)]

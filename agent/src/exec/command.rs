@@ -13,11 +13,13 @@ use trueforge_agent_proto::msg::{
   AgentError, ErrorKind, ExecDone, ExecSpec, Outcome, BIN_DIR, DEFAULT_PATH, TIMEOUT_EXIT_CODE,
 };
 
-use crate::conn::StreamIo;
-use crate::ctx::Ctx;
-use crate::shepherd::{self, Plan, Report};
-use crate::users::User;
-use crate::{recover, sys};
+use crate::base::conn::StreamIo;
+use crate::base::sys;
+use crate::base::users::User;
+use crate::exec::recover;
+use crate::exec::shepherd::{self, Plan, Report};
+use crate::state::ctx::Ctx;
+use crate::state::procs::Recovery;
 
 /// The longest a command waits for processes that running commands hold (and never past its
 /// own timeout, which the wait counts against).
@@ -68,7 +70,7 @@ async fn run_inner(ctx: &Ctx, spec: ExecSpec, io: &StreamIo) -> Option<Outcome<E
       Start::Done(o) => return o,
       Start::OutOfProcesses => {}
     }
-    let r = ctx.procs.recover(&user).await;
+    let r = recover::recover(&ctx.procs, &user).await;
     if r.killed > 0 {
       recovered = Some(recover::note(&user, r.killed));
     }
@@ -123,7 +125,7 @@ async fn start(ctx: &Ctx, plan: &Plan, io: &StreamIo) -> Start {
 }
 
 /// Why a command could not start for lack of processes.
-fn out_of_processes(user: &User, r: recover::Recovery, waited: Duration) -> AgentError {
+fn out_of_processes(user: &User, r: Recovery, waited: Duration) -> AgentError {
   let msg = if r.owned > 0 {
     format!(
       "the sandbox is out of processes: {} of them belong to commands still running, and not enough ended in the {:.1} s this command waited (the agent kills only processes that no running command owns); run fewer commands at once, wait for them, or raise resources.pidsLimit",
