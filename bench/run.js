@@ -24,7 +24,11 @@
 //                         proxy's section (BENCH_EGRESS_ROUNDS, default 5); BENCH_SKIP_RUNSC=1
 //                         gVisor's (it starts and stops scripts/engines/gvisor-engine.sh);
 //                         BENCH_SKIP_LOAD=1 the run under load (BENCH_LOAD: how many
-//                         CPU-bound processes spin beside it, default 2)
+//                         CPU-bound processes spin beside it, default 2); BENCH_SKIP_CAPACITY=1
+//                         the capacity section (BENCH_CAPACITY: its idle counts, default 20,200;
+//                         BENCH_CAPACITY_BUSY: its busy counts, default 10,20, empty to leave the
+//                         busy part out; BENCH_BUSY_PAUSE_MS: a busy sandbox's pause between
+//                         rounds, default 250)
 //   BENCH_WARM_POOL_SIZE  pool size for the "addon (warm pool)" rows (default 2)
 //   BENCH_WARM_SETTLE_MS  pause after each warm-pool create so the refill does not load the
 //                         next measurement (default 1500)
@@ -1038,7 +1042,12 @@ function runscTargets(r) {
 /** What one engine holds (bench/capacity.js). */
 function capacityBench() {
   return childJson(
-    ['--expose-gc', path.join(__dirname, 'capacity.js'), process.env.BENCH_CAPACITY || '20,200'],
+    [
+      '--expose-gc',
+      path.join(__dirname, 'capacity.js'),
+      process.env.BENCH_CAPACITY || '20,200',
+      process.env.BENCH_CAPACITY_BUSY ?? '10,20',
+    ],
     1_800_000,
   )
 }
@@ -1059,6 +1068,32 @@ function capacityTargets(c) {
       name: burst,
       status: c.burst.oursErrors === 0 && c.burst.ratio <= 1 ? 'MET' : 'MISSED',
       detail: `ours ${c.burst.oursMs} ms (${c.burst.oursErrors} errors), floor ${c.burst.floorMs} ms: ${c.burst.ratio}×`,
+    },
+    ...busyTargets(c.busy || [], c.cpus),
+  ]
+}
+
+/**
+ * Busy sandboxes: no errors, and the agent's exec of `true` in a probe sandbox beside them still
+ * under what the engine's own exec costs with nothing busy. A raw exec is the least any client
+ * of the engine pays per command, so a session through the agent on a busy engine stays better
+ * off than any client of a quiet one.
+ */
+function busyTargets(busy, cpus) {
+  if (!busy.length) return []
+  const name = `Busy (${busy.map((b) => b.sandboxes).join(' and ')} sandboxes each running a command loop through the agent, ${cpus} CPUs): no errors, and exec \`true\` p50 through the agent in a probe sandbox under the engine's idle exec floor (raw create + start + inspect of \`true\`, beside the same sandboxes idle)`
+  const failed = busy.find((b) => b.error || !b.busy)
+  if (failed) return [{ name, status: 'N/A', detail: (failed.error || 'no busy phase').split('\n')[0] }]
+  return [
+    {
+      name,
+      status: busy.every((b) => b.errors === 0 && b.busy.execTrueP50Ms < b.idle.floorExecTrueP50Ms) ? 'MET' : 'MISSED',
+      detail: busy
+        .map(
+          (b) =>
+            `${b.sandboxes}: agent ${b.busy.execTrueP50Ms} ms busy (${b.idle.execTrueP50Ms} idle), floor ${b.idle.floorExecTrueP50Ms} ms idle (${b.busy.floorExecTrueP50Ms} busy), ${b.errors} errors`,
+        )
+        .join('; '),
     },
   ]
 }
@@ -1146,6 +1181,59 @@ function sectionLoad(l) {
 
 function fmtLoad(l) {
   return l.map((x) => x.toFixed(2)).join(' / ')
+}
+
+/** The capacity section's busy part: each count's sandboxes idle, then busy, side by side. */
+function renderBusy(L, capacity) {
+  L.push('')
+  L.push('### Busy sandboxes')
+  L.push('')
+  const runs = capacity.busy
+  for (const b of runs) if (b.error) L.push(`${b.sandboxes} busy: could not run: ${b.error.split('\n')[0]}`, '')
+  const ok = runs.filter((b) => !b.error && b.busy)
+  if (!ok.length) return
+  const w = ok[0].setup
+  const both = (f) => ok.flatMap((b) => [f(b.idle, b), f(b.busy, b)])
+  const rows = [
+    ['exec `true` through the agent, p50 ms', both((x) => fmtMs(x.execTrueP50Ms))],
+    ['exec `true` through the agent, p95 ms', both((x) => fmtMs(x.execTrueP95Ms))],
+    ['1 KiB upload, p50 ms', both((x) => fmtMs(x.upload1KiBP50Ms))],
+    ['1 KiB download, p50 ms', both((x) => fmtMs(x.download1KiBP50Ms))],
+    ['create → first exec of one more sandbox, p50 ms', both((x) => fmtMs(x.createFirstExecP50Ms))],
+    [
+      "the engine's exec floor (raw create + start + inspect of `true`), p50 ms",
+      both((x) => fmtMs(x.floorExecTrueP50Ms)),
+    ],
+    [
+      'host process RSS per sandbox, MiB (after collections / peak)',
+      both((x) => `${x.hostRssPerSandboxMiB} / ${x.hostPeakRssPerSandboxMiB}`),
+    ],
+    ["the engine's processes' CPU, % of one CPU", both((x) => x.engineCpuPct)],
+    [`the machine's CPU busy, % of its ${capacity.cpus}`, both((x) => x.machineBusyPct)],
+    ['1-minute load average', both((x) => x.load1)],
+    ['MemAvailable, GiB', both((x) => x.memAvailableGiB)],
+    ['errors', both((x) => x.errors)],
+    [
+      'busy loop: rounds per second (all sandboxes) / round p50 ms / its exec p50 ms',
+      ok.flatMap((b) => [
+        '',
+        `${b.workload.roundsPerSecond} / ${fmtMs(b.workload.roundP50Ms)} / ${fmtMs(b.workload.execP50Ms)}`,
+      ]),
+    ],
+  ]
+  L.push(
+    mdTable(
+      ['probe sandbox, beside', ...ok.flatMap((b) => [`${b.sandboxes} idle`, `${b.sandboxes} busy`])],
+      rows.map(([label, cells]) => [label, ...cells]),
+      ok.flatMap((_, i) => [1 + 2 * i, 2 + 2 * i]),
+    ),
+  )
+  L.push('')
+  for (const b of ok)
+    if (b.errors) L.push(`${b.sandboxes} busy: ${b.errors} error(s): ${b.errorMessages.join(' | ')}`, '')
+  L.push(
+    `Each busy sandbox runs rounds of: an exec of a shell loop (20,000 rounds of arithmetic, then four 64 KiB files written and read back; its output checked), a ${w.fileKiB} KiB \`uploadFile\` and its \`downloadFile\` (the bytes checked), then a ${w.pauseMs} ms pause; the sandboxes start staggered and loop for ${w.warmupMs / 1000} s before the busy column is measured. The probe, in a sandbox of its own in the same process: ${w.probe.exec} execs of \`true\`, ${w.probe.xfer} uploads and downloads of 1 KiB, ${w.probe.create} creates of one more sandbox each with its first exec (removed after), and the floor's ${w.probe.floor} raw execs in a container of its own (no network). Idle: the same sandboxes held, each having run one command. Each count runs in a child process of its own; its RSS per sandbox is over that process holding only the probe. The engine's and the machine's figures are over ${w.loadWindowMs / 1000} s before the probe, with only the sandboxes running (the probe's creates and raw execs are engine work of their own); the engine and the machine are shared with whatever else runs there, and the load average lags by its minute.`,
+  )
 }
 
 function renderMarkdown({
@@ -1456,6 +1544,7 @@ function renderMarkdown({
       L.push(
         `Image ${capacity.image}; ${capacity.cpus} CPUs. Host memory: a child process holding that many idle sandboxes (each ran one command, so its agent is connected), RSS after collections, per sandbox past the first; the raw client (the floor's plain HTTP) made and ran a command in as many containers, on no network, as the addon's sandboxes under their default egress policy. The machine's figures: ${m.sandboxes} sandboxes of ours against none.`,
       )
+      if (capacity.busy?.length) renderBusy(L, capacity)
     }
     L.push('')
   }
@@ -1739,7 +1828,9 @@ async function bench() {
     }
     if (process.env.BENCH_SKIP_CAPACITY !== '1' && (!wantOps || wantOps.includes('capacity'))) {
       const t0 = performance.now()
-      log('capacity (bench/capacity.js: memory per idle sandbox at 20 and 200 against a raw client, a burst of 50) …')
+      log(
+        'capacity (bench/capacity.js: memory per idle sandbox at 20 and 200 against a raw client, a burst of 50, busy sandboxes beside a probe) …',
+      )
       capacity = await withLoad('capacity', capacityBench)
       log(`  ${((performance.now() - t0) / 1000).toFixed(1)} s`)
     }
