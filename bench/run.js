@@ -47,7 +47,7 @@ const floorImpl = require('./impl/floor')
 const dockerodeImpl = require('./impl/dockerode')
 const cliImpl = require('./impl/cli')
 const { startProxy } = require('./reqcount')
-const { summarize, mbps, fmtMs, fmtNum, fmtRatio, fmtBytes } = require('./stats')
+const { summarize, mbps, fmtMs, fmtNum, fmtRatio, fmtSigned, fmtBytes } = require('./stats')
 
 const KiB = 1024
 const MiB = 1024 * 1024
@@ -882,7 +882,7 @@ function agentTargets(rows, probe) {
     add(
       'agent: create → first exec ≤ create + 15 ms',
       first.partP50 <= 15,
-      `the first exec right after its create: p50 ${fmtMs(first.partP50)} ms; across rows: create ${fmtMs(create.p50)} ms, create → first exec ${fmtMs(first.p50)} ms (+${fmtMs(first.p50 - create.p50)} ms)`,
+      `the first exec right after its create: p50 ${fmtMs(first.partP50)} ms; across rows: create ${fmtMs(create.p50)} ms, create → first exec ${fmtMs(first.p50)} ms (${fmtSigned(first.p50 - create.p50, fmtMs)} ms)`,
     )
   if (!probe || probe.error) {
     const why = probe ? probe.error : 'not measured'
@@ -1054,7 +1054,8 @@ function capacityBench() {
 
 /** Host memory per idle sandbox within 0.5 MiB of a raw client's; a burst at the floor. */
 function capacityTargets(c) {
-  const memory = 'Host memory per idle sandbox (20 and 200): at most 0.5 MiB more than a raw client holding as many'
+  const counts = (process.env.BENCH_CAPACITY || '20,200').split(',').join(' and ')
+  const memory = `Host memory per idle sandbox (${counts}): at most 0.5 MiB more than a raw client holding as many`
   const burst = `A burst of ${c.burst?.sandboxes ?? 50} creates, each running its first command: wall time ≤ 1.0 × the floor's`
   if (c.error) return [{ name: memory, status: 'N/A', detail: c.error.split('\n')[0] }]
   const host = c.host.filter(Boolean)
@@ -1062,7 +1063,9 @@ function capacityTargets(c) {
     {
       name: memory,
       status: host.length && host.every((h) => h.moreMiB <= 0.5) ? 'MET' : 'MISSED',
-      detail: host.map((h) => `${h.sandboxes}: ours ${h.oursMiB} MiB, raw ${h.rawMiB} MiB (+${h.moreMiB})`).join('; '),
+      detail: host
+        .map((h) => `${h.sandboxes}: ours ${h.oursMiB} MiB, raw ${h.rawMiB} MiB (${fmtSigned(h.moreMiB)})`)
+        .join('; '),
     },
     {
       name: burst,
@@ -1494,7 +1497,7 @@ function renderMarkdown({
               'connection set-up, ms (p50)',
               u.proxy_p50,
               `${u.direct_p50} (direct loopback connect)`,
-              `+${u.overhead_p50} ms`,
+              `${fmtSigned(u.overhead_p50)} ms`,
             ],
           ],
           [1, 3],
@@ -1518,7 +1521,7 @@ function renderMarkdown({
       L.push(
         mdTable(
           ['idle sandboxes', 'host process, MiB per sandbox', 'raw client, MiB per container', 'difference'],
-          capacity.host.filter(Boolean).map((h) => [h.sandboxes, h.oursMiB, h.rawMiB, `+${h.moreMiB}`]),
+          capacity.host.filter(Boolean).map((h) => [h.sandboxes, h.oursMiB, h.rawMiB, fmtSigned(h.moreMiB)]),
           [1, 2, 3],
         ),
       )

@@ -41,10 +41,16 @@ function fmtRatio(x) {
   return Number.isFinite(x) ? `${x.toFixed(2)}×` : '-'
 }
 
+/** A difference with its sign, `+` or `−` (a bare `+` before a negative number reads `+-`). */
+function fmtSigned(x, fmt = String) {
+  if (!Number.isFinite(Number(x))) return '-'
+  return Number(x) < 0 ? `−${fmt(-Number(x))}` : `+${fmt(Number(x))}`
+}
+
 function fmtBytes(b) {
   if (!Number.isFinite(b)) return '-'
   const mib = b / (1024 * 1024)
   return `${mib.toFixed(1)} MiB`
 }
 
-module.exports = { percentile, summarize, mbps, fmtMs, fmtNum, fmtRatio, fmtBytes }
+module.exports = { percentile, summarize, mbps, fmtMs, fmtNum, fmtRatio, fmtSigned, fmtBytes }
