@@ -277,9 +277,13 @@ describe.each([['agent'], ['agent connection'], ['python']] as const)('Code Mode
   })
 
   afterAll(async () => {
-    for (const p of providers) p.dispose()
+    for (const p of providers) await p.dispose()
     cleanupNamespace(namespace)
-  })
+    // The warm-pool test's refill may still be creating: a disposed provider lets that create
+    // finish (it never deletes sandboxes), so its member is removed once it is there.
+    await sleep(3000)
+    cleanupNamespace(namespace)
+  }, 30_000)
 
   describe('CodeModeTransport contract (TrueForge behaviours)', () => {
     let transport: ReturnType<Provider['createCodeModeTransport']>

@@ -276,7 +276,7 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo) -> Driven {
     if avail == 0 {
       break;
     }
-    let mut buf = BytesMut::with_capacity((avail as usize).min(MAX_DATA));
+    let mut buf = BytesMut::with_capacity(chunk_room(&output, avail));
     match read_now(&output, &mut buf) {
       Ok(0) => open = false,
       Ok(_) => io.send_now(buf.freeze()),
@@ -314,6 +314,15 @@ fn read_now(output: &pipe::Receiver, buf: &mut BytesMut) -> std::io::Result<usiz
   Ok(n as usize)
 }
 
+/// Room for the next read: what the pipe holds (at least a small block, which also sees its end),
+/// within the host's credit and a frame. A buffer of the frame's size every time would be mapped
+/// and unmapped by the allocator per read, and per command, with a flush of every thread's TLB.
+fn chunk_room(output: &pipe::Receiver, credit: u64) -> usize {
+  const SMALL: usize = 4096;
+  let held = sys::unread(output.as_raw_fd()).unwrap_or(MAX_DATA);
+  held.clamp(SMALL, MAX_DATA).min(credit as usize)
+}
+
 fn receiver(fd: OwnedFd) -> std::io::Result<pipe::Receiver> {
   sys::set_nonblocking(fd.as_raw_fd())?;
   pipe::Receiver::from_owned_fd_unchecked(fd)
@@ -330,7 +339,7 @@ async fn read_some(output: &pipe::Receiver, io: &StreamIo) -> Option<BytesMut> {
     if output.readable().await.is_err() {
       return None;
     }
-    let mut buf = BytesMut::with_capacity((avail as usize).min(MAX_DATA));
+    let mut buf = BytesMut::with_capacity(chunk_room(output, avail));
     match output.try_read_buf(&mut buf) {
       Ok(0) => return None,
       Ok(_) => return Some(buf),
