@@ -257,7 +257,25 @@ async function shellSpawnMs(exec, n) {
   return { shell, ms: ((await loop(n)) - (await loop(0))) / n }
 }
 
+/** The first regular file of the tar `stream` (the engine's archive of one path). */
+async function firstFile(stream, remotePath) {
+  const extract = require('tar-stream').extract()
+  stream.pipe(extract)
+  for await (const entry of extract) {
+    if (entry.header.type !== 'file') {
+      entry.resume()
+      continue
+    }
+    const chunks = []
+    for await (const c of entry) chunks.push(c)
+    stream.destroy() // one file is all we asked for
+    return Buffer.concat(chunks)
+  }
+  throw new Error(`no file in the archive for ${remotePath}`)
+}
+
 module.exports = {
+  firstFile,
   ECHO_DISPATCHER,
   ECHO_SERVERS,
   engineEcho,

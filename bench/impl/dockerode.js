@@ -11,7 +11,16 @@ const Docker = require('dockerode')
 const tar = require('tar-stream')
 const { Writable } = require('node:stream')
 
-const { SOCKET, IMAGE, NETWORK, KEEPALIVE_ENTRYPOINT, benchLabels, splitPath, layoutTar } = require('./common')
+const {
+  SOCKET,
+  IMAGE,
+  NETWORK,
+  KEEPALIVE_ENTRYPOINT,
+  benchLabels,
+  splitPath,
+  layoutTar,
+  firstFile,
+} = require('./common')
 
 function create({ socket = SOCKET } = {}) {
   const docker = new Docker({ socketPath: socket })
@@ -69,19 +78,7 @@ function create({ socket = SOCKET } = {}) {
 
   async function download(id, remotePath) {
     const stream = await docker.getContainer(id).getArchive({ path: remotePath })
-    const extract = tar.extract()
-    stream.pipe(extract)
-    for await (const entry of extract) {
-      if (entry.header.type !== 'file') {
-        entry.resume()
-        continue
-      }
-      const chunks = []
-      for await (const c of entry) chunks.push(c)
-      stream.destroy() // one file is all we asked for
-      return Buffer.concat(chunks)
-    }
-    throw new Error(`no file in the archive for ${remotePath}`)
+    return firstFile(stream, remotePath)
   }
 
   async function remove(id) {

@@ -12,9 +12,7 @@
 
 process.env.TESTCONTAINERS_RYUK_DISABLED = 'true'
 
-const tar = require('tar-stream')
-
-const { SOCKET, IMAGE, NETWORK, KEEPALIVE_ENTRYPOINT, benchLabels, layoutTar } = require('./common')
+const { SOCKET, IMAGE, NETWORK, KEEPALIVE_ENTRYPOINT, benchLabels, layoutTar, firstFile } = require('./common')
 
 const { GenericContainer } = require('testcontainers')
 
@@ -68,19 +66,7 @@ function create({ socket = SOCKET } = {}) {
 
   async function download(id, remotePath) {
     const stream = await get(id).copyArchiveFromContainer(remotePath)
-    const extract = tar.extract()
-    stream.pipe(extract)
-    for await (const entry of extract) {
-      if (entry.header.type !== 'file') {
-        entry.resume()
-        continue
-      }
-      const chunks = []
-      for await (const c of entry) chunks.push(c)
-      stream.destroy() // one file is all we asked for
-      return Buffer.concat(chunks)
-    }
-    throw new Error(`no file in the archive for ${remotePath}`)
+    return firstFile(stream, remotePath)
   }
 
   async function remove(id) {
