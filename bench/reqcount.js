@@ -14,30 +14,23 @@ const { SOCKET } = require('./impl/common')
 
 const REQUEST_LINE = /(?:^|\n)(GET|HEAD|POST|PUT|DELETE) (\S+) HTTP\/1\.[01]\r\n/g
 
-/** Starts the proxy; resolves { socket, take(), close() }. `take()` returns and resets the log. */
-async function startProxy() {
-  const socket = path.join(os.tmpdir(), `trueforge-bench-proxy-${process.pid}.sock`)
-  try {
-    fs.unlinkSync(socket)
-  } catch {
-    // not there
-  }
-  let log = []
+/**
+ * A unix-socket proxy in front of the engine. `watch(client, upstream)` sees each connection's two
+ * sides before they are piped (to listen to their data) and may return what to do when the
+ * connection closes. Resolves { socket, close() }.
+ */
+async function proxyEngine(tag, watch) {
+  const socket = path.join(os.tmpdir(), `trueforge-bench-${tag}-${process.pid}.sock`)
+  fs.rmSync(socket, { force: true })
   const conns = new Set()
   const server = net.createServer((client) => {
     const upstream = net.connect(SOCKET)
     conns.add(client).add(upstream)
-    client.on('data', (chunk) => {
-      // Clients write a request head in one piece, so a head starts a chunk or follows a
-      // newline in it; only the first bytes are scanned so large payloads cost nothing.
-      const text = chunk.subarray(0, 4096).toString('latin1')
-      REQUEST_LINE.lastIndex = 0
-      let m
-      while ((m = REQUEST_LINE.exec(text))) log.push(`${m[1]} ${normalize(m[2])}`)
-    })
+    const closing = watch(client, upstream)
     client.pipe(upstream)
     upstream.pipe(client)
     const close = () => {
+      if (closing) closing()
       client.destroy()
       upstream.destroy()
       conns.delete(client)
@@ -49,20 +42,35 @@ async function startProxy() {
   await new Promise((resolve, reject) => server.listen(socket, resolve).on('error', reject))
   return {
     socket,
+    async close() {
+      for (const c of conns) c.destroy()
+      await new Promise((r) => server.close(r))
+      fs.rmSync(socket, { force: true })
+    },
+  }
+}
+
+/** Starts the counting proxy; resolves { socket, take(), close() }. `take()` returns and resets the log. */
+async function startProxy() {
+  let log = []
+  const proxy = await proxyEngine('proxy', (client) => {
+    client.on('data', (chunk) => {
+      // Clients write a request head in one piece, so a head starts a chunk or follows a
+      // newline in it; only the first bytes are scanned so large payloads cost nothing.
+      const text = chunk.subarray(0, 4096).toString('latin1')
+      REQUEST_LINE.lastIndex = 0
+      let m
+      while ((m = REQUEST_LINE.exec(text))) log.push(`${m[1]} ${normalize(m[2])}`)
+    })
+  })
+  return {
+    socket: proxy.socket,
     take() {
       const out = log
       log = []
       return out
     },
-    async close() {
-      for (const c of conns) c.destroy()
-      await new Promise((r) => server.close(r))
-      try {
-        fs.unlinkSync(socket)
-      } catch {
-        // gone
-      }
-    },
+    close: proxy.close,
   }
 }
 
@@ -71,7 +79,7 @@ function normalize(p) {
   return p
     .replace(/\?.*$/, '')
     .replace(/^\/v\d+\.\d+/, '')
-    .replace(/^\/(containers|exec)\/(?!create$|json$)[^/]+/, '/$1/{id}')
+    .replace(/^\/(containers|exec|volumes|networks|images)\/(?!create$|json$|prune$)[^/]+/, '/$1/{id}')
 }
 
-module.exports = { startProxy }
+module.exports = { startProxy, proxyEngine, normalize }

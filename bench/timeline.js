@@ -16,12 +16,10 @@
 // warms what the process keeps (the engine connection, image readiness). Prints each run's
 // timeline, then medians per phase over the runs.
 
-const net = require('node:net')
-const fs = require('node:fs')
 const os = require('node:os')
-const path = require('node:path')
 
-const { SOCKET, NETWORK } = require('./impl/common')
+const { NETWORK } = require('./impl/common')
+const { proxyEngine, normalize } = require('./reqcount')
 const addon = require('./impl/addon')
 const floor = require('./impl/floor')
 
@@ -31,15 +29,10 @@ const CHUNKS_KEPT = 16
 const SHOW_BYTES = process.env.TIMELINE_BYTES === '1'
 const now = () => Number(process.hrtime.bigint()) / 1e6
 
-/** Starts the proxy; resolves { socket, take(), close() }. `take()` returns and resets the log. */
+/** Starts the timing proxy; resolves { socket, take(), close() }. `take()` returns and resets the log. */
 async function startTimingProxy() {
-  const socket = path.join(os.tmpdir(), `trueforge-bench-timeline-${process.pid}.sock`)
-  fs.rmSync(socket, { force: true })
   let log = []
-  const conns = new Set()
-  const server = net.createServer((client) => {
-    const upstream = net.connect(SOCKET)
-    conns.add(client).add(upstream)
+  const proxy = await proxyEngine('timeline', (client, upstream) => {
     let current = null // the request whose answer is being read on this connection
     const finish = (closing = false) => {
       if (!current || current.hijacked) return
@@ -89,22 +82,13 @@ async function startTimingProxy() {
       current.end = t
       if (at + 4 < seen.length) current.down.push([t, seen.length - at - 4, seen.subarray(at + 4, at + 28)])
     }
-    client.pipe(upstream)
-    upstream.pipe(client)
-    const close = () => {
+    return () => {
       finish(true)
       if (current && current.hijacked && current.closed === undefined) current.closed = now()
-      client.destroy()
-      upstream.destroy()
-      conns.delete(client)
-      conns.delete(upstream)
     }
-    client.on('error', close).on('close', close)
-    upstream.on('error', close).on('close', close)
   })
-  await new Promise((resolve, reject) => server.listen(socket, resolve).on('error', reject))
   return {
-    socket,
+    socket: proxy.socket,
     take() {
       const out = log
       log = []
@@ -112,20 +96,8 @@ async function startTimingProxy() {
       for (const e of out) if (e.end === null && !e.hijacked && !e.streamsToClose) e.end = e.lastByte ?? now()
       return out
     },
-    async close() {
-      for (const c of conns) c.destroy()
-      await new Promise((r) => server.close(r))
-      fs.rmSync(socket, { force: true })
-    },
+    close: proxy.close,
   }
-}
-
-/** `POST /v1.41/containers/3f…/start?x=1` → `POST /containers/{id}/start` */
-function normalize(p) {
-  return p
-    .replace(/\?.*$/, '')
-    .replace(/^\/v\d+\.\d+/, '')
-    .replace(/^\/(containers|exec|volumes|networks|images)\/(?!create$|json$|prune$)[^/]+/, '/$1/{id}')
 }
 
 const ms = (x) => (x === null || x === undefined ? '     -' : x.toFixed(1).padStart(6))

@@ -257,7 +257,10 @@ async function shellSpawnMs(exec, n) {
   return { shell, ms: ((await loop(n)) - (await loop(0))) / n }
 }
 
-/** The first regular file of the tar `stream` (the engine's archive of one path). */
+/**
+ * The first regular file of the tar `stream` (the engine's archive of one path), read with
+ * tar-stream as dockerode's and testcontainers' users read it (the floor has `SingleFileReader`).
+ */
 async function firstFile(stream, remotePath) {
   const extract = require('tar-stream').extract()
   stream.pipe(extract)
