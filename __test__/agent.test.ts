@@ -249,9 +249,11 @@ describe('hostile workloads (the image user agent, not root)', () => {
     const containerId = inspectContainer(containerNameFor(namespace, id)).Id as string
     // A bomb that keeps every process it makes: once it has them all, nothing else can fork.
     await ok(p, id, "nohup sh -c 'while :; do sleep 1000 & done' >/dev/null 2>&1 &")
-    // The host's count of the container's pids reaches the limit.
+    // The host's count of the container's pids settles one short of the limit of 64. The spare
+    // shepherd the agent keeps holds one of them, so the next command needs only one more: with
+    // a free pid left, it could run without a recovery.
     const pids = () => Number(readFileSync(`/sys/fs/cgroup/pids/docker/${containerId}/pids.current`, 'utf8').trim())
-    await waitFor(async () => pids() >= 62, 20_000, 'the bomb to fill the pids cgroup')
+    await waitFor(async () => pids() >= 63, 20_000, 'the bomb to fill the pids cgroup')
     await sleep(500)
     const r = await run(p, id, 'cat before.txt', { timeoutSeconds: 30 })
     expect(r.exitCode).toBe(0)
@@ -340,6 +342,26 @@ describe('the agent itself', () => {
       10_000,
       'the continued supervisor to kill the command',
     )
+  })
+
+  test('a command runs under the spare shepherd the agent kept ready, and another then waits in its place', async () => {
+    const agent = await agentOf(p, id)
+    // `<agent binary> shepherd <flags> <name>`, a child of the agent.
+    const spares = () =>
+      processes(id, /\/trueforge-agent-\S+ shepherd \d /)
+        .map((l) => l.split(' ')[0])
+        .filter((pid) => asRoot(id, `cat /proc/${pid}/stat`).stdout.split(') ')[1]?.split(' ')[1] === String(agent.pid))
+    await ok(p, id, 'true')
+    await waitFor(() => spares().length === 1, 10_000, 'a spare shepherd')
+    const [spare] = spares()
+    // The shepherd is the command's parent.
+    expect((await ok(p, id, 'echo $PPID')).trim()).toBe(spare)
+    await waitFor(() => spares().length === 1 && spares()[0] !== spare, 10_000, 'the next spare')
+    expect(asRoot(id, `test -e /proc/${spare}`).status).not.toBe(0)
+    // What a spare runs is the command as a forked shepherd would: its user, directory,
+    // environment, exit code and output.
+    const r = await run(p, id, 'echo "$(id -u) $(pwd) $FOO"; echo err >&2; exit 7', { env: { FOO: 'bar' } })
+    expect(r).toEqual(expect.objectContaining({ exitCode: 7, result: `0 ${id} bar\nerr\n` }))
   })
 
   test('a second server process starts its own agent and reaches the sandbox as fast', async () => {

@@ -17,7 +17,8 @@ const SAMPLE_MS = 5
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
-/** The agent process's RSS in bytes, as the host's `ps` sees it in the sandbox's container. */
+/** The agent's RSS in bytes, with the spare shepherd it keeps ready, as the host's `ps` sees
+ * them in the sandbox's container. */
 function agentRss(sandboxId) {
   const name = execFileSync('docker', ['ps', '-q', '--filter', `label=trueforge.sandbox.id=${sandboxId}`], {
     encoding: 'utf8',
@@ -25,7 +26,8 @@ function agentRss(sandboxId) {
   const rows = execFileSync('docker', ['top', name, '-o', 'pid,rss,args'], { encoding: 'utf8' }).split('\n').slice(1)
   const agent = rows.find((r) => /trueforge-agent-(x86_64|aarch64)\s*$/.test(r))
   if (!agent) throw new Error(`no agent process in ${name}: ${rows.join(' / ')}`)
-  return Number(agent.trim().split(/\s+/)[1]) * 1024
+  const spares = rows.filter((r) => /trueforge-agent-(x86_64|aarch64) shepherd /.test(r))
+  return [agent, ...spares].reduce((sum, r) => sum + Number(r.trim().split(/\s+/)[1]) * 1024, 0)
 }
 
 async function main() {

@@ -886,10 +886,14 @@ function agentTargets(rows, probe) {
     )
   if (!probe || probe.error) {
     const why = probe ? probe.error : 'not measured'
-    add('agent: idle RSS in the sandbox ≤ 8 MiB', null, why)
+    add('agent: idle RSS in the sandbox (with its spare shepherd) ≤ 8 MiB', null, why)
     add('agent: host RSS growth for 1 GiB of output ≤ 30 MiB', null, why)
   } else {
-    add('agent: idle RSS in the sandbox ≤ 8 MiB', probe.idleRssBytes <= 8 * MiB, fmtBytes(probe.idleRssBytes))
+    add(
+      'agent: idle RSS in the sandbox (with its spare shepherd) ≤ 8 MiB',
+      probe.idleRssBytes <= 8 * MiB,
+      fmtBytes(probe.idleRssBytes),
+    )
     add(
       'agent: host RSS growth for 1 GiB of output ≤ 30 MiB',
       probe.hostGrowthBytes <= 30 * MiB,

@@ -26,6 +26,7 @@ fn main() {
     match rest.first().map(String::as_str) {
       Some("mcp-client") => codemode::mcp_client::main(rest[1..].to_vec()),
       Some("codemode-lane") => codemode::lane::main(rest[1..].to_vec()),
+      Some(exec::spare::ARG) => exec::spare::main(rest[1..].to_vec()),
       Some("--version") => {
         println!(
           "{} {}",

@@ -265,6 +265,17 @@ async fn a_timeout_kills_every_escape_and_says_so() {
   kills_every_escape(&start().await, 1).await;
 }
 
+/// A shepherd forked for its command (none kept ready, as in a burst) kills as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forked_shepherd_kills_every_escape_too() {
+  let a = start_with(Options {
+    env: vec![("TRUEFORGE_AGENT_NO_SPARE".into(), "1".into())],
+    ..Default::default()
+  })
+  .await;
+  kills_every_escape(&a, 41).await;
+}
+
 /// Without a subreaper (as under gVisor) orphans go to init; the session guard keeps each in
 /// its command's session, so the same escapes are killed and the kill is verified.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,8 +16,8 @@ use trueforge_agent_proto::msg::{
 use crate::base::conn::StreamIo;
 use crate::base::sys;
 use crate::base::users::User;
-use crate::exec::recover;
 use crate::exec::shepherd::{self, Plan, Report};
+use crate::exec::{recover, spare};
 use crate::state::ctx::Ctx;
 use crate::state::procs::Recovery;
 
@@ -70,6 +70,10 @@ async fn run_inner(ctx: &Ctx, spec: ExecSpec, io: &StreamIo) -> Option<Outcome<E
       Start::Done(o) => return o,
       Start::OutOfProcesses => {}
     }
+    // A spare shepherd waiting holds a process: it goes first.
+    if spare::spares().release() {
+      continue;
+    }
     let r = recover::recover(&ctx.procs, &user).await;
     if r.killed > 0 {
       recovered = Some(recover::note(&user, r.killed));
@@ -97,10 +101,14 @@ enum Start {
   OutOfProcesses,
 }
 
-/// Forks a shepherd and drives the command, its shepherd counted as a running command's while
+/// Starts a shepherd (a spare one, else forked) and drives the command, its shepherd counted as a running command's while
 /// it runs (a recovery spares its processes).
 async fn start(ctx: &Ctx, plan: &Plan, io: &StreamIo) -> Start {
-  let sp = match shepherd::spawn(plan) {
+  let spawned = match spare::spares().take(plan) {
+    Some(sp) => Ok(sp),
+    None => shepherd::spawn(plan),
+  };
+  let sp = match spawned {
     Ok(sp) => sp,
     Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Start::OutOfProcesses,
     Err(e) => {
@@ -191,11 +199,13 @@ fn plan(ctx: &Ctx, spec: &ExecSpec, user: &User) -> Result<Plan, String> {
   let c = ctx.creds_of(user);
   let ids = (c.uid != me.uid || c.gid != me.gid || c.groups != me.groups)
     .then_some((c.uid, c.gid, c.groups));
+  // The shell is searched for in the caller's PATH: BIN_DIR holds only the agent's own tools,
+  // and trying it first would cost two failed execs per command.
   Plan::new(
     &spec.command,
     &spec.cwd,
     entries,
-    &path,
+    &given_path,
     ids,
     spec.timeout_ms,
   )

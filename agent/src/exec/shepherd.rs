@@ -74,7 +74,7 @@ pub struct Plan {
   ids: Option<(u32, u32, Vec<libc::gid_t>)>,
   timeout_ns: Option<i64>,
   /// The command's `oom_score_adj`, as written to /proc (empty: leave it).
-  oom_score: &'static [u8],
+  oom_score: Vec<u8>,
   /// How the command's processes are kept findable (`contain`).
   contained: crate::exec::contain::Containment,
 }
@@ -99,33 +99,11 @@ impl Plan {
   ) -> Result<Plan, String> {
     let c =
       |s: &str, what: &str| CString::new(s).map_err(|_| format!("{what} contains a NUL byte"));
-    let argv_strings = vec![
-      c("bash", "")?,
-      c("sh", "")?,
-      c("-c", "")?,
-      c(command, "the command")?,
-    ];
-    let argv = [
-      [
-        argv_strings[0].as_ptr(),
-        argv_strings[2].as_ptr(),
-        argv_strings[3].as_ptr(),
-        std::ptr::null(),
-      ],
-      [
-        argv_strings[1].as_ptr(),
-        argv_strings[2].as_ptr(),
-        argv_strings[3].as_ptr(),
-        std::ptr::null(),
-      ],
-    ];
     let mut env_strings = Vec::with_capacity(env.len());
     for entry in env {
       env_strings
         .push(CString::new(entry).map_err(|_| "an environment variable contains a NUL byte")?);
     }
-    let mut envp: Vec<*const libc::c_char> = env_strings.iter().map(|s| s.as_ptr()).collect();
-    envp.push(std::ptr::null());
     let mut shells = Vec::new();
     for (name, which) in [("bash", 0), ("sh", 1)] {
       for dir in path.split(|&b| b == b':') {
@@ -144,19 +122,180 @@ impl Plan {
       }
     }
     shells.push((c("/bin/sh", "")?, 1));
-    Ok(Plan {
-      shells,
-      _argv_strings: argv_strings,
-      argv,
-      _env_strings: env_strings,
-      envp,
+    Ok(Plan::assemble(Parts {
+      command: c(command, "the command")?,
       cwd: c(cwd, "the working directory")?,
-      cwd_message: format!("cannot change directory to {cwd}: ").into_bytes(),
+      env: env_strings,
+      shells,
       ids,
       timeout_ns: (timeout_ms > 0).then(|| timeout_ms as i64 * 1_000_000),
-      oom_score: command_oom_score(),
+      oom_score: command_oom_score().to_vec(),
       contained: crate::exec::contain::found(),
-    })
+    }))
+  }
+
+  /// The plan from its parts: the argument and environment vectors point into them.
+  fn assemble(p: Parts) -> Plan {
+    let fixed = |s: &CStr| s.to_owned();
+    let argv_strings = vec![fixed(c"bash"), fixed(c"sh"), fixed(c"-c"), p.command];
+    let argv = [
+      [
+        argv_strings[0].as_ptr(),
+        argv_strings[2].as_ptr(),
+        argv_strings[3].as_ptr(),
+        std::ptr::null(),
+      ],
+      [
+        argv_strings[1].as_ptr(),
+        argv_strings[2].as_ptr(),
+        argv_strings[3].as_ptr(),
+        std::ptr::null(),
+      ],
+    ];
+    let mut envp: Vec<*const libc::c_char> = p.env.iter().map(|s| s.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let mut cwd_message = b"cannot change directory to ".to_vec();
+    cwd_message.extend_from_slice(p.cwd.as_bytes());
+    cwd_message.extend_from_slice(b": ");
+    Plan {
+      shells: p.shells,
+      _argv_strings: argv_strings,
+      argv,
+      _env_strings: p.env,
+      envp,
+      cwd: p.cwd,
+      cwd_message,
+      ids: p.ids,
+      timeout_ns: p.timeout_ns,
+      oom_score: p.oom_score,
+      contained: p.contained,
+    }
+  }
+
+  /// The plan as bytes, for a shepherd started before it (`spare`): `decode` reads them back.
+  pub fn encode(&self) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    let bytes = |out: &mut Vec<u8>, b: &[u8]| {
+      out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+      out.extend_from_slice(b);
+    };
+    out.extend_from_slice(&self.timeout_ns.unwrap_or(-1).to_le_bytes());
+    out.push(self.contained.subreaper as u8 | (self.contained.session_guard as u8) << 1);
+    match &self.ids {
+      Some((uid, gid, groups)) => {
+        out.push(1);
+        out.extend_from_slice(&uid.to_le_bytes());
+        out.extend_from_slice(&gid.to_le_bytes());
+        out.extend_from_slice(&(groups.len() as u32).to_le_bytes());
+        groups
+          .iter()
+          .for_each(|g| out.extend_from_slice(&g.to_le_bytes()));
+      }
+      None => out.push(0),
+    }
+    bytes(&mut out, &self.oom_score);
+    bytes(&mut out, self.cwd.as_bytes());
+    bytes(&mut out, self._argv_strings[3].as_bytes());
+    out.extend_from_slice(&(self._env_strings.len() as u32).to_le_bytes());
+    self
+      ._env_strings
+      .iter()
+      .for_each(|e| bytes(&mut out, e.as_bytes()));
+    out.extend_from_slice(&(self.shells.len() as u32).to_le_bytes());
+    for (path, which) in &self.shells {
+      out.push(*which as u8);
+      bytes(&mut out, path.as_bytes());
+    }
+    out
+  }
+
+  /// The plan `encode` wrote (`None`: not one).
+  pub fn decode(b: &[u8]) -> Option<Plan> {
+    let mut r = Reader(b);
+    let timeout = i64::from_le_bytes(r.take(8)?.try_into().ok()?);
+    let flags = r.u8()?;
+    let ids = match r.u8()? {
+      0 => None,
+      1 => {
+        let (uid, gid, n) = (r.u32()?, r.u32()?, r.u32()? as usize);
+        let mut groups = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+          groups.push(r.u32()?);
+        }
+        Some((uid, gid, groups))
+      }
+      _ => return None,
+    };
+    let oom_score = r.bytes()?.to_vec();
+    let cwd = r.cstring()?;
+    let command = r.cstring()?;
+    let mut env = Vec::new();
+    for _ in 0..r.u32()? {
+      env.push(r.cstring()?);
+    }
+    let mut shells = Vec::new();
+    for _ in 0..r.u32()? {
+      let which = r.u8()? as usize;
+      if which > 1 {
+        return None;
+      }
+      shells.push((r.cstring()?, which));
+    }
+    if !r.0.is_empty() {
+      return None;
+    }
+    Some(Plan::assemble(Parts {
+      command,
+      cwd,
+      env,
+      shells,
+      ids,
+      timeout_ns: (timeout >= 0).then_some(timeout),
+      oom_score,
+      contained: crate::exec::contain::Containment {
+        subreaper: flags & 1 != 0,
+        session_guard: flags & 2 != 0,
+      },
+    }))
+  }
+}
+
+/// What a plan is made of (the rest is derived).
+struct Parts {
+  command: CString,
+  cwd: CString,
+  env: Vec<CString>,
+  shells: Vec<(CString, usize)>,
+  ids: Option<(u32, u32, Vec<libc::gid_t>)>,
+  timeout_ns: Option<i64>,
+  oom_score: Vec<u8>,
+  contained: crate::exec::contain::Containment,
+}
+
+/// Reads an encoded plan front to back.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+  fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    if self.0.len() < n {
+      return None;
+    }
+    let (head, rest) = self.0.split_at(n);
+    self.0 = rest;
+    Some(head)
+  }
+  fn u8(&mut self) -> Option<u8> {
+    Some(self.take(1)?[0])
+  }
+  fn u32(&mut self) -> Option<u32> {
+    Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+  }
+  fn bytes(&mut self) -> Option<&'a [u8]> {
+    let n = self.u32()? as usize;
+    self.take(n)
+  }
+  fn cstring(&mut self) -> Option<CString> {
+    CString::new(self.bytes()?).ok()
   }
 }
 
@@ -189,6 +328,11 @@ pub fn spawn(plan: &Plan) -> io::Result<Spawned> {
     status: st_r,
     control: ctl_w,
   })
+}
+
+/// A spare's answer to a plan it could not read (the agent and it disagree: never expected).
+pub fn report_spawn_failed(errno: i32) {
+  report(SPAWN_FAILED, STAGE_FORK, errno, 0);
 }
 
 fn report(kind: u32, a: i32, b: i32, c: i32) {
@@ -303,12 +447,17 @@ unsafe fn shepherd(plan: &Plan, ctl: libc::c_int, st: libc::c_int, out: libc::c_
   libc::dup2(ctl, 0);
   libc::dup2(st, 1);
   libc::dup2(out, 2);
+  let complete = prepare(plan.contained);
+  supervise(plan, complete)
+}
+
+/// What a shepherd does before it knows its command, its pipes at 0-2 already: returns whether
+/// a kill can be verified complete.
+pub unsafe fn prepare(contained: crate::exec::contain::Containment) -> bool {
   close_from(3);
   // Without it (gVisor, qemu-user) orphans go to init: a kill is then verified only where the
   // command's processes are kept in its session (`contain`).
-  let reaper =
-    plan.contained.subreaper && libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0;
-  let complete = reaper || plan.contained.session_guard;
+  let reaper = contained.subreaper && libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0;
   libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
 
   // SIGCHLD stays blocked except inside ppoll, so a child's exit always interrupts the wait.
@@ -321,6 +470,11 @@ unsafe fn shepherd(plan: &Plan, ctl: libc::c_int, st: libc::c_int, out: libc::c_
   libc::sigemptyset(&mut sa.sa_mask);
   libc::sigaction(libc::SIGCHLD, &sa, std::ptr::null_mut());
   libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+  reaper || contained.session_guard
+}
+
+/// Starts the command and sees it to its end (never returns); `prepare` ran.
+pub unsafe fn supervise(plan: &Plan, complete: bool) -> ! {
   let mut waitmask: libc::sigset_t = std::mem::zeroed();
   libc::sigemptyset(&mut waitmask);
 
@@ -492,7 +646,7 @@ unsafe fn command(plan: &Plan, errfd: libc::c_int) -> ! {
   // stdout and stderr share one pipe, so the output keeps its true order.
   libc::dup2(2, 1);
   // Before the user switch: this process is not dumpable, so its /proc files stay root's.
-  prefer_for_oom(plan.oom_score);
+  prefer_for_oom(&plan.oom_score);
   if let Some((uid, gid, groups)) = &plan.ids {
     // Raw system calls: this process has one thread, and libc's wrappers may expect others.
     if libc::syscall(
@@ -821,6 +975,45 @@ mod tests {
     assert!(state.is_ascii_uppercase());
     assert_eq!(parse_u32(b"123"), Some(123));
     assert_eq!(parse_u32(b"self"), None);
+  }
+
+  #[test]
+  fn plans_travel_to_a_spare_whole() {
+    let env = vec![b"A=1".to_vec(), b"PATH=/x:/y".to_vec()];
+    let p = Plan::new(
+      "echo hi",
+      "/w",
+      env,
+      b"/x:/y",
+      Some((5, 6, vec![7, 8])),
+      1500,
+    )
+    .unwrap();
+    let back = Plan::decode(&p.encode()).unwrap();
+    assert_eq!(back.encode(), p.encode());
+    assert_eq!(back.shells, p.shells);
+    assert_eq!(back._argv_strings, p._argv_strings);
+    assert_eq!(back._env_strings, p._env_strings);
+    assert_eq!(
+      (back.cwd.clone(), back.cwd_message.clone()),
+      (p.cwd.clone(), p.cwd_message.clone())
+    );
+    assert_eq!(back.ids, Some((5, 6, vec![7, 8])));
+    assert_eq!(back.timeout_ns, Some(1_500_000_000));
+    assert_eq!(back.oom_score, p.oom_score);
+    assert_eq!(back.contained, p.contained);
+    // The pointer vectors point into the decoded plan's own strings.
+    assert_eq!(unsafe { CStr::from_ptr(back.argv[1][2]) }, c"echo hi");
+    assert_eq!(unsafe { CStr::from_ptr(back.envp[1]) }, c"PATH=/x:/y");
+    assert!(back.envp[2].is_null());
+    let none = Plan::new("true", "/", vec![], b"", None, 0).unwrap();
+    let back = Plan::decode(&none.encode()).unwrap();
+    assert_eq!((back.ids, back.timeout_ns), (None, None));
+    // Cut short, or with bytes over: not a plan.
+    let bytes = p.encode();
+    assert!(Plan::decode(&bytes[..bytes.len() - 1]).is_none());
+    assert!(Plan::decode(&[bytes.clone(), vec![0]].concat()).is_none());
+    assert!(Plan::decode(&[]).is_none());
   }
 
   #[test]

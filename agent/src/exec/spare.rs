@@ -1,0 +1,250 @@
+//! A shepherd started before its command. Forking the agent for each command copies the
+//! agent's address space (a cost that grows with the agent, and is far larger under gVisor),
+//! and the agent then pays copy-on-write faults on every page it touches while the shepherd
+//! lives. So a thread of the agent keeps one shepherd ready: a fresh process of the agent's own
+//! binary (`shepherd`, spawned as `posix_spawn` does, which copies nothing), its pipes in
+//! place and its set-up done. A command takes it and sends it its plan; the thread then starts
+//! the next one. When none is ready (a burst, a plan too large for the pipe, a sandbox out of
+//! processes), the command forks its shepherd as before: the two behave alike.
+
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::base::sys;
+use crate::exec::contain::Containment;
+use crate::exec::shepherd::{self, Plan, Spawned};
+
+/// The argument that makes the agent's binary a spare shepherd.
+pub const ARG: &str = "shepherd";
+
+/// A plan must fit the pipe's default 64 KiB at once, with its length before it: the agent
+/// never waits on a spare.
+const MAX_PLAN: usize = 60 * 1024;
+
+/// After a sandbox ran out of processes, how long no spare is kept (each holds a process).
+const PRESSURE_PAUSE: Duration = Duration::from_secs(5);
+
+/// The agent's spare shepherds.
+pub struct Spares {
+  st: Mutex<St>,
+  wake: Condvar,
+}
+
+#[derive(Default)]
+struct St {
+  ready: Option<Spawned>,
+  wanted: bool,
+  paused_until: Option<Instant>,
+  /// No thread to start them: every command forks its shepherd.
+  off: bool,
+}
+
+impl St {
+  fn paused(&self) -> bool {
+    self.off || self.paused_until.is_some_and(|t| Instant::now() < t)
+  }
+}
+
+/// The agent's spares (their thread starts on first use, after `contain::init`).
+/// `TRUEFORGE_AGENT_NO_SPARE=1`: none, every command forks its shepherd (for its tests).
+pub fn spares() -> &'static Spares {
+  static SPARES: OnceLock<Arc<Spares>> = OnceLock::new();
+  SPARES.get_or_init(|| {
+    let s = Arc::new(Spares {
+      st: Mutex::new(St::default()),
+      wake: Condvar::new(),
+    });
+    if std::env::var_os("TRUEFORGE_AGENT_NO_SPARE").is_some_and(|v| v == "1") {
+      s.st.lock().expect("spares").off = true;
+      return s;
+    }
+    let maker = s.clone();
+    let started = std::thread::Builder::new()
+      .name("spare-shepherd".into())
+      .stack_size(256 * 1024)
+      .spawn(move || maker.make_loop());
+    if started.is_err() {
+      // No thread, no spares: every command forks its shepherd.
+      s.st.lock().expect("spares").off = true;
+    }
+    s
+  })
+}
+
+impl Spares {
+  /// A shepherd running `plan`, if one was ready and took it; the next one is then started.
+  pub fn take(&self, plan: &Plan) -> Option<Spawned> {
+    let sp = {
+      let mut st = self.st.lock().expect("spares");
+      if st.paused() {
+        return None;
+      }
+      st.wanted = true;
+      let sp = st.ready.take();
+      drop(st);
+      self.wake.notify_one();
+      sp?
+    };
+    let body = plan.encode();
+    if body.len() > MAX_PLAN {
+      // Back for the next command; this one forks.
+      self.put_back(sp);
+      return None;
+    }
+    let mut msg = Vec::with_capacity(4 + body.len());
+    msg.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    msg.extend_from_slice(&body);
+    // The pipe is empty and deep enough: all or nothing is written at once, never waited for.
+    let n = unsafe {
+      libc::write(
+        sp.control.as_raw_fd(),
+        msg.as_ptr() as *const libc::c_void,
+        msg.len(),
+      )
+    };
+    if n != msg.len() as isize {
+      // Dead (killed while it waited) or a partial plan: its control pipe closes with it,
+      // and a spare that reads part of a plan exits without running anything.
+      end(sp);
+      return None;
+    }
+    Some(sp)
+  }
+
+  fn put_back(&self, sp: Spawned) {
+    let mut st = self.st.lock().expect("spares");
+    if st.ready.is_none() && !st.paused() {
+      st.ready = Some(sp);
+    } else {
+      drop(st);
+      end(sp);
+    }
+  }
+
+  /// The sandbox is out of processes: the spare waiting gives its process back, and none is
+  /// kept for a while. True when one was waiting (a process was freed).
+  pub fn release(&self) -> bool {
+    let sp = {
+      let mut st = self.st.lock().expect("spares");
+      st.paused_until = Some(Instant::now() + PRESSURE_PAUSE);
+      st.wanted = false;
+      st.ready.take()
+    };
+    match sp {
+      Some(sp) => {
+        let pid = sp.pid as libc::pid_t;
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        drop(sp);
+        // Reaped here, so that its pid is free when the caller tries again (the agent's
+        // reaper may get to it first).
+        let mut status = 0;
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        true
+      }
+      None => false,
+    }
+  }
+
+  /// The thread: starts a spare whenever one is wanted and none is ready.
+  fn make_loop(&self) {
+    let contained = crate::exec::contain::found();
+    let comm = std::fs::read_to_string("/proc/self/comm")
+      .map(|c| c.trim_end().to_string())
+      .unwrap_or_default();
+    // `ps` shows the spare as the agent's binary, the path it was started by.
+    let argv0 = std::env::args_os()
+      .next()
+      .unwrap_or_else(|| comm.clone().into());
+    loop {
+      {
+        let mut st = self.st.lock().expect("spares");
+        // `take` wants one only while spares are not paused; one made during a pause is
+        // ended by `put_back`.
+        while !st.wanted || st.ready.is_some() {
+          st = self.wake.wait(st).expect("spares");
+        }
+        st.wanted = false;
+      }
+      let Ok(sp) = make(contained, &argv0, &comm) else {
+        // Tried again when the next command wants one.
+        continue;
+      };
+      self.put_back(sp);
+    }
+  }
+}
+
+/// Ends a spare that will run nothing: its control pipe closes, and it exits.
+fn end(sp: Spawned) {
+  drop(sp);
+}
+
+/// Starts a spare: the agent's binary (through /proc/self/exe, so a binary replaced on disk
+/// does not matter) with the pipes a forked shepherd gets at 0-2.
+fn make(contained: Containment, argv0: &std::ffi::OsStr, comm: &str) -> std::io::Result<Spawned> {
+  let (out_r, out_w) = sys::pipe()?;
+  let (st_r, st_w) = sys::pipe()?;
+  let (ctl_r, ctl_w) = sys::pipe()?;
+  let flags = contained.subreaper as u8 | (contained.session_guard as u8) << 1;
+  let child = Command::new("/proc/self/exe")
+    .arg0(argv0)
+    .args([ARG, &flags.to_string(), comm])
+    // No working directory of its own: a chdir would make the spawn fork the agent.
+    .env_clear()
+    .stdin(Stdio::from(ctl_r))
+    .stdout(Stdio::from(st_w))
+    .stderr(Stdio::from(out_w))
+    .spawn()?;
+  // The agent's reaper waits for it, as for every shepherd.
+  let pid = child.id();
+  drop(child);
+  Ok(Spawned {
+    pid,
+    output: out_r,
+    status: st_r,
+    control: ctl_w,
+  })
+}
+
+/// The spare's life (`trueforge-agent shepherd <flags> <name>`): set up, wait for a plan, run
+/// it as a forked shepherd would. Exits without running anything when the agent goes first.
+pub fn main(args: Vec<String>) -> i32 {
+  let flags: u8 = args.first().and_then(|f| f.parse().ok()).unwrap_or(0);
+  if let Some(name) = args
+    .get(1)
+    .and_then(|n| std::ffi::CString::new(n.as_str()).ok())
+  {
+    // The name the agent's kin go by in /proc (`recover`), not "exe".
+    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+  }
+  let contained = Containment {
+    subreaper: flags & 1 != 0,
+    session_guard: flags & 2 != 0,
+  };
+  let complete = unsafe { shepherd::prepare(contained) };
+  // fd 0 is the control pipe: the plan, then nothing until the agent closes it.
+  let mut control = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(0) });
+  let mut len = [0u8; 4];
+  if control.read_exact(&mut len).is_err() {
+    return 0;
+  }
+  let len = u32::from_le_bytes(len) as usize;
+  if len > MAX_PLAN {
+    return 0;
+  }
+  let mut body = vec![0u8; len];
+  if control.read_exact(&mut body).is_err() {
+    return 0;
+  }
+  match Plan::decode(&body) {
+    Some(plan) => unsafe { shepherd::supervise(&plan, complete) },
+    None => {
+      shepherd::report_spawn_failed(libc::EINVAL);
+      0
+    }
+  }
+}
