@@ -48,7 +48,9 @@ pub async fn connect(
   let slot = conns.slot(container);
   let mut held = slot.lock().await;
   if let Some(c) = held.as_ref().filter(|c| !c.client.is_closed()) {
-    if c.client.silent_for() < PROBE_AFTER || still_there(engine, container, c).await? {
+    // Where the stream ends with the agent, its end already told whether it is there.
+    let probe = !target.agent.runc_family || engine.podman;
+    if !probe || c.client.silent_for() < PROBE_AFTER || still_there(engine, container, c).await? {
       return Ok(c.clone());
     }
     c.client.close();
@@ -72,7 +74,9 @@ pub async fn connect(
   }
 }
 
-/// A connection quiet for this long is pinged before a call is sent on it.
+/// A connection quiet for this long is pinged before a call is sent on it (except on Docker's
+/// runc and crun: there the engine ends the stream within moments of the agent or its
+/// container going, so after a quiet spell the stream has already said what a ping would).
 const PROBE_AFTER: Duration = Duration::from_millis(100);
 /// How long that ping may take before the connection is used anyway.
 const PROBE_WAIT: Duration = Duration::from_secs(1);

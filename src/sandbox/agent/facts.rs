@@ -25,6 +25,9 @@ pub struct Facts {
   pub idle_secs: u64,
   /// The root filesystem is read-only (a placed binary goes under /tmp).
   pub read_only_root: bool,
+  /// Runs under runc or crun, where an exec's stream ends when its process (the agent) dies or
+  /// the container stops. Other runtimes may keep it open (gVisor does).
+  pub runc_family: bool,
 }
 
 impl Facts {
@@ -62,6 +65,10 @@ impl Facts {
         .as_ref()
         .and_then(|h| h.readonly_rootfs)
         .unwrap_or(false),
+      runc_family: matches!(
+        info.host_config.as_ref().and_then(|h| h.runtime.as_deref()),
+        Some("runc" | "crun" | "io.containerd.runc.v2")
+      ),
     }
   }
 }
@@ -127,6 +134,7 @@ mod tests {
       }),
       host_config: Some(HostConfig {
         readonly_rootfs: Some(true),
+        runtime: Some("runc".into()),
         ..Default::default()
       }),
       mounts: Some(vec![MountPoint {
@@ -148,8 +156,15 @@ mod tests {
         agent_init: true,
         idle_secs: 900,
         read_only_root: true,
+        runc_family: true,
       }
     );
+    // gVisor (and any runtime not known to end an exec's stream with its process).
+    let mut gvisor = info.clone();
+    gvisor.host_config.as_mut().unwrap().runtime = Some("runsc".into());
+    assert!(!Facts::of(&gvisor).runc_family);
+    gvisor.host_config.as_mut().unwrap().runtime = None;
+    assert!(!Facts::of(&gvisor).runc_family);
     let mut legacy = info.clone();
     legacy.config.as_mut().unwrap().entrypoint.as_mut().unwrap()[2] =
       crate::sandbox::body::INIT_SCRIPT.into();
