@@ -248,12 +248,13 @@ describe('hostile workloads (the image user agent, not root)', () => {
     await ok(p, id, 'echo kept > before.txt')
     const containerId = inspectContainer(containerNameFor(namespace, id)).Id as string
     // A bomb that keeps every process it makes: once it has them all, nothing else can fork.
-    await ok(p, id, "nohup sh -c 'while :; do sleep 1000 & done' >/dev/null 2>&1 &")
-    // The host's count of the container's pids settles one short of the limit of 64. The spare
-    // shepherd the agent keeps holds one of them, so the next command needs only one more: with
-    // a free pid left, it could run without a recovery.
+    // bash, not dash: dash exits at its first failed fork and leaves a pid free, while bash
+    // tries again, so no pid stays free (the next command, under the spare shepherd the agent
+    // keeps, needs only one).
+    await ok(p, id, "nohup bash -c 'while :; do sleep 1000 & done' >/dev/null 2>&1 &")
+    // The host's count of the container's pids reaches the limit.
     const pids = () => Number(readFileSync(`/sys/fs/cgroup/pids/docker/${containerId}/pids.current`, 'utf8').trim())
-    await waitFor(async () => pids() >= 63, 20_000, 'the bomb to fill the pids cgroup')
+    await waitFor(async () => pids() >= 64, 20_000, 'the bomb to fill the pids cgroup')
     await sleep(500)
     const r = await run(p, id, 'cat before.txt', { timeoutSeconds: 30 })
     expect(r.exitCode).toBe(0)

@@ -378,8 +378,9 @@ describe('resource limits', () => {
       expect(info.HostConfig.PidsLimit).toBe(64)
       const containerId = info.Id as string
       // What the sandbox holds at rest: docker-init, the init script and its sleep, and the agent
-      // (with its threads).
+      // (with its threads) and the spare shepherd it starts once a call's answer is sent.
       await ok(bomber, id, 'true')
+      await sleep(1000)
       const atRest = hostPidsCurrent(containerId) ?? 5
       const rounds = []
       for (let round = 1; round <= 2; round++) {

@@ -530,7 +530,27 @@ async function execLimit(im, sandboxId, n) {
   }, n)
   const spawnLoad = os.loadavg()[0]
   const echo = await common.engineEcho(await containerOf(sandboxId), ECHO_ROUNDS, common.SOCKET)
-  return { shell, n, spawnMs, spawnLoad, echo, echoLoad: os.loadavg()[0], limitMs: spawnMs + echo.p50 }
+  const echoLoad = os.loadavg()[0]
+  // Ours in the same conditions as the two above: one call after another in a loop, with no
+  // other implementation's calls between them.
+  const times = []
+  for (let i = 0; i < 20 + ECHO_ROUNDS; i++) {
+    const t = performance.now()
+    await im.exec(sandboxId, 'true')
+    if (i >= 20) times.push(performance.now() - t)
+  }
+  const loop = summarize(times)
+  return {
+    shell,
+    n,
+    spawnMs,
+    spawnLoad,
+    echo,
+    echoLoad,
+    loop,
+    loopLoad: os.loadavg()[0],
+    limitMs: spawnMs + echo.p50,
+  }
 }
 
 /** Children that spin a CPU each, as other work on a busy server would. */
@@ -905,17 +925,21 @@ function agentTargets(rows, probe) {
 
 const LIMIT_FACTOR = 1.25
 
-/** exec `true` through the agent against the in-sandbox limit measured beside it. */
+/** exec `true` through the agent against the in-sandbox limit measured beside it, both in a
+ * loop (the row's alternating figure is given beside it). */
 function execLimitTargets(rows, limit) {
-  const name = `exec \`true\` p50 ≤ ${LIMIT_FACTOR} × (shell spawn + exec-stream echo)`
-  const ours = rows.find((r) => r.op.key === 'exec_true' && r.impl === OURS)
-  if (!limit || limit.error || !ours || !ours.n)
-    return [{ name, status: 'N/A', detail: limit?.error || 'not measured' }]
+  const name = `exec \`true\` p50 ≤ ${LIMIT_FACTOR} × (shell spawn + exec-stream echo), each in a loop`
+  const row = rows.find((r) => r.op.key === 'exec_true' && r.impl === OURS)
+  if (!limit || limit.error || !limit.loop?.n) return [{ name, status: 'N/A', detail: limit?.error || 'not measured' }]
+  const ours = limit.loop.p50
+  const alternating = row?.n
+    ? `; alternating with the other implementations (the row above) ${fmtMs(row.p50)} ms, ${(row.p50 / limit.limitMs).toFixed(2)}×`
+    : ''
   return [
     {
       name,
-      status: ours.p50 <= LIMIT_FACTOR * limit.limitMs ? 'MET' : 'MISSED',
-      detail: `ours ${fmtMs(ours.p50)} ms, limit ${fmtMs(limit.limitMs)} ms (\`${limit.shell} -c true\` ${fmtMs(limit.spawnMs)} ms + echo ${fmtMs(limit.echo.p50)} ms): ${(ours.p50 / limit.limitMs).toFixed(2)}×, bound ${fmtMs(LIMIT_FACTOR * limit.limitMs)} ms`,
+      status: ours <= LIMIT_FACTOR * limit.limitMs ? 'MET' : 'MISSED',
+      detail: `ours ${fmtMs(ours)} ms, limit ${fmtMs(limit.limitMs)} ms (\`${limit.shell} -c true\` ${fmtMs(limit.spawnMs)} ms + echo ${fmtMs(limit.echo.p50)} ms): ${(ours / limit.limitMs).toFixed(2)}×, bound ${fmtMs(LIMIT_FACTOR * limit.limitMs)} ms${alternating}`,
     },
   ]
 }
@@ -1339,18 +1363,24 @@ function renderMarkdown({
             ],
             ['the limit: spawn + echo', fmtMs(limit.limitMs), ''],
             [
-              'exec `true` through the addon, p50 (the row above)',
+              `exec \`true\` through the addon, one after another, p50 (p95 ${fmtMs(limit.loop.p95)})`,
+              fmtMs(limit.loop.p50),
+              fmtNum(limit.loopLoad, 2),
+            ],
+            ['exec `true` one after another / the limit', fmtRatio(limit.loop.p50 / limit.limitMs), ''],
+            [
+              'exec `true` through the addon alternating with the other implementations, p50 (the row above)',
               ours ? fmtMs(ours.p50) : '–',
               ours ? fmtNum(ours.load, 2) : '',
             ],
-            ['exec `true` / the limit', ours ? fmtRatio(ours.p50 / limit.limitMs) : '–', ''],
+            ['exec `true` alternating / the limit', ours ? fmtRatio(ours.p50 / limit.limitMs) : '–', ''],
           ],
           [1, 2],
         ),
       )
       L.push('')
       L.push(
-        `Measured in the addon's work sandbox right after the exec \`true\` rows. The spawn: the addon's exec of a loop of ${limit.n} \`${limit.shell} -c true\` (the shell the addon runs commands with in ${common.IMAGE}) less an empty loop, each the best of three, so the exec carrying the loop cancels out. The echo: ${ECHO_ROUNDS} round trips (after 20 unrecorded) of 120 bytes to \`cat\` in the same container and back on one attached exec stream, the hop any transport over that stream adds.`,
+        `Measured in the addon's work sandbox right after the exec \`true\` rows. The spawn: the addon's exec of a loop of ${limit.n} \`${limit.shell} -c true\` (the shell the addon runs commands with in ${common.IMAGE}) less an empty loop, each the best of three, so the exec carrying the loop cancels out. The echo: ${ECHO_ROUNDS} round trips (after 20 unrecorded) of 120 bytes to \`cat\` in the same container and back on one attached exec stream, the hop any transport over that stream adds. Ours one after another: ${ECHO_ROUNDS} execs of \`true\` (after 20 unrecorded) in the same sandbox, in a loop as the spawn and the echo are; the target is judged on it. Alternating, each exec of ours follows the other implementations' calls (tens of milliseconds of quiet for the agent), as the rows above are taken.`,
       )
     }
     L.push('')

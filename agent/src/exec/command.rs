@@ -42,6 +42,9 @@ pub async fn run(ctx: Rc<Ctx>, spec: ExecSpec, mut io: StreamIo) {
   if let Some(o) = outcome {
     io.result(&o);
   }
+  // The answer is written first (by the connection's writer task).
+  tokio::task::yield_now().await;
+  spare::spares().refill();
 }
 
 /// Starts the command, waiting while the sandbox is out of processes: what no running command

@@ -3,9 +3,10 @@
 //! and the agent then pays copy-on-write faults on every page it touches while the shepherd
 //! lives. So a thread of the agent keeps one shepherd ready: a fresh process of the agent's own
 //! binary (`shepherd`, spawned as `posix_spawn` does, which copies nothing), its pipes in
-//! place and its set-up done. A command takes it and sends it its plan; the thread then starts
-//! the next one. When none is ready (a burst, a plan too large for the pipe, a sandbox out of
-//! processes), the command forks its shepherd as before: the two behave alike.
+//! place and its set-up done. A command takes it and sends it its plan; once the command's
+//! answer is sent, the thread starts the next one. When none is ready (a burst, a plan too large
+//! for the pipe, a sandbox out of processes), the command forks its shepherd as before: the two
+//! behave alike.
 
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -76,18 +77,14 @@ pub fn spares() -> &'static Spares {
 }
 
 impl Spares {
-  /// A shepherd running `plan`, if one was ready and took it; the next one is then started.
+  /// A shepherd running `plan`, if one was ready and took it (`refill` starts the next).
   pub fn take(&self, plan: &Plan) -> Option<Spawned> {
     let sp = {
       let mut st = self.st.lock().expect("spares");
       if st.paused() {
         return None;
       }
-      st.wanted = true;
-      let sp = st.ready.take();
-      drop(st);
-      self.wake.notify_one();
-      sp?
+      st.ready.take()?
     };
     let body = plan.encode();
     if body.len() > MAX_PLAN {
@@ -113,6 +110,18 @@ impl Spares {
       return None;
     }
     Some(sp)
+  }
+
+  /// Starts a spare if none is ready. Called once a command's answer is sent: started while
+  /// the command runs, it would take a CPU from it.
+  pub fn refill(&self) {
+    let mut st = self.st.lock().expect("spares");
+    if st.paused() || st.ready.is_some() {
+      return;
+    }
+    st.wanted = true;
+    drop(st);
+    self.wake.notify_one();
   }
 
   fn put_back(&self, sp: Spawned) {
@@ -162,7 +171,7 @@ impl Spares {
     loop {
       {
         let mut st = self.st.lock().expect("spares");
-        // `take` wants one only while spares are not paused; one made during a pause is
+        // `refill` wants one only while spares are not paused; one made during a pause is
         // ended by `put_back`.
         while !st.wanted || st.ready.is_some() {
           st = self.wake.wait(st).expect("spares");
