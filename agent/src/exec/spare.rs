@@ -95,7 +95,8 @@ impl Spares {
     let mut msg = Vec::with_capacity(4 + body.len());
     msg.extend_from_slice(&(body.len() as u32).to_le_bytes());
     msg.extend_from_slice(&body);
-    // The pipe is empty and deep enough: all or nothing is written at once, never waited for.
+    // The pipe is empty and, at its default size, deep enough: the plan goes at once, whole.
+    // A short or refused write (a shrunk pipe whose reader is stopped) ends that spare.
     let n = unsafe {
       libc::write(
         sp.control.as_raw_fd(),
@@ -198,6 +199,9 @@ fn make(contained: Containment, argv0: &std::ffi::OsStr, comm: &str) -> std::io:
   let (out_r, out_w) = sys::pipe()?;
   let (st_r, st_w) = sys::pipe()?;
   let (ctl_r, ctl_w) = sys::pipe()?;
+  // A spare stopped by a root workload, behind a pipe made small (a user over its pipe
+  // allowance gets one page), must not hold the agent's thread in `take`'s write.
+  sys::set_nonblocking(ctl_w.as_raw_fd())?;
   let flags = contained.subreaper as u8 | (contained.session_guard as u8) << 1;
   let child = Command::new("/proc/self/exe")
     .arg0(argv0)
