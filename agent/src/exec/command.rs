@@ -104,8 +104,8 @@ enum Start {
   OutOfProcesses,
 }
 
-/// Starts a shepherd (a spare one, else forked) and drives the command, its shepherd counted as a running command's while
-/// it runs (a recovery spares its processes).
+/// Starts a shepherd (a spare one, else forked) and drives the command, its shepherd counted
+/// as a running command's while it runs (a recovery spares its processes).
 async fn start(ctx: &Ctx, plan: &Plan, io: &StreamIo) -> Start {
   let spawned = match spare::spares().take(plan) {
     Some(sp) => Ok(sp),

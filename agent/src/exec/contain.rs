@@ -28,6 +28,20 @@ pub struct Containment {
   pub session_guard: bool,
 }
 
+impl Containment {
+  /// As one byte, for a spare shepherd's arguments and a plan sent to it (`from_bits` reads it).
+  pub fn bits(self) -> u8 {
+    self.subreaper as u8 | (self.session_guard as u8) << 1
+  }
+
+  pub fn from_bits(bits: u8) -> Containment {
+    Containment {
+      subreaper: bits & 1 != 0,
+      session_guard: bits & 2 != 0,
+    }
+  }
+}
+
 static FOUND: OnceLock<Containment> = OnceLock::new();
 
 /// Makes the agent a child subreaper where it can, else probes the session guard. Call once,

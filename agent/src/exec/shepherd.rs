@@ -180,7 +180,7 @@ impl Plan {
       out.extend_from_slice(b);
     };
     out.extend_from_slice(&self.timeout_ns.unwrap_or(-1).to_le_bytes());
-    out.push(self.contained.subreaper as u8 | (self.contained.session_guard as u8) << 1);
+    out.push(self.contained.bits());
     match &self.ids {
       Some((uid, gid, groups)) => {
         out.push(1);
@@ -252,10 +252,7 @@ impl Plan {
       ids,
       timeout_ns: (timeout >= 0).then_some(timeout),
       oom_score,
-      contained: crate::exec::contain::Containment {
-        subreaper: flags & 1 != 0,
-        session_guard: flags & 2 != 0,
-      },
+      contained: crate::exec::contain::Containment::from_bits(flags),
     }))
   }
 }
@@ -1002,6 +999,12 @@ mod tests {
     assert_eq!(back.timeout_ns, Some(1_500_000_000));
     assert_eq!(back.oom_score, p.oom_score);
     assert_eq!(back.contained, p.contained);
+    for bits in 0..4 {
+      assert_eq!(
+        crate::exec::contain::Containment::from_bits(bits).bits(),
+        bits
+      );
+    }
     // The pointer vectors point into the decoded plan's own strings.
     assert_eq!(unsafe { CStr::from_ptr(back.argv[1][2]) }, c"echo hi");
     assert_eq!(unsafe { CStr::from_ptr(back.envp[1]) }, c"PATH=/x:/y");

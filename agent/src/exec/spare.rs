@@ -202,10 +202,9 @@ fn make(contained: Containment, argv0: &std::ffi::OsStr, comm: &str) -> std::io:
   // A spare stopped by a root workload, behind a pipe made small (a user over its pipe
   // allowance gets one page), must not hold the agent's thread in `take`'s write.
   sys::set_nonblocking(ctl_w.as_raw_fd())?;
-  let flags = contained.subreaper as u8 | (contained.session_guard as u8) << 1;
   let child = Command::new("/proc/self/exe")
     .arg0(argv0)
-    .args([ARG, &flags.to_string(), comm])
+    .args([ARG, &contained.bits().to_string(), comm])
     // No working directory of its own: a chdir would make the spawn fork the agent.
     .env_clear()
     .stdin(Stdio::from(ctl_r))
@@ -234,10 +233,7 @@ pub fn main(args: Vec<String>) -> i32 {
     // The name the agent's kin go by in /proc (`recover`), not "exe".
     unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
   }
-  let contained = Containment {
-    subreaper: flags & 1 != 0,
-    session_guard: flags & 2 != 0,
-  };
+  let contained = Containment::from_bits(flags);
   let complete = unsafe { shepherd::prepare(contained) };
   // fd 0 is the control pipe: the plan, then nothing until the agent closes it.
   let mut control = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(0) });

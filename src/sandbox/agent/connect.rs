@@ -49,8 +49,11 @@ pub async fn connect(
   let mut held = slot.lock().await;
   if let Some(c) = held.as_ref().filter(|c| !c.client.is_closed()) {
     // Where the stream ends with the agent, its end already told whether it is there.
-    let probe = !target.agent.runc_family || engine.podman;
-    if !probe || c.client.silent_for() < PROBE_AFTER || still_there(engine, container, c).await? {
+    let stream_tells = target.agent.runc_family && !engine.podman;
+    if stream_tells
+      || c.client.silent_for() < PROBE_AFTER
+      || still_there(engine, container, c).await?
+    {
       return Ok(c.clone());
     }
     c.client.close();
