@@ -365,6 +365,21 @@ describe('the agent itself', () => {
     expect(r).toEqual(expect.objectContaining({ exitCode: 7, result: `0 ${id} bar\nerr\n` }))
   })
 
+  test('commands one after another each find a spare shepherd ready or on its way, not a fork of the agent', async () => {
+    // The next spare starts when a command takes one, and a command that comes while it is
+    // still starting waits for it. A spare started only once the answer was sent was not ready
+    // for a third of a loop's commands on runc, and for most of them under gVisor.
+    await ok(p, id, 'true')
+    const parents: string[] = []
+    for (let i = 0; i < 20; i++) parents.push(await ok(p, id, `tr '\\0' ' ' < /proc/$PPID/cmdline`))
+    // Each command's parent is a shepherd: the agent's binary, as a spare or as a fork.
+    expect(parents.filter((c) => !/trueforge-agent/.test(c))).toEqual([])
+    const forked = parents.filter((c) => !/ shepherd \d+ /.test(c))
+    // A spare that starts far slower than the ones before it (a loaded machine) is not waited
+    // for past twice their time: a few forks are allowed, a loop of them is not.
+    expect(forked.length <= 4 ? [] : forked).toEqual([])
+  })
+
   test('a second server process starts its own agent and reaches the sandbox as fast', async () => {
     const script = `
       const { DockerSandboxProvider } = require(${JSON.stringify(require.resolve('..'))})

@@ -30,6 +30,9 @@ where
   T: ToNapiValue + Send + 'static,
   F: Future<Output = Result<T, SandboxError>> + Send + 'static,
 {
+  // On the heap at once: napi's bridge and the runtime's task move what they are given several
+  // times over, on the JavaScript thread, and a call's future runs to tens of KiB.
+  let fut = Box::pin(fut);
   env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, out| {
     out.map_err(|e| to_js(env, e))
   })

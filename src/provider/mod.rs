@@ -312,7 +312,12 @@ impl Provider {
           let (engine, req) = (&engine, &req);
           async move { exec::run(engine, &t.container_id, req).await }
         });
-        match crate::sandbox::agent::activity::around(&engine, &target, None, run).await? {
+        // Boxed: the engine's path is the larger future, and the rarer one.
+        match Box::pin(crate::sandbox::agent::activity::around(
+          &engine, &target, None, run,
+        ))
+        .await?
+        {
           Ok(out) => out,
           Err(e) => return Err(self.unless_gone(&engine, &target, e).await),
         }

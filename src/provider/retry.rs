@@ -55,64 +55,84 @@ impl Provider {
     F: FnMut(Target) -> Fut,
     Fut: Future<Output = std::result::Result<T, StartError>>,
   {
-    let id = target.sandbox_id.clone();
     let mut restarted = false;
     for attempt in 0..3 {
       let last = attempt == 2;
       let failure = match op(target.clone()).await {
         Ok(v) => return Ok(v),
-        Err(f) => self.explain(engine, &target, f).await?,
+        Err(f) => f,
       };
-      match failure {
-        StartError::NotRunning if !last => {
-          self.start_again(engine, &target).await?;
-          // Cached, unless the start found it gone or moved it to other GPUs.
-          target = container::resolve(engine, &self.scope, &id).await?;
-        }
-        StartError::Gone if !last => {
-          container::forget(engine, &target.name);
-          target = container::resolve(engine, &self.scope, &id).await?;
-        }
-        StartError::NeverStarted(text) if !last && !restarted && is_pid_exhaustion(&text) => {
-          // Something (a fork bomb) holds every process the sandbox may have: nothing can run
-          // until it is gone. Restarting kills it; files are kept.
-          self.log.sandbox_text(
-            Level::Warn,
-            "sandbox out of processes; restarting it",
-            &id,
-            "engine",
-            text.as_bytes(),
-            json!({ "sandboxId": id }),
-          );
-          restarted = true;
-          if engine
-            .restart_container(&target.container_id, 1, engine.control_timeout)
-            .await
-            .is_err()
-          {
-            // The runtime's words for a full process table and for a container going away
-            // overlap; one being removed cannot be restarted, and is gone.
-            return Err(
-              match container::standing(engine, &self.scope, &target).await? {
-                Standing::Removing | Standing::Gone => not_available(&id),
-                Standing::Running | Standing::Stopped => SandboxError::Internal(format!(
-                  "the sandbox is out of processes and could not be restarted: {text}"
-                )),
-              },
-            );
-          }
-        }
-        StartError::NotRunning => {
-          return Err(SandboxError::Internal(
-            "the sandbox container stopped again right after it was started".into(),
-          ))
-        }
-        StartError::Gone => return Err(not_available(&id)),
-        StartError::NeverStarted(text) => return Err(never_started(text)),
-        StartError::Other(e) => return Err(e),
-      }
+      // Boxed: what follows a failure is the larger future, and the rarer path; unboxed, every
+      // call's future would carry its room.
+      target =
+        Box::pin(self.after_failure(engine, target, failure, last, &mut restarted, never_started))
+          .await?;
     }
     unreachable!("the loop returns on its last attempt")
+  }
+
+  /// After `op` failed on `target`: the target to try again (started again, restarted or
+  /// looked up anew), or the error to give.
+  async fn after_failure(
+    &self,
+    engine: &Engine,
+    mut target: Target,
+    failure: StartError,
+    last: bool,
+    restarted: &mut bool,
+    never_started: fn(String) -> SandboxError,
+  ) -> Result<Target> {
+    let id = target.sandbox_id.clone();
+    let failure = self.explain(engine, &target, failure).await?;
+    match failure {
+      StartError::NotRunning if !last => {
+        self.start_again(engine, &target).await?;
+        // Cached, unless the start found it gone or moved it to other GPUs.
+        target = container::resolve(engine, &self.scope, &id).await?;
+      }
+      StartError::Gone if !last => {
+        container::forget(engine, &target.name);
+        target = container::resolve(engine, &self.scope, &id).await?;
+      }
+      StartError::NeverStarted(text) if !last && !*restarted && is_pid_exhaustion(&text) => {
+        // Something (a fork bomb) holds every process the sandbox may have: nothing can run
+        // until it is gone. Restarting kills it; files are kept.
+        self.log.sandbox_text(
+          Level::Warn,
+          "sandbox out of processes; restarting it",
+          &id,
+          "engine",
+          text.as_bytes(),
+          json!({ "sandboxId": id }),
+        );
+        *restarted = true;
+        if engine
+          .restart_container(&target.container_id, 1, engine.control_timeout)
+          .await
+          .is_err()
+        {
+          // The runtime's words for a full process table and for a container going away
+          // overlap; one being removed cannot be restarted, and is gone.
+          return Err(
+            match container::standing(engine, &self.scope, &target).await? {
+              Standing::Removing | Standing::Gone => not_available(&id),
+              Standing::Running | Standing::Stopped => SandboxError::Internal(format!(
+                "the sandbox is out of processes and could not be restarted: {text}"
+              )),
+            },
+          );
+        }
+      }
+      StartError::NotRunning => {
+        return Err(SandboxError::Internal(
+          "the sandbox container stopped again right after it was started".into(),
+        ))
+      }
+      StartError::Gone => return Err(not_available(&id)),
+      StartError::NeverStarted(text) => return Err(never_started(text)),
+      StartError::Other(e) => return Err(e),
+    }
+    Ok(target)
   }
 
   /// `failure` as the container's standing explains it, when the failure alone does not: an

@@ -42,9 +42,6 @@ pub async fn run(ctx: Rc<Ctx>, spec: ExecSpec, mut io: StreamIo) {
   if let Some(o) = outcome {
     io.result(&o);
   }
-  // The answer is written first (by the connection's writer task).
-  tokio::task::yield_now().await;
-  spare::spares().refill();
 }
 
 /// Starts the command, waiting while the sandbox is out of processes: what no running command
@@ -107,7 +104,7 @@ enum Start {
 /// Starts a shepherd (a spare one, else forked) and drives the command, its shepherd counted
 /// as a running command's while it runs (a recovery spares its processes).
 async fn start(ctx: &Ctx, plan: &Plan, io: &StreamIo) -> Start {
-  let spawned = match spare::spares().take(plan) {
+  let spawned = match spare::spares().take(plan).await {
     Some(sp) => Ok(sp),
     None => shepherd::spawn(plan),
   };
