@@ -1047,22 +1047,23 @@ async function runscBench() {
   }
 }
 
-/** gVisor's target: the agent's exec within 0.2 of the engine's exec floor, both on runsc. */
+/**
+ * gVisor's target: the agent's exec within 0.2 of the engine's exec floor, both on runsc, the
+ * floor taken in the same sandbox and the same minutes; judged on ours one call after another.
+ */
 function runscTargets(r) {
   const name = 'gVisor: exec `true` through the agent on runsc, p50 ≤ 0.2 × the engine exec floor on runsc'
   if (r.error) return [{ name, status: 'N/A', detail: r.error }]
-  const agent = r.runsc?.agent?.execTrueP50Ms
-  const floorMs = r.runsc?.agentFalse?.floorExecTrueP50Ms
-  if (agent === undefined || floorMs === undefined) {
+  const a = r.runsc?.agent
+  if (a?.execTrueP50Ms === undefined || a.floorExecTrueP50Ms === undefined) {
     return [{ name, status: 'N/A', detail: JSON.stringify(r.runsc).slice(0, 300) }]
   }
-  const ratio = Math.round((agent / floorMs) * 100) / 100
-  const shell = r.runsc.agent.shellSpawnMs
+  const ratio = (x) => Math.round((x / a.floorExecTrueP50Ms) * 100) / 100
   return [
     {
       name,
-      status: ratio <= 0.2 ? 'MET' : 'MISSED',
-      detail: `agent ${agent} ms, floor ${floorMs} ms: ${ratio}×; spawning the command's shell alone takes ${shell} ms in the sandbox on runsc, ${Math.round((shell / floorMs) * 100) / 100}× the floor (every system call crosses gVisor's ptrace platform)`,
+      status: ratio(a.execTrueP50Ms) <= 0.2 ? 'MET' : 'MISSED',
+      detail: `one after another ${a.execTrueP50Ms} ms, floor ${a.floorExecTrueP50Ms} ms: ${ratio(a.execTrueP50Ms)}×; each after a floor's exec ${a.execAlternatingP50Ms} ms (${ratio(a.execAlternatingP50Ms)}×); spawning the command's shell alone takes ${a.shellSpawnMs} ms in the sandbox on runsc, ${ratio(a.shellSpawnMs)}× the floor (every system call crosses gVisor's ptrace platform)`,
     },
   ]
 }
@@ -1491,7 +1492,8 @@ function renderMarkdown({
         mdTable(
           ['p50', 'runc, agent', 'runc, agent: false', 'runsc, agent', 'runsc, agent: false'],
           [
-            row('exec `true`, ms', (x) => x.execTrueP50Ms ?? x.error ?? '–'),
+            row('exec `true`, one after another, ms', (x) => x.execTrueP50Ms ?? x.error ?? '–'),
+            row('exec `true`, each after a floor exec, ms', (x) => x.execAlternatingP50Ms ?? '–'),
             row('engine exec floor `true`, ms', (x) => x.floorExecTrueP50Ms ?? ''),
             row('a shell `-c true` spawned in the sandbox, ms', (x) => x.shellSpawnMs ?? ''),
             row('create → first exec, ms', (x) => x.createToFirstExecP50Ms ?? '–'),
@@ -1508,7 +1510,7 @@ function renderMarkdown({
       )
       L.push('')
       L.push(
-        `Image ${runsc.image}, ${runsc.runs} execs, on a private engine (scripts/engines/gvisor-engine.sh) that runs both runtimes, so the two columns share everything but the runtime. The floor is the fewest raw requests for an exec (create, start to the stream's end, inspect) in the same sandbox. The Code Mode round trip is the agent's static \`mcp-client call-tool\` in the sandbox to a dispatcher in the bench's process, per call in a loop of ${runsc.runs} less an empty loop (Code Mode without the agent needs Python, which the image lacks).`,
+        `Image ${runsc.image}, ${runsc.rounds ?? 1} rounds of ${runsc.runs} execs one after another, then ${runsc.runs} of the floor's execs each followed by one of ours, on a private engine (scripts/engines/gvisor-engine.sh) that runs both runtimes, so the two columns share everything but the runtime. The floor is the fewest raw requests for an exec (create, start to the stream's end, inspect), in the same sandbox and the same minutes as ours. The Code Mode round trip is the agent's static \`mcp-client call-tool\` in the sandbox to a dispatcher in the bench's process, per call in a loop of ${runsc.runs} less an empty loop (Code Mode without the agent needs Python, which the image lacks).`,
       )
     }
     L.push('')

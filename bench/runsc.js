@@ -9,7 +9,8 @@
 //
 //   bash scripts/engines/gvisor-engine.sh start && node bench/runsc.js
 //
-// BENCH_RUNS (default 20) sets the exec samples; DOCKER_HOST defaults to the gVisor engine.
+// BENCH_RUNS (default 20) and BENCH_ROUNDS (default 3) set the exec samples; DOCKER_HOST defaults
+// to the gVisor engine.
 
 process.env.DOCKER_HOST ??= 'unix:///var/run/docker-gvisor.sock'
 
@@ -20,6 +21,8 @@ const floor = require('./impl/floor')
 const { ECHO_DISPATCHER, ECHO_SERVERS, shellSpawnMs } = require('./impl/common')
 
 const RUNS = Number(process.env.BENCH_RUNS || 20)
+// Rounds of RUNS execs one after another, then RUNS floors each followed by one of ours.
+const ROUNDS = Number(process.env.BENCH_ROUNDS || 3)
 const IMAGE = process.env.BENCH_IMAGE || 'trueforge-sandbox-busybox:1'
 const SIZES = { '1KiB': 1024, '100MiB': 100 << 20 }
 
@@ -49,11 +52,27 @@ async function measure(runtime, agent) {
       creates.push(ms(t0))
     }
     const id = ids[0]
+    // The creates' agents settle first (their spares start, the engine's exec of each ends).
+    await new Promise((r) => setTimeout(r, 1000))
+    const floorExec = await floorIn(id)
     const execs = []
-    for (let i = 0; i < RUNS; i++) {
-      const t0 = process.hrtime.bigint()
-      await p.exec({ sandboxId: id, command: 'true' })
-      execs.push(ms(t0))
+    const alternating = []
+    const floors = []
+    for (let r = 0; r < ROUNDS; r++) {
+      // One call after another, as a loop of commands makes them.
+      for (let i = 0; i < RUNS; i++) {
+        const t0 = process.hrtime.bigint()
+        await p.exec({ sandboxId: id, command: 'true' })
+        execs.push(ms(t0))
+      }
+      // The engine's floor in the same sandbox and the same minutes, each followed by one of
+      // ours (which then comes after a quiet spell, as a model's turn leaves it).
+      for (let i = 0; i < RUNS; i++) {
+        floors.push(await floorExec())
+        const t0 = process.hrtime.bigint()
+        await p.exec({ sandboxId: id, command: 'true' })
+        alternating.push(ms(t0))
+      }
     }
     const files = {}
     for (const [name, size] of Object.entries(SIZES)) {
@@ -86,8 +105,9 @@ async function measure(runtime, agent) {
       shellSpawnMs: round(spawnMs),
       served: status.mode === 'agent' ? 'agent' : `engine (${status.reason})`,
       execTrueP50Ms: round(p50(execs)),
+      execAlternatingP50Ms: round(p50(alternating)),
       // The engine's exec floor on this runtime: create + start + inspect of `true`, raw requests.
-      ...(agent ? {} : { floorExecTrueP50Ms: round(p50(await floorExecs(id))) }),
+      floorExecTrueP50Ms: round(p50(floors)),
       createToFirstExecP50Ms: round(p50(creates)),
       files,
     }
@@ -136,24 +156,22 @@ async function codeModeCall(p, id) {
   }
 }
 
-/** Raw exec floors (bench/impl/floor.js) of `true` in sandbox `id`'s container. */
-async function floorExecs(id) {
+/** One raw exec floor (bench/impl/floor.js) of `true` in sandbox `id`'s container, per call. */
+async function floorIn(id) {
   const socket = process.env.DOCKER_HOST.replace(/^unix:\/\//, '')
   const filters = encodeURIComponent(JSON.stringify({ label: [`trueforge.sandbox.id=${id}`] }))
   const { data } = await floor.client(socket).json('GET', `/containers/json?filters=${filters}`)
   const f = floor.create({ socket })
-  const out = []
-  for (let i = 0; i < RUNS; i++) {
+  return async () => {
     const t0 = process.hrtime.bigint()
     const r = await f.exec(data[0].Id, 'true')
     if (r.exitCode !== 0) throw new Error(`the floor's exec exited ${r.exitCode}`)
-    out.push(ms(t0))
+    return ms(t0)
   }
-  return out
 }
 
 async function main() {
-  const out = { engine: process.env.DOCKER_HOST, image: IMAGE, runs: RUNS }
+  const out = { engine: process.env.DOCKER_HOST, image: IMAGE, runs: RUNS, rounds: ROUNDS }
   for (const runtime of ['runc', 'runsc']) {
     out[runtime] = {}
     for (const agent of [true, false]) {

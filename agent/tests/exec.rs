@@ -72,6 +72,10 @@ async fn commands_are_the_oom_killers_first_choice() {
   assert_eq!(out.output, format!("{want}\n{want}\n"));
   let out = a.run_as("nobody", "cat /proc/self/oom_score_adj").await;
   assert_eq!(out.output, format!("{want}\n"));
+  // The shepherd itself is back at the agent's once the command has exec'd (a spare raises
+  // its own ahead of the command, for the command to inherit).
+  let out = a.run("sleep 0.3; cat /proc/$PPID/oom_score_adj").await;
+  assert_eq!(out.output, format!("{own}\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -280,21 +280,30 @@ pub fn main(args: Vec<String>) -> i32 {
   }
   let contained = Containment::from_bits(flags);
   let complete = unsafe { shepherd::prepare(contained) };
-  // fd 0 is the control pipe: the plan, then nothing until the agent closes it.
+  // fd 0 is the control pipe: the plan, then nothing until the agent closes it. The agent
+  // writes it whole at once, so one read most often takes all of it.
   let mut control = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(0) });
-  let mut len = [0u8; 4];
-  if control.read_exact(&mut len).is_err() {
-    return 0;
-  }
-  let len = u32::from_le_bytes(len) as usize;
-  if len > MAX_PLAN {
-    return 0;
-  }
-  let mut body = vec![0u8; len];
-  if control.read_exact(&mut body).is_err() {
-    return 0;
-  }
-  match Plan::decode(&body) {
+  let mut msg = vec![0u8; 4 + MAX_PLAN];
+  let mut got = 0;
+  let len = loop {
+    if got >= 4 {
+      let len = u32::from_le_bytes([msg[0], msg[1], msg[2], msg[3]]) as usize;
+      if len > MAX_PLAN {
+        return 0;
+      }
+      if got >= 4 + len {
+        break len;
+      }
+    }
+    match control.read(&mut msg[got..]) {
+      Ok(0) => return 0,
+      Ok(n) => got += n,
+      Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+      Err(_) => return 0,
+    }
+  };
+  let body = &msg[4..4 + len];
+  match Plan::decode(body) {
     Some(plan) => unsafe { shepherd::supervise(&plan, complete) },
     None => {
       shepherd::report_spawn_failed(libc::EINVAL);
