@@ -231,9 +231,10 @@ async function engineEcho(containerId, n, socketPath) {
     if (i >= 20) times.push(Number(process.hrtime.bigint() - t) / 1e6)
   }
   stream.end()
+  const samples = [...times]
   times.sort((a, b) => a - b)
   const pct = (p) => +times[Math.min(times.length - 1, Math.floor(times.length * p))].toFixed(3)
-  return { p50: pct(0.5), p99: pct(0.99) }
+  return { p50: pct(0.5), p99: pct(0.99), samples }
 }
 
 /**
