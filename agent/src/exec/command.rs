@@ -121,6 +121,7 @@ async fn start(ctx: &Ctx, plan: &Plan, io: &StreamIo) -> Start {
   let pid = sp.pid;
   ctx.procs.running(pid);
   let driven = drive(sp, io).await;
+  spare::spares().want();
   ctx.procs.ended(pid);
   match driven {
     Driven::Cancelled => Start::Done(None),

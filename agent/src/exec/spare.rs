@@ -8,6 +8,8 @@
 //! loop comes: a spare takes about 0.5 ms to start on runc and 9 ms under gVisor's ptrace
 //! platform, longer than the gap between two commands. A command that finds the next spare on
 //! its way waits for it (at most about twice as long as one takes to start) rather than fork.
+//! Where spares are that slow to start, one started beside a command also slows it: there, when
+//! the spare was ready at once (commands come with gaps), the next starts as the command ends.
 //! When none is ready or on its way (a burst, a plan too large for the pipe, a sandbox out of
 //! processes), the command forks its shepherd as before: the two behave alike.
 
@@ -33,6 +35,10 @@ const MAX_PLAN: usize = 60 * 1024;
 
 /// After a sandbox ran out of processes, how long no spare is kept (each holds a process).
 const PRESSURE_PAUSE: Duration = Duration::from_secs(5);
+
+/// A spare that takes longer than this to start (gVisor's ptrace platform: about 9 ms; runc:
+/// 0.5 ms) is started after a command rather than beside it, when commands come with gaps.
+const SLOW_SPAWN: Duration = Duration::from_millis(2);
 
 /// How long a command waits for a spare on its way before the first one has been timed.
 const FIRST_WAIT: Duration = Duration::from_millis(50);
@@ -63,6 +69,10 @@ struct St {
 impl St {
   fn paused(&self) -> bool {
     self.off || self.paused_until.is_some_and(|t| Instant::now() < t)
+  }
+
+  fn slow(&self) -> bool {
+    self.spawn_time.is_some_and(|t| t > SLOW_SPAWN)
   }
 }
 
@@ -106,8 +116,11 @@ impl Spares {
         return None;
       }
       if st.ready.is_some() || !st.making || st.awaited {
+        // Where a spare is slow to start, it slows the command it starts beside: if this one
+        // was ready at once (commands come with gaps), the next starts when this command ends.
+        let now = st.ready.is_none() || !st.slow();
         drop(st);
-        return self.take_ready(&body);
+        return self.take_ready(&body, now);
       }
       // One command waits for the spare on its way; any other at the same time forks.
       st.awaited = true;
@@ -122,20 +135,22 @@ impl Spares {
       let _ = tokio::time::timeout(wait, notified).await;
     }
     self.st.lock().expect("spares").awaited = false;
-    self.take_ready(&body)
+    self.take_ready(&body, true)
   }
 
   /// The ready spare, given the plan `body` (the next one is started at once), if there is one.
-  fn take_ready(&self, body: &[u8]) -> Option<Spawned> {
+  fn take_ready(&self, body: &[u8], start_next: bool) -> Option<Spawned> {
     let sp = {
       let mut st = self.st.lock().expect("spares");
       if st.paused() {
         return None;
       }
       let sp = st.ready.take();
-      st.wanted = true;
-      drop(st);
-      self.wake.notify_one();
+      if start_next || sp.is_none() {
+        st.wanted = true;
+        drop(st);
+        self.wake.notify_one();
+      }
       sp?
     };
     let mut msg = Vec::with_capacity(4 + body.len());
@@ -157,6 +172,17 @@ impl Spares {
       return None;
     }
     Some(sp)
+  }
+
+  /// Starts the next spare unless one is ready or on its way (a command ended).
+  pub fn want(&self) {
+    let mut st = self.st.lock().expect("spares");
+    if st.paused() || st.ready.is_some() || st.making {
+      return;
+    }
+    st.wanted = true;
+    drop(st);
+    self.wake.notify_one();
   }
 
   /// The sandbox is out of processes: the spare waiting gives its process back, and none is
