@@ -16,7 +16,8 @@
 //! Made on first use by whichever process needs it first and kept: removing it would break the
 //! stopped sandboxes that still name it. Docker lets two networks share a name, so two
 //! processes making it at once can make two: every process then takes the oldest (by creation
-//! time, then id), removes the unused ones it made, and containers name it by id.
+//! time, then id), removes the others, and containers name it by id. One that a sandbox of
+//! another process already runs on cannot be removed; then the oldest goes instead.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -196,16 +197,32 @@ pub async fn ensure(engine: &Engine, namespace: &str, tenant: Option<&str>) -> R
         ),
       });
     }
-    let id = first.id.clone().unwrap_or_else(|| name.clone());
-    // Twins made in a race go, whoever made them (the engine keeps one still in use): while
-    // two share the name, a container naming it cannot start ("ambiguous").
-    for twin in found
+    let mut id = first.id.clone().unwrap_or_else(|| name.clone());
+    // Twins made in a race go, whoever made them: while two share the name, a container naming
+    // either cannot start ("ambiguous").
+    let twins: Vec<String> = found
       .iter()
       .filter(|n| is_ours(n, namespace, tenant, engine.podman))
-      .filter_map(|n| n.id.as_deref())
+      .filter_map(|n| n.id.clone())
       .filter(|t| *t != id)
-    {
-      let _ = engine.remove_network(twin).await;
+      .collect();
+    for twin in twins {
+      if matches!(engine.remove_network(&twin).await, Ok(true)) {
+        continue;
+      }
+      // Still there, it is in use: another process listed before the older one showed (the
+      // engine lists a network once it is set up, but dates it from the request) and started
+      // a sandbox on this one. It cannot go while that sandbox runs, so the older one goes
+      // instead, if nothing runs on it; a process that settled on it finds it gone and
+      // settles again.
+      let still = engine
+        .networks_named(&name)
+        .await?
+        .iter()
+        .any(|n| n.id.as_deref() == Some(twin.as_str()));
+      if still && matches!(engine.remove_network(&id).await, Ok(true)) {
+        id = twin;
+      }
     }
     state
       .known
