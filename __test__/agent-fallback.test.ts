@@ -11,7 +11,7 @@ import { rmSync } from 'node:fs'
 import path from 'node:path'
 
 import { DockerSandboxProvider } from '..'
-import { fakeAgentDir, type FakeAgent } from './fixtures/fake-agents'
+import { fakeAgentDir, removeFakeAgentVolume, type FakeAgent } from './fixtures/fake-agents'
 import {
   BUSYBOX,
   SandboxTracker,
@@ -60,7 +60,10 @@ function provider(warnings: Warning[], agentDir?: string): Provider {
 afterAll(async () => {
   await tracker.cleanup(providers[0])
   for (const p of providers) await p.dispose()
-  for (const d of dirs) rmSync(d, { recursive: true, force: true })
+  for (const d of dirs) {
+    removeFakeAgentVolume(d, version)
+    rmSync(d, { recursive: true, force: true })
+  }
 })
 
 /** The sandbox answers commands and files, whatever serves them. */

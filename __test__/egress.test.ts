@@ -13,6 +13,7 @@ import {
   BUSYBOX,
   SandboxTracker,
   TRUEFORGE,
+  cleanupNamespace,
   containerNameFor,
   inspectContainer,
   ok,
@@ -92,6 +93,10 @@ beforeAll(async () => {
 afterAll(async () => {
   await tracker.cleanup(main)
   for (const p of providers) await p.dispose()
+  // A warm-pool refill that was creating when its provider was disposed finishes that create
+  // (a disposed provider never deletes sandboxes): its member is removed once it is there.
+  await sleep(3000)
+  cleanupNamespace(namespace)
   await tlsOrigin?.close()
   await plainOrigin?.close()
   for (const d of [ca?.dir, git?.dir, pip?.dir]) if (d) rmSync(d, { recursive: true, force: true })
