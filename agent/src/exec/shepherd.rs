@@ -525,8 +525,8 @@ unsafe fn raise_for_oom(early: &mut Early) {
   let mut raised = [0u8; 12];
   let raised_len = std::str::from_utf8(&own[..own_len])
     .ok()
-    .and_then(|o| o.trim().parse::<i32>().ok())
-    .map(|o| format_i32((o + OOM_PREFER).min(1000), &mut raised))
+    .and_then(raised_score)
+    .map(|v| format_i32(v, &mut raised))
     .unwrap_or(0);
   let set = |b: &[u8]| libc::pwrite(fd, b.as_ptr() as *const libc::c_void, b.len(), 0) > 0;
   if raised_len == 0 || !set(&raised[..raised_len]) {
@@ -841,8 +841,13 @@ fn command_oom_score() -> &'static [u8] {
 
 /// `own` (as /proc shows it) raised by `OOM_PREFER`, at most 1000.
 fn raised(own: &str) -> Option<String> {
+  raised_score(own).map(|v| v.to_string())
+}
+
+/// `raised`, as a number (no allocation: the shepherd's `raise_for_oom` uses it too).
+fn raised_score(own: &str) -> Option<i32> {
   let own: i32 = own.trim().parse().ok()?;
-  Some((own + OOM_PREFER).min(1000).to_string())
+  Some((own + OOM_PREFER).min(1000))
 }
 
 /// Makes the command (and what it starts) the OOM killer's first choice in the container, ahead

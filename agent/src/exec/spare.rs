@@ -138,7 +138,8 @@ impl Spares {
     self.take_ready(&body, true)
   }
 
-  /// The ready spare, given the plan `body` (the next one is started at once), if there is one.
+  /// The ready spare, given the plan `body`, if there is one; `start_next`: the next one is
+  /// started at once (always when none was ready).
   fn take_ready(&self, body: &[u8], start_next: bool) -> Option<Spawned> {
     let sp = {
       let mut st = self.st.lock().expect("spares");
@@ -146,7 +147,7 @@ impl Spares {
         return None;
       }
       let sp = st.ready.take();
-      if start_next || sp.is_none() {
+      if start_next {
         st.wanted = true;
         drop(st);
         self.wake.notify_one();
