@@ -13,7 +13,7 @@ use bytes::Bytes;
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use trueforge_agent_proto::client::{CallHandler, CodeModeCall};
+use trueforge_agent_proto::client::{CallHandler, ClientError, CodeModeCall};
 use trueforge_agent_proto::msg::CodeModeListenSpec;
 
 use crate::codemode::budget::{self, Admission, Budget, Claim};
@@ -225,9 +225,16 @@ pub async fn listen(
   };
   if let Err(e) = conn.client.code_mode_listen(spec).await {
     conn.unroute(socket, route);
-    // The agent needs no python3: anything that stops it is a start failure.
-    return Err(SandboxError::CodeModeStartFailed {
-      detail: format!("the sandbox agent could not open the Code Mode socket {socket}: {e}"),
+    return Err(match e {
+      // The agent went under the request (Podman resets a stream as it restarts a container):
+      // the caller opens the socket again on a new agent.
+      ClientError::StreamEnded { .. } => SandboxError::AgentLost {
+        detail: e.to_string(),
+      },
+      // The agent needs no python3: anything else that stops it is a start failure.
+      e => SandboxError::CodeModeStartFailed {
+        detail: format!("the sandbox agent could not open the Code Mode socket {socket}: {e}"),
+      },
     });
   }
   let stopped = Arc::new(AtomicBool::new(false));

@@ -251,9 +251,30 @@ impl Provider {
       .await
   }
 
-  /// A file call through the agent, made again on a new agent when the stream ended under it
-  /// (reads and replacing writes are safe to repeat), until the agent is given up for dying
-  /// repeatedly (`agent::down`): then the engine's endpoints serve it.
+  /// A call through the agent that is safe to repeat, made again on a new agent when the
+  /// stream ended under it, until the agent is given up for dying repeatedly (`agent::down`):
+  /// then `Ok(None)`, and the engine's endpoints serve it.
+  pub(crate) async fn repeatable_by_agent<T, F, Fut>(
+    &self,
+    engine: &Engine,
+    target: Target,
+    op: F,
+  ) -> Result<Option<T>>
+  where
+    F: Fn(Arc<Conn>, Target) -> Fut,
+    Fut: Future<Output = Result<T>>,
+  {
+    let mut tries = 1;
+    loop {
+      match self.by_agent(engine, target.clone(), &op).await {
+        Err(e) if ops::is_lost(&e) && tries <= agent::down::LOSSES => tries += 1,
+        other => return other,
+      }
+    }
+  }
+
+  /// A file call through the agent (reads and replacing writes are safe to repeat), the idle
+  /// stop's activity refreshed as the sandbox needs.
   pub(crate) async fn file_by_agent<T, F, Fut>(
     &self,
     engine: &Engine,
@@ -268,13 +289,7 @@ impl Provider {
     let once = |c: Arc<Conn>, t: Target| async move {
       activity::around(engine, &t, Some(c.clone()), op(c, t.clone())).await
     };
-    let mut tries = 1;
-    loop {
-      match self.by_agent(engine, target.clone(), once).await {
-        Err(e) if ops::is_lost(&e) && tries <= agent::down::LOSSES => tries += 1,
-        other => return other,
-      }
-    }
+    self.repeatable_by_agent(engine, target, once).await
   }
 
   pub(crate) async fn upload_by_agent(

@@ -351,7 +351,8 @@ impl Provider {
       self.code_mode_pool.clone(),
     );
     let lane = self.cfg.code_mode_lane;
-    let by_agent = self.by_agent(&engine, target.clone(), |c, t| {
+    // Opening the socket replaces whatever listened there: safe to repeat on a new agent.
+    let by_agent = self.repeatable_by_agent(&engine, target.clone(), |c, t| {
       let (engine, intake, budget, log) = (&engine, intake.clone(), budget.clone(), &self.log);
       async move {
         #[cfg(unix)]
