@@ -38,6 +38,15 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
   Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// A pipe whose read end is non-blocking (for the runtime to poll) and whose write end is
+/// not (a process writing to it waits, as on any pipe).
+pub fn pipe_for_reading() -> io::Result<(OwnedFd, OwnedFd)> {
+  let (r, w) = pipe()?;
+  // A new pipe's read end has no other status flag to keep: one call, not a read and a write.
+  cvt(unsafe { libc::fcntl(r.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) })?;
+  Ok((r, w))
+}
+
 /// The system's page size.
 pub fn page_size() -> usize {
   match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {

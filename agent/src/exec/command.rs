@@ -5,7 +5,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 use trueforge_agent_proto::frame::MAX_DATA;
@@ -37,17 +37,51 @@ pub async fn run(ctx: Rc<Ctx>, spec: ExecSpec, mut io: StreamIo) {
   }
   ctx.running.set(ctx.running.get() + 1);
   ctx.activity.command_started();
-  let outcome = run_inner(&ctx, spec, &io).await;
+  let mut after = Aftermath::default();
+  let outcome = run_inner(&ctx, spec, &io, &mut after).await;
   ctx.running.set(ctx.running.get() - 1);
   if let Some(o) = outcome {
     io.result(&o);
+  }
+  if after.due() {
+    // Queued behind the writer, which the answer just woke: the answer leaves first.
+    tokio::task::spawn_local(async move { after.settle() });
+  }
+}
+
+/// What a command's answer need not wait for: closing its pipes (a deregistration and a
+/// close each, at tens of microseconds apiece under gVisor) and asking for the next spare
+/// shepherd (which, where spares are slow to start, starts one beside the answer).
+#[derive(Default)]
+struct Aftermath {
+  pipes: Vec<pipe::Receiver>,
+  control: Option<OwnedFd>,
+  want_spare: bool,
+}
+
+impl Aftermath {
+  fn due(&self) -> bool {
+    self.want_spare || self.control.is_some() || !self.pipes.is_empty()
+  }
+
+  fn settle(self) {
+    drop(self.pipes);
+    drop(self.control);
+    if self.want_spare {
+      spare::spares().want();
+    }
   }
 }
 
 /// Starts the command, waiting while the sandbox is out of processes: what no running command
 /// owns is killed (see `recover`); what running commands own is waited for, within the
 /// command's own timeout and `PIDS_WAIT`.
-async fn run_inner(ctx: &Ctx, spec: ExecSpec, io: &StreamIo) -> Option<Outcome<ExecDone>> {
+async fn run_inner(
+  ctx: &Ctx,
+  spec: ExecSpec,
+  io: &StreamIo,
+  after: &mut Aftermath,
+) -> Option<Outcome<ExecDone>> {
   let user = match ctx.users.resolve(spec.user.as_deref()) {
     Ok(u) => u,
     Err(e) => return Some(Outcome::Err(AgentError::new(ErrorKind::UnknownUser, e))),
@@ -65,7 +99,7 @@ async fn run_inner(ctx: &Ctx, spec: ExecSpec, io: &StreamIo) -> Option<Outcome<E
     if let Some(t) = timeout {
       plan.set_timeout_ms(t.saturating_sub(began.elapsed()).as_millis().max(1) as u64);
     }
-    match start(ctx, &plan, io).await {
+    match start(ctx, &plan, io, after).await {
       Start::Reported(r) => return Some(finish(r, &user, recovered)),
       Start::Done(o) => return o,
       Start::OutOfProcesses => {}
@@ -103,7 +137,7 @@ enum Start {
 
 /// Starts a shepherd (a spare one, else forked) and drives the command, its shepherd counted
 /// as a running command's while it runs (a recovery spares its processes).
-async fn start(ctx: &Ctx, plan: &Plan, io: &StreamIo) -> Start {
+async fn start(ctx: &Ctx, plan: &Plan, io: &StreamIo, after: &mut Aftermath) -> Start {
   let spawned = match spare::spares().take(plan).await {
     Some(sp) => Ok(sp),
     None => shepherd::spawn(plan),
@@ -120,8 +154,8 @@ async fn start(ctx: &Ctx, plan: &Plan, io: &StreamIo) -> Start {
   };
   let pid = sp.pid;
   ctx.procs.running(pid);
-  let driven = drive(sp, io).await;
-  spare::spares().want();
+  let driven = drive(sp, io, after).await;
+  after.want_spare = true;
   ctx.procs.ended(pid);
   match driven {
     Driven::Cancelled => Start::Done(None),
@@ -235,7 +269,7 @@ fn lost(started: bool) -> AgentError {
 /// Streams the command's output until the shepherd reports, then what the command wrote before
 /// it ended. Output written later by processes it left behind is read and dropped, so they
 /// never block on a full pipe or die of SIGPIPE.
-async fn drive(sp: shepherd::Spawned, io: &StreamIo) -> Driven {
+async fn drive(sp: shepherd::Spawned, io: &StreamIo, after: &mut Aftermath) -> Driven {
   let shepherd::Spawned {
     output,
     status,
@@ -277,7 +311,11 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo) -> Driven {
       },
     }
   };
-  // Everything the command wrote before it ended is in the pipe now.
+  // Everything the command wrote before it ended is in the pipe now. Most commands left
+  // little or nothing there: that is read onto the stack, with no buffer allocated for it
+  // (mapped and unmapped by the allocator) and no question how much the pipe holds.
+  let mut small = [0u8; SMALL_READ];
+  let mut large = false;
   while open {
     let avail = tokio::select! {
       biased;
@@ -287,23 +325,59 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo) -> Driven {
     if avail == 0 {
       break;
     }
-    let mut buf = BytesMut::with_capacity(chunk_room(&output, avail));
-    match read_now(&output, &mut buf) {
+    let read = if large {
+      let mut buf = BytesMut::with_capacity(chunk_room(&output, avail));
+      read_now(&output, &mut buf).inspect(|&n| {
+        if n > 0 {
+          io.send_now(buf.freeze())
+        }
+      })
+    } else {
+      let want = SMALL_READ.min(avail as usize);
+      read_into(&output, &mut small[..want]).inspect(|&n| {
+        large = n == want;
+        if n > 0 {
+          io.send_now(Bytes::copy_from_slice(&small[..n]))
+        }
+      })
+    };
+    match read {
       Ok(0) => open = false,
-      Ok(_) => io.send_now(buf.freeze()),
+      Ok(_) => {}
       Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
       Err(_) => open = false,
     }
   }
   if open {
     tokio::task::spawn_local(discard(output));
+  } else {
+    after.pipes.push(output);
   }
-  drop(control);
+  after.pipes.push(status);
+  after.control = Some(control);
   match reported {
     Some(r) => Driven::Reported(r),
     None if io.cancelled() => Driven::Cancelled,
     None => Driven::Lost { started },
   }
+}
+
+/// The first reads of what a command left in its pipe go onto the stack, this much at a time.
+const SMALL_READ: usize = 4096;
+
+/// `read_now` into a slice.
+fn read_into(output: &pipe::Receiver, buf: &mut [u8]) -> std::io::Result<usize> {
+  let n = unsafe {
+    libc::read(
+      output.as_raw_fd(),
+      buf.as_mut_ptr() as *mut libc::c_void,
+      buf.len(),
+    )
+  };
+  if n < 0 {
+    return Err(std::io::Error::last_os_error());
+  }
+  Ok(n as usize)
 }
 
 /// Reads what the pipe holds now, asking the system itself: the runtime's readiness for the pipe
@@ -334,8 +408,8 @@ fn chunk_room(output: &pipe::Receiver, credit: u64) -> usize {
   held.clamp(SMALL, MAX_DATA).min(credit as usize)
 }
 
+/// A shepherd's pipe, made non-blocking where it was made (`sys::pipe_for_reading`).
 fn receiver(fd: OwnedFd) -> std::io::Result<pipe::Receiver> {
-  sys::set_nonblocking(fd.as_raw_fd())?;
   pipe::Receiver::from_owned_fd_unchecked(fd)
 }
 

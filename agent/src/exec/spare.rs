@@ -13,10 +13,10 @@
 //! When none is ready or on its way (a burst, a plan too large for the pipe, a sandbox out of
 //! processes), the command forks its shepherd as before: the two behave alike.
 
+use std::ffi::{CString, OsStr, OsString};
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -217,9 +217,16 @@ impl Spares {
       .map(|c| c.trim_end().to_string())
       .unwrap_or_default();
     // `ps` shows the spare as the agent's binary, the path it was started by.
-    let argv0 = std::env::args_os()
-      .next()
-      .unwrap_or_else(|| comm.clone().into());
+    let argv0 = ARGV0.get().cloned().unwrap_or_else(|| comm.clone().into());
+    let launch = Launch::new(&argv0, contained, &comm);
+    // Every signal stays blocked on this thread, so a spare starts with all of them blocked
+    // until it sets its own mask (`shepherd::prepare`): no handler of the agent's can run in
+    // it before its exec, and no mask is set and restored around each start.
+    unsafe {
+      let mut all: libc::sigset_t = std::mem::zeroed();
+      libc::sigfillset(&mut all);
+      libc::pthread_sigmask(libc::SIG_SETMASK, &all, std::ptr::null_mut());
+    }
     loop {
       {
         let mut st = self.st.lock().expect("spares");
@@ -232,7 +239,7 @@ impl Spares {
         st.making = true;
       }
       let began = Instant::now();
-      let made = make(contained, &argv0, &comm);
+      let made = make(&launch);
       let took = began.elapsed();
       let unused = {
         let mut st = self.st.lock().expect("spares");
@@ -265,34 +272,123 @@ fn end(sp: Spawned) {
   drop(sp);
 }
 
-/// Starts a spare: the agent's binary (through /proc/self/exe, so a binary replaced on disk
-/// does not matter) with the pipes a forked shepherd gets at 0-2.
-fn make(contained: Containment, argv0: &std::ffi::OsStr, comm: &str) -> std::io::Result<Spawned> {
-  let (out_r, out_w) = sys::pipe()?;
-  let (st_r, st_w) = sys::pipe()?;
+/// The agent's `argv[0]`, which spares are started under (`main` sets it).
+pub static ARGV0: OnceLock<OsString> = OnceLock::new();
+
+/// What every spare is started with: the agent's binary through /proc/self/exe (so a binary
+/// replaced on disk does not matter), its arguments and an empty environment, made once.
+struct Launch {
+  path: CString,
+  /// Owns what `argv` points at.
+  _args: Vec<CString>,
+  argv: Vec<*const libc::c_char>,
+  envp: [*const libc::c_char; 1],
+}
+
+impl Launch {
+  fn new(argv0: &OsStr, contained: Containment, comm: &str) -> Launch {
+    let c = |b: &[u8]| CString::new(b.iter().copied().filter(|&x| x != 0).collect::<Vec<u8>>());
+    let args: Vec<CString> = [
+      argv0.as_bytes(),
+      ARG.as_bytes(),
+      contained.bits().to_string().as_bytes(),
+      comm.as_bytes(),
+    ]
+    .iter()
+    .map(|a| c(a).expect("no NUL left"))
+    .collect();
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    Launch {
+      path: c"/proc/self/exe".to_owned(),
+      _args: args,
+      argv,
+      envp: [std::ptr::null()],
+    }
+  }
+}
+
+/// The spare's process until its exec: on a stack of its own, in the agent's memory (it
+/// touches only this and its stack), while the thread that started it waits.
+struct Child<'a> {
+  launch: &'a Launch,
+  /// Its control, status and output pipes, for fds 0, 1 and 2.
+  fds: [libc::c_int; 3],
+  /// The errno of a failed `dup2` or exec (0: it exec'd).
+  err: libc::c_int,
+}
+
+#[repr(C, align(16))]
+struct ChildStack([u8; 16 * 1024]);
+
+extern "C" fn child_entry(arg: *mut libc::c_void) -> libc::c_int {
+  // SAFETY: `arg` is the `Child` on the starting thread's stack, which waits (CLONE_VFORK)
+  // until this process execs or exits. Only raw system calls from here: no allocation, no lock.
+  unsafe {
+    let child = &mut *(arg as *mut Child);
+    for (to, &from) in child.fds.iter().enumerate() {
+      // dup2 leaves the copy without close-on-exec; the pipes' own fds close at the exec.
+      if libc::dup2(from, to as libc::c_int) < 0 {
+        child.err = *libc::__errno_location();
+        libc::_exit(127);
+      }
+    }
+    let l = child.launch;
+    libc::execve(l.path.as_ptr(), l.argv.as_ptr(), l.envp.as_ptr());
+    child.err = *libc::__errno_location();
+    libc::_exit(127)
+  }
+}
+
+/// Starts a spare with the pipes a forked shepherd gets at 0-2, as `posix_spawn` would
+/// (`CLONE_VM | CLONE_VFORK`: nothing of the agent is copied) but without its resetting of
+/// signals one by one: this thread blocks them all (`make_loop`).
+fn make(launch: &Launch) -> std::io::Result<Spawned> {
+  let (out_r, out_w) = sys::pipe_for_reading()?;
+  let (st_r, st_w) = sys::pipe_for_reading()?;
   let (ctl_r, ctl_w) = sys::pipe()?;
   // A spare stopped by a root workload, behind a pipe made small (a user over its pipe
   // allowance gets one page), must not hold the agent's thread in `take`'s write.
   sys::set_nonblocking(ctl_w.as_raw_fd())?;
-  let child = Command::new("/proc/self/exe")
-    .arg0(argv0)
-    .args([ARG, &contained.bits().to_string(), comm])
-    // No working directory of its own: a chdir would make the spawn fork the agent.
-    .env_clear()
-    .stdin(Stdio::from(ctl_r))
-    .stdout(Stdio::from(st_w))
-    .stderr(Stdio::from(out_w))
-    .spawn()?;
+  let mut child = Child {
+    launch,
+    fds: [ctl_r.as_raw_fd(), st_w.as_raw_fd(), out_w.as_raw_fd()],
+    err: 0,
+  };
+  let mut stack = ChildStack([0; 16 * 1024]);
+  // No working directory of its own, as a `posix_spawn` without a chdir.
+  let pid = unsafe {
+    let top = stack.0.as_mut_ptr().add(stack.0.len());
+    libc::clone(
+      child_entry,
+      top as *mut libc::c_void,
+      libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+      &mut child as *mut Child as *mut libc::c_void,
+    )
+  };
+  if pid < 0 {
+    return Err(std::io::Error::last_os_error());
+  }
+  // Read only after the child's exec or exit, which the clone waited for.
+  let err = unsafe { std::ptr::read_volatile(&child.err) };
+  if err != 0 {
+    let mut status = 0;
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    return Err(std::io::Error::from_raw_os_error(err));
+  }
+  drop((ctl_r, st_w, out_w));
   // The agent's reaper waits for it, as for every shepherd.
-  let pid = child.id();
-  drop(child);
   Ok(Spawned {
-    pid,
+    pid: pid as u32,
     output: out_r,
     status: st_r,
     control: ctl_w,
   })
 }
+
+/// Where a spare reads its plan.
+struct PlanBuf([u8; 4 + MAX_PLAN]);
+static mut PLAN_BUF: PlanBuf = PlanBuf([0; 4 + MAX_PLAN]);
 
 /// The spare's life (`trueforge-agent shepherd <flags> <name>`): set up, wait for a plan, run
 /// it as a forked shepherd would. Exits without running anything when the agent goes first.
@@ -310,7 +406,9 @@ pub fn main(args: Vec<String>) -> i32 {
   // fd 0 is the control pipe: the plan, then nothing until the agent closes it. The agent
   // writes it whole at once, so one read most often takes all of it.
   let mut control = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(0) });
-  let mut msg = vec![0u8; 4 + MAX_PLAN];
+  // In the binary's zeroed data, not the heap: no mapping made for it.
+  // SAFETY: a spare is single-threaded, and this is its only use of the buffer.
+  let msg = unsafe { &mut *std::ptr::addr_of_mut!(PLAN_BUF.0) };
   let mut got = 0;
   let len = loop {
     if got >= 4 {
