@@ -50,26 +50,21 @@ pub async fn run(ctx: Rc<Ctx>, spec: ExecSpec, mut io: StreamIo) {
 }
 
 /// What a command's answer need not wait for: closing its pipes (a deregistration and a
-/// close each, at tens of microseconds apiece under gVisor) and asking for the next spare
-/// shepherd (which, where spares are slow to start, starts one beside the answer).
+/// close each, tens of microseconds apiece under gVisor).
 #[derive(Default)]
 struct Aftermath {
   pipes: Vec<pipe::Receiver>,
   control: Option<OwnedFd>,
-  want_spare: bool,
 }
 
 impl Aftermath {
   fn due(&self) -> bool {
-    self.want_spare || self.control.is_some() || !self.pipes.is_empty()
+    self.control.is_some() || !self.pipes.is_empty()
   }
 
   fn settle(self) {
     drop(self.pipes);
     drop(self.control);
-    if self.want_spare {
-      spare::spares().want();
-    }
   }
 }
 
@@ -155,12 +150,16 @@ async fn start(ctx: &Ctx, plan: &Plan, io: &StreamIo, after: &mut Aftermath) -> 
   let pid = sp.pid;
   ctx.procs.running(pid);
   let driven = drive(sp, io, after).await;
-  after.want_spare = true;
+  // Before the answer: in a loop of commands the next comes moments after it, and should find
+  // the spare started (asked for later, it forked a fifth of a loop's commands under gVisor).
+  spare::spares().want();
   ctx.procs.ended(pid);
   match driven {
     Driven::Cancelled => Start::Done(None),
     Driven::Lost { started } => Start::Done(Some(Outcome::Err(lost(started)))),
     Driven::Reported(r) if r.kind == shepherd::SPAWN_FAILED && r.b == libc::EAGAIN => {
+      // Tried again, maybe many times while processes are short: each try's pipes go now.
+      after.pipes.clear();
       Start::OutOfProcesses
     }
     Driven::Reported(r) => Start::Reported(r),

@@ -7,7 +7,7 @@
 //! the next one at once, beside the command, so that it is ready when the next command of a
 //! loop comes: a spare takes about 0.5 ms to start on runc and 9 ms under gVisor's ptrace
 //! platform, longer than the gap between two commands. A command that finds the next spare on
-//! its way waits for it (at most about twice as long as one takes to start) rather than fork.
+//! its way waits for it (at most about three times as long as one takes to start) rather than fork.
 //! Where spares are that slow to start, one started beside a command also slows it: there, when
 //! the spare was ready at once (commands come with gaps), the next starts as the command ends.
 //! When none is ready or on its way (a burst, a plan too large for the pipe, a sandbox out of
@@ -39,6 +39,11 @@ const PRESSURE_PAUSE: Duration = Duration::from_secs(5);
 /// A spare that takes longer than this to start (gVisor's ptrace platform: about 9 ms; runc:
 /// 0.5 ms) is started after a command rather than beside it, when commands come with gaps.
 const SLOW_SPAWN: Duration = Duration::from_millis(2);
+
+/// A command waits for the spare on its way at most this many times as long as spares take to
+/// start (smoothed): a start takes from the agent's request to the spare's exec, and varies
+/// (most under gVisor, where forking the agent instead costs several times as much).
+const WAIT_FACTOR: u32 = 3;
 
 /// How long a command waits for a spare on its way before the first one has been timed.
 const FIRST_WAIT: Duration = Duration::from_millis(50);
@@ -124,7 +129,7 @@ impl Spares {
       }
       // One command waits for the spare on its way; any other at the same time forks.
       st.awaited = true;
-      st.spawn_time.map_or(FIRST_WAIT, |t| t * 2)
+      st.spawn_time.map_or(FIRST_WAIT, |t| t * WAIT_FACTOR)
     };
     let notified = self.ready.notified();
     tokio::pin!(notified);
