@@ -657,12 +657,25 @@ async fn a_recovery_kills_what_was_left_behind_not_a_command_still_running() {
   };
   let user = "64124:64124";
   let m = marker(15);
+  // About 2 s, and a command line of its own.
+  let nap = format!("2.{:04}97", std::process::id() % 10000);
   let running = {
     let c = a.client.clone();
-    let mut r = req("sleep 2; echo survived");
+    let mut r = req(&format!("sleep {nap}; echo survived"));
     r.user = Some(user.into());
     tokio::spawn(async move { c.exec(&r).await })
   };
+  // Its sleep runs before the sandbox fills up (else it is that command that cannot fork).
+  for _ in 0..100 {
+    if !procs_with(&nap).is_empty() {
+      break;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+  }
+  assert!(
+    !procs_with(&nap).is_empty(),
+    "the running command's sleep never started"
+  );
   let out = a
     .run_as(
       user,
