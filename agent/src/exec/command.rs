@@ -366,17 +366,8 @@ const SMALL_READ: usize = 4096;
 
 /// `read_now` into a slice.
 fn read_into(output: &pipe::Receiver, buf: &mut [u8]) -> std::io::Result<usize> {
-  let n = unsafe {
-    libc::read(
-      output.as_raw_fd(),
-      buf.as_mut_ptr() as *mut libc::c_void,
-      buf.len(),
-    )
-  };
-  if n < 0 {
-    return Err(std::io::Error::last_os_error());
-  }
-  Ok(n as usize)
+  // SAFETY: `buf` is writable for its length.
+  unsafe { read_raw(output, buf.as_mut_ptr(), buf.len()) }
 }
 
 /// Reads what the pipe holds now, asking the system itself: the runtime's readiness for the pipe
@@ -384,17 +375,19 @@ fn read_into(output: &pipe::Receiver, buf: &mut [u8]) -> std::io::Result<usize> 
 /// often had not, and whole outputs were lost), and `try_read_buf` trusts it.
 fn read_now(output: &pipe::Receiver, buf: &mut BytesMut) -> std::io::Result<usize> {
   let spare = buf.spare_capacity_mut();
-  let n = unsafe {
-    libc::read(
-      output.as_raw_fd(),
-      spare.as_mut_ptr() as *mut libc::c_void,
-      spare.len(),
-    )
-  };
+  // SAFETY: the spare capacity is writable for its length, and `read` initializes what it
+  // reports.
+  let n = unsafe { read_raw(output, spare.as_mut_ptr() as *mut u8, spare.len())? };
+  unsafe { buf.set_len(buf.len() + n) };
+  Ok(n)
+}
+
+/// One `read` of the pipe into `len` bytes at `to`.
+unsafe fn read_raw(output: &pipe::Receiver, to: *mut u8, len: usize) -> std::io::Result<usize> {
+  let n = libc::read(output.as_raw_fd(), to as *mut libc::c_void, len);
   if n < 0 {
     return Err(std::io::Error::last_os_error());
   }
-  unsafe { buf.set_len(buf.len() + n as usize) };
   Ok(n as usize)
 }
 

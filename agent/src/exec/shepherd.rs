@@ -458,11 +458,10 @@ pub unsafe fn prepare(contained: crate::exec::contain::Containment) -> bool {
   libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
 
   // SIGCHLD stays blocked except inside ppoll, so a child's exit always interrupts the wait.
-  // The mask is set whole: a spare starts with every signal blocked (`spare::make`).
   let mut chld: libc::sigset_t = std::mem::zeroed();
   libc::sigemptyset(&mut chld);
   libc::sigaddset(&mut chld, libc::SIGCHLD);
-  libc::sigprocmask(libc::SIG_SETMASK, &chld, std::ptr::null_mut());
+  libc::sigprocmask(libc::SIG_BLOCK, &chld, std::ptr::null_mut());
   let mut sa: libc::sigaction = std::mem::zeroed();
   sa.sa_sigaction = on_sigchld as *const () as usize;
   libc::sigemptyset(&mut sa.sa_mask);

@@ -224,14 +224,6 @@ impl Spares {
     // `ps` shows the spare as the agent's binary, the path it was started by.
     let argv0 = ARGV0.get().cloned().unwrap_or_else(|| comm.clone().into());
     let launch = Launch::new(&argv0, contained, &comm);
-    // Every signal stays blocked on this thread, so a spare starts with all of them blocked
-    // until it sets its own mask (`shepherd::prepare`): no handler of the agent's can run in
-    // it before its exec, and no mask is set and restored around each start.
-    unsafe {
-      let mut all: libc::sigset_t = std::mem::zeroed();
-      libc::sigfillset(&mut all);
-      libc::pthread_sigmask(libc::SIG_SETMASK, &all, std::ptr::null_mut());
-    }
     loop {
       {
         let mut st = self.st.lock().expect("spares");
@@ -254,6 +246,11 @@ impl Spares {
           None => took,
         });
         match made {
+          // Spares cannot start here at all: every command forks its shepherd.
+          Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+            st.off = true;
+            None
+          }
           Ok(sp) if st.ready.is_none() && !st.paused() => {
             st.ready = Some(sp);
             None
@@ -319,6 +316,9 @@ struct Child<'a> {
   launch: &'a Launch,
   /// Its control, status and output pipes, for fds 0, 1 and 2.
   fds: [libc::c_int; 3],
+  /// Set by the child as it starts: still 0 after the clone, the child did not share this
+  /// memory (qemu-user makes a `CLONE_VFORK` a fork), so `err` says nothing.
+  entered: libc::c_int,
   /// The errno of a failed `dup2` or exec (0: it exec'd).
   err: libc::c_int,
 }
@@ -331,6 +331,7 @@ extern "C" fn child_entry(arg: *mut libc::c_void) -> libc::c_int {
   // until this process execs or exits. Only raw system calls from here: no allocation, no lock.
   unsafe {
     let child = &mut *(arg as *mut Child);
+    std::ptr::write_volatile(&mut child.entered, 1);
     for (to, &from) in child.fds.iter().enumerate() {
       // dup2 leaves the copy without close-on-exec; the pipes' own fds close at the exec.
       if libc::dup2(from, to as libc::c_int) < 0 {
@@ -346,8 +347,12 @@ extern "C" fn child_entry(arg: *mut libc::c_void) -> libc::c_int {
 }
 
 /// Starts a spare with the pipes a forked shepherd gets at 0-2, as `posix_spawn` would
-/// (`CLONE_VM | CLONE_VFORK`: nothing of the agent is copied) but without its resetting of
-/// signals one by one: this thread blocks them all (`make_loop`).
+/// (`CLONE_VM | CLONE_VFORK`: nothing of the agent is copied) but without its masking and
+/// resetting of signals one by one around the exec. Those keep a handler of the parent's from
+/// running in the child's shared memory. The agent handles only SIGCHLD (and ignores SIGPIPE),
+/// and a SIGCHLD goes to the agent's own process, never to a child that has no children.
+/// Keeping every signal blocked on this thread instead would also do, but under qemu-user the
+/// new process then starts with the host's signals blocked, and dies at its first fault.
 fn make(launch: &Launch) -> std::io::Result<Spawned> {
   let (out_r, out_w) = sys::pipe_for_reading()?;
   let (st_r, st_w) = sys::pipe_for_reading()?;
@@ -358,6 +363,7 @@ fn make(launch: &Launch) -> std::io::Result<Spawned> {
   let mut child = Child {
     launch,
     fds: [ctl_r.as_raw_fd(), st_w.as_raw_fd(), out_w.as_raw_fd()],
+    entered: 0,
     err: 0,
   };
   let mut stack = ChildStack([0; 16 * 1024]);
@@ -375,6 +381,19 @@ fn make(launch: &Launch) -> std::io::Result<Spawned> {
     return Err(std::io::Error::last_os_error());
   }
   // Read only after the child's exec or exit, which the clone waited for.
+  if unsafe { std::ptr::read_volatile(&child.entered) } == 0 {
+    // Whether it exec'd cannot be told (under qemu-user it cannot: the agent's binary is not
+    // one the host runs), and a command would then write its plan to a spare that is gone.
+    let mut status = 0;
+    unsafe {
+      libc::kill(pid, libc::SIGKILL);
+      libc::waitpid(pid, &mut status, 0);
+    }
+    return Err(std::io::Error::new(
+      std::io::ErrorKind::Unsupported,
+      "this system does not run a CLONE_VFORK child in its parent's memory",
+    ));
+  }
   let err = unsafe { std::ptr::read_volatile(&child.err) };
   if err != 0 {
     let mut status = 0;
