@@ -702,3 +702,48 @@ async fn a_recovery_kills_what_was_left_behind_not_a_command_still_running() {
   drop(a);
   drop(cg);
 }
+
+/// A shepherd whose command left nothing running takes the next command, so a loop of
+/// commands starts no new shepherd; one whose command left a process behind is not reused, and
+/// a later command's timeout does not reach what an earlier command left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shepherd_is_reused_only_when_its_command_left_nothing_behind() {
+  let a = start().await;
+  if !a.client.hello().subreaper {
+    eprintln!("skipped: the agent is no subreaper here (qemu-user), so no shepherd is reused");
+    return;
+  }
+  // A command's shell is its shepherd's child.
+  let mut shepherds = std::collections::HashSet::new();
+  for _ in 0..12 {
+    let out = a.run("echo $PPID").await;
+    assert_eq!(out.exit_code, 0);
+    shepherds.insert(out.output);
+  }
+  // The first commands may fork theirs, or take the spare started beside them.
+  assert!(shepherds.len() <= 3, "{shepherds:?}");
+
+  let m = marker(60);
+  let left = a
+    .run(&format!("sleep {m} >/dev/null 2>&1 & echo $PPID"))
+    .await;
+  assert_eq!(left.exit_code, 0);
+  assert_eq!(procs_with(&m).len(), 1);
+  let mut later = Vec::new();
+  for _ in 0..4 {
+    later.push(a.run("echo $PPID").await.output);
+  }
+  assert!(!later.contains(&left.output), "{later:?} {left:?}");
+  let mut r = req("sleep 30");
+  r.timeout = Some(Duration::from_millis(300));
+  assert!(a.client.exec(&r).await.expect("exec").timed_out);
+  // Still running: it belonged to the earlier command's shepherd, which exited.
+  let pids = procs_with(&m);
+  assert_eq!(pids.len(), 1);
+  // Its own command's output and exit code came through the reused shepherd intact.
+  let out = a.run("printf 'a\\nb'; exit 3").await;
+  assert_eq!((out.exit_code, out.output.as_str()), (3, "a\nb"));
+  for pid in pids {
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+  }
+}

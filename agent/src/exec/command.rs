@@ -270,10 +270,10 @@ fn lost(started: bool) -> AgentError {
 /// never block on a full pipe or die of SIGPIPE.
 async fn drive(sp: shepherd::Spawned, io: &StreamIo, after: &mut Aftermath) -> Driven {
   let shepherd::Spawned {
+    pid,
     output,
     status,
     control,
-    ..
   } = sp;
   let (Ok(output), Ok(mut status)) = (receiver(output), receiver(status)) else {
     return Driven::Lost { started: false };
@@ -315,6 +315,8 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo, after: &mut Aftermath) -> D
   // (mapped and unmapped by the allocator) and no question how much the pipe holds.
   let mut small = [0u8; SMALL_READ];
   let mut large = false;
+  // Read to its end for now: nothing of this command is left in it.
+  let mut drained = false;
   while open {
     let avail = tokio::select! {
       biased;
@@ -343,8 +345,27 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo, after: &mut Aftermath) -> D
     match read {
       Ok(0) => open = false,
       Ok(_) => {}
-      Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+      Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+        drained = true;
+        break;
+      }
       Err(_) => open = false,
+    }
+  }
+  if let Some(r) = reported {
+    if drained && r.kind == shepherd::EXITED && r.c == shepherd::RECYCLABLE {
+      // The shepherd waits for another plan on the same pipes (none of which another process
+      // holds: the command left none behind).
+      if let (Ok(output), Ok(status)) = (output.into_nonblocking_fd(), status.into_nonblocking_fd())
+      {
+        spare::spares().recycle(shepherd::Spawned {
+          pid,
+          output,
+          status,
+          control,
+        });
+      }
+      return Driven::Reported(r);
     }
   }
   if open {

@@ -445,7 +445,8 @@ unsafe fn shepherd(plan: &Plan, ctl: libc::c_int, st: libc::c_int, out: libc::c_
   libc::dup2(st, 1);
   libc::dup2(out, 2);
   let complete = prepare(plan.contained);
-  supervise(plan, complete)
+  supervise(plan, complete, false);
+  libc::_exit(0)
 }
 
 /// What a shepherd does before it knows its command, its pipes at 0-2 already: returns whether
@@ -469,6 +470,7 @@ pub unsafe fn prepare(contained: crate::exec::contain::Containment) -> bool {
   libc::signal(libc::SIGPIPE, libc::SIG_IGN);
   let early = &mut *EARLY.0.get();
   early.devnull = open_cloexec(c"/dev/null", libc::O_RDWR);
+  early.reaper = reaper;
   raise_for_oom(early);
   reaper || contained.session_guard
 }
@@ -486,6 +488,11 @@ struct Early {
   /// The value to lower it back to once the command has exec'd.
   own: [u8; 12],
   own_len: usize,
+  /// The raised value, written again before a recycled shepherd's next command.
+  raised: [u8; 12],
+  raised_len: usize,
+  /// A child subreaper: every process its command leaves behind is its child.
+  reaper: bool,
 }
 
 struct EarlyCell(UnsafeCell<Early>);
@@ -497,6 +504,9 @@ static EARLY: EarlyCell = EarlyCell(UnsafeCell::new(Early {
   oom_fd: -1,
   own: [0; 12],
   own_len: 0,
+  raised: [0; 12],
+  raised_len: 0,
+  reaper: false,
 }));
 
 /// `open` with `O_CLOEXEC` as one system call (musl's wrapper adds an `F_SETFD`).
@@ -541,6 +551,22 @@ unsafe fn raise_for_oom(early: &mut Early) {
   early.oom_fd = fd;
   early.own = own;
   early.own_len = own_len;
+  early.raised = raised;
+  early.raised_len = raised_len;
+}
+
+/// Raises the shepherd's `oom_score_adj` again for its next command (`raise_for_oom` kept the
+/// file open only where the shepherd may put it back afterwards).
+unsafe fn raise_again() {
+  let early = &*EARLY.0.get();
+  if early.oom_fd >= 0 {
+    libc::pwrite(
+      early.oom_fd,
+      early.raised.as_ptr() as *const libc::c_void,
+      early.raised_len,
+      0,
+    );
+  }
 }
 
 /// The shepherd back to its own `oom_score_adj`, once the command (which keeps the raised one)
@@ -582,8 +608,15 @@ fn format_i32(v: i32, out: &mut [u8; 12]) -> usize {
   len
 }
 
-/// Starts the command and sees it to its end (never returns); `prepare` ran.
-pub unsafe fn supervise(plan: &Plan, complete: bool) -> ! {
+/// Set in an `EXITED` report's third value: the shepherd left nothing behind and waits on its
+/// control pipe for another plan (`supervise` with `recycle`), or for the pipe to close.
+pub const RECYCLABLE: i32 = 1;
+
+/// Starts the command and sees it to its end; `prepare` ran. Returns only with `recycle`, after
+/// reporting `RECYCLABLE`: the command ended and left no process behind (as a subreaper the
+/// shepherd would be the parent of any), so the shepherd is as it was before the command and
+/// can take another. Otherwise it exits.
+pub unsafe fn supervise(plan: &Plan, complete: bool, recycle: bool) {
   let mut waitmask: libc::sigset_t = std::mem::zeroed();
   libc::sigemptyset(&mut waitmask);
 
@@ -617,6 +650,7 @@ pub unsafe fn supervise(plan: &Plan, complete: bool) -> ! {
       break;
     }
   }
+  libc::close(errp[0]);
   if got == 0 {
     lower_after_exec();
   }
@@ -646,6 +680,11 @@ pub unsafe fn supervise(plan: &Plan, complete: bool) -> ! {
         } else {
           -1
         };
+        if recycle && (*EARLY.0.get()).reaper && no_children() {
+          report(EXITED, code, 0, RECYCLABLE);
+          raise_again();
+          return;
+        }
         report(EXITED, code, 0, 0);
         libc::_exit(0);
       }
@@ -682,6 +721,18 @@ pub unsafe fn supervise(plan: &Plan, complete: bool) -> ! {
         report(CANCELLED, (verified && complete) as i32, left, 0);
         libc::_exit(0);
       }
+    }
+  }
+}
+
+/// Whether the shepherd has no child left, alive or not (those that ended are reaped here).
+unsafe fn no_children() -> bool {
+  loop {
+    let mut status = 0;
+    match libc::waitpid(-1, &mut status, libc::WNOHANG) {
+      0 => return false,
+      r if r > 0 => continue,
+      _ => return errno() == libc::ECHILD,
     }
   }
 }

@@ -12,6 +12,12 @@
 //! the spare was ready at once (commands come with gaps), the next starts as the command ends.
 //! When none is ready or on its way (a burst, a plan too large for the pipe, a sandbox out of
 //! processes), the command forks its shepherd as before: the two behave alike.
+//!
+//! A spare whose command ended and left no process behind (as a child subreaper it would be
+//! the parent of any) is as it was before that command, so it waits for the next plan on the
+//! same pipes (`recycle`): a loop of commands then neither starts a spare nor ends a shepherd
+//! per command, which was most of the sandbox's CPU time for a short command (an exec of the
+//! agent's binary, and an exit whose unmapping interrupts the other CPUs). Up to `POOL` wait.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io::Read;
@@ -45,6 +51,11 @@ const SLOW_SPAWN: Duration = Duration::from_millis(2);
 /// (most under gVisor, where forking the agent instead costs several times as much).
 const WAIT_FACTOR: u32 = 3;
 
+/// At most this many shepherds wait for a plan: a loop of commands alternates between two
+/// recycled ones (the one its command just left, and the one started beside that command),
+/// and neither is started or ends again.
+const POOL: usize = 2;
+
 /// How long a command waits for a spare on its way before the first one has been timed.
 const FIRST_WAIT: Duration = Duration::from_millis(50);
 
@@ -58,7 +69,8 @@ pub struct Spares {
 
 #[derive(Default)]
 struct St {
-  ready: Option<Spawned>,
+  /// Spares waiting for a plan, the last recycled at the end (`POOL` at most).
+  ready: Vec<Spawned>,
   wanted: bool,
   /// A spare is being started.
   making: bool,
@@ -120,10 +132,10 @@ impl Spares {
       if st.paused() {
         return None;
       }
-      if st.ready.is_some() || !st.making || st.awaited {
+      if !st.ready.is_empty() || !st.making || st.awaited {
         // Where a spare is slow to start, it slows the command it starts beside: if this one
         // was ready at once (commands come with gaps), the next starts when this command ends.
-        let now = st.ready.is_none() || !st.slow();
+        let now = st.ready.is_empty() || !st.slow();
         drop(st);
         return self.take_ready(&body, now);
       }
@@ -135,7 +147,7 @@ impl Spares {
     tokio::pin!(notified);
     notified.as_mut().enable();
     // Made ready between the check above and `enable`.
-    let made = self.st.lock().expect("spares").ready.is_some();
+    let made = !self.st.lock().expect("spares").ready.is_empty();
     if !made {
       let _ = tokio::time::timeout(wait, notified).await;
     }
@@ -143,16 +155,16 @@ impl Spares {
     self.take_ready(&body, true)
   }
 
-  /// The ready spare, given the plan `body`, if there is one; `start_next`: the next one is
-  /// started at once (always when none was ready).
+  /// A ready spare (the last recycled), given the plan `body`, if there is one; `start_next`:
+  /// the next one is started at once when no other is left ready (always when none was).
   fn take_ready(&self, body: &[u8], start_next: bool) -> Option<Spawned> {
     let sp = {
       let mut st = self.st.lock().expect("spares");
       if st.paused() {
         return None;
       }
-      let sp = st.ready.take();
-      if start_next {
+      let sp = st.ready.pop();
+      if start_next && st.ready.is_empty() {
         st.wanted = true;
         drop(st);
         self.wake.notify_one();
@@ -183,7 +195,7 @@ impl Spares {
   /// Starts the next spare unless one is ready or on its way (a command ended).
   pub fn want(&self) {
     let mut st = self.st.lock().expect("spares");
-    if st.paused() || st.ready.is_some() || st.making {
+    if st.paused() || !st.ready.is_empty() || st.making {
       return;
     }
     st.wanted = true;
@@ -191,28 +203,46 @@ impl Spares {
     self.wake.notify_one();
   }
 
-  /// The sandbox is out of processes: the spare waiting gives its process back, and none is
+  /// Takes back a shepherd whose command ended and left nothing behind (it reported
+  /// `RECYCLABLE` and its output pipe is drained): it waits for the next plan, as a spare does,
+  /// and spares the next command a spare's start and this one's exit. Ended instead when
+  /// `POOL` wait already, or spares are paused.
+  pub fn recycle(&self, sp: Spawned) {
+    let unused = {
+      let mut st = self.st.lock().expect("spares");
+      if st.paused() || st.ready.len() >= POOL {
+        Some(sp)
+      } else {
+        st.ready.push(sp);
+        None
+      }
+    };
+    match unused {
+      Some(sp) => end(sp),
+      None => self.ready.notify_waiters(),
+    }
+  }
+
+  /// The sandbox is out of processes: the spares waiting give their processes back, and none is
   /// kept for a while. True when one was waiting (a process was freed).
   pub fn release(&self) -> bool {
-    let sp = {
+    let spares = {
       let mut st = self.st.lock().expect("spares");
       st.paused_until = Some(Instant::now() + PRESSURE_PAUSE);
       st.wanted = false;
-      st.ready.take()
+      std::mem::take(&mut st.ready)
     };
-    match sp {
-      Some(sp) => {
-        let pid = sp.pid as libc::pid_t;
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        drop(sp);
-        // Reaped here, so that its pid is free when the caller tries again (the agent's
-        // reaper may get to it first).
-        let mut status = 0;
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        true
-      }
-      None => false,
+    let freed = !spares.is_empty();
+    for sp in spares {
+      let pid = sp.pid as libc::pid_t;
+      unsafe { libc::kill(pid, libc::SIGKILL) };
+      drop(sp);
+      // Reaped here, so that its pid is free when the caller tries again (the agent's
+      // reaper may get to it first).
+      let mut status = 0;
+      unsafe { libc::waitpid(pid, &mut status, 0) };
     }
+    freed
   }
 
   /// The thread: starts a spare whenever one is wanted and none is ready.
@@ -229,7 +259,7 @@ impl Spares {
         let mut st = self.st.lock().expect("spares");
         // A take wants one only while spares are not paused; one made during a pause is
         // ended.
-        while !st.wanted || st.ready.is_some() {
+        while !st.wanted || !st.ready.is_empty() {
           st = self.wake.wait(st).expect("spares");
         }
         st.wanted = false;
@@ -251,8 +281,8 @@ impl Spares {
             st.off = true;
             None
           }
-          Ok(sp) if st.ready.is_none() && !st.paused() => {
-            st.ready = Some(sp);
+          Ok(sp) if st.ready.len() < POOL && !st.paused() => {
+            st.ready.push(sp);
             None
           }
           Ok(sp) => Some(sp),
@@ -427,36 +457,39 @@ pub fn main(args: Vec<String>) -> i32 {
   }
   let contained = Containment::from_bits(flags);
   let complete = unsafe { shepherd::prepare(contained) };
-  // fd 0 is the control pipe: the plan, then nothing until the agent closes it. The agent
-  // writes it whole at once, so one read most often takes all of it.
+  // fd 0 is the control pipe: a plan, then nothing until the agent closes it or, once the
+  // command left nothing behind, the next plan. The agent writes each whole at once, so one
+  // read most often takes all of it.
   let mut control = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(0) });
   // In the binary's zeroed data, not the heap: no mapping made for it.
   // SAFETY: a spare is single-threaded, and this is its only use of the buffer.
   let msg = unsafe { &mut *std::ptr::addr_of_mut!(PLAN_BUF.0) };
-  let mut got = 0;
-  let len = loop {
-    if got >= 4 {
-      let len = u32::from_le_bytes([msg[0], msg[1], msg[2], msg[3]]) as usize;
-      if len > MAX_PLAN {
+  loop {
+    // The agent sends a plan only to a shepherd that waits for one: nothing follows it.
+    let mut got = 0;
+    let len = loop {
+      if got >= 4 {
+        let len = u32::from_le_bytes([msg[0], msg[1], msg[2], msg[3]]) as usize;
+        if len > MAX_PLAN {
+          return 0;
+        }
+        if got >= 4 + len {
+          break len;
+        }
+      }
+      match control.read(&mut msg[got..]) {
+        Ok(0) => return 0,
+        Ok(n) => got += n,
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+        Err(_) => return 0,
+      }
+    };
+    match Plan::decode(&msg[4..4 + len]) {
+      Some(plan) => unsafe { shepherd::supervise(&plan, complete, true) },
+      None => {
+        shepherd::report_spawn_failed(libc::EINVAL);
         return 0;
       }
-      if got >= 4 + len {
-        break len;
-      }
-    }
-    match control.read(&mut msg[got..]) {
-      Ok(0) => return 0,
-      Ok(n) => got += n,
-      Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-      Err(_) => return 0,
-    }
-  };
-  let body = &msg[4..4 + len];
-  match Plan::decode(body) {
-    Some(plan) => unsafe { shepherd::supervise(&plan, complete) },
-    None => {
-      shepherd::report_spawn_failed(libc::EINVAL);
-      0
     }
   }
 }
