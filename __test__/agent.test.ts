@@ -367,8 +367,8 @@ describe('the agent itself', () => {
     const left = (await ok(p, id, 'sleep 3031 >/dev/null 2>&1 & echo $PPID')).trim()
     await waitFor(() => asRoot(id, `test -e /proc/${left}`).status !== 0, 10_000, 'the shepherd to end')
     expect(spares()).not.toContain(left)
+    await waitFor(() => processes(id, /sleep 3031/).length === 1, 10_000, 'the command left behind')
     const sleeping = processes(id, /sleep 3031/)
-    expect(sleeping).toHaveLength(1)
     expect(asRoot(id, `kill ${sleeping[0].split(' ')[0]}`).status).toBe(0)
     // What a spare runs, fresh or reused, is the command as a forked shepherd would: its user,
     // directory, environment, exit code and output.

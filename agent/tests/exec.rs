@@ -728,6 +728,13 @@ async fn a_shepherd_is_reused_only_when_its_command_left_nothing_behind() {
     .run(&format!("sleep {m} >/dev/null 2>&1 & echo $PPID"))
     .await;
   assert_eq!(left.exit_code, 0);
+  // Forked before the command ended, but maybe not yet exec'd.
+  for _ in 0..100 {
+    if !procs_with(&m).is_empty() {
+      break;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+  }
   assert_eq!(procs_with(&m).len(), 1);
   let mut later = Vec::new();
   for _ in 0..4 {
@@ -746,4 +753,35 @@ async fn a_shepherd_is_reused_only_when_its_command_left_nothing_behind() {
   for pid in pids {
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
   }
+}
+
+/// What a command leaves on its output (a pipe its shell shares with the shepherd's) does not
+/// reach the next command run by the same shepherd: non-blocking (Node.js leaves its stdout so)
+/// or resized, the next finds it blocking and at its size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_shepherd_gives_the_next_command_its_output_as_new() {
+  let a = start().await;
+  if !a.client.hello().subreaper {
+    eprintln!("skipped: the agent is no subreaper here (qemu-user), so no shepherd is reused");
+    return;
+  }
+  if a.run("command -v python3").await.exit_code != 0 {
+    eprintln!("skipped: no python3 here to change a pipe's flags");
+    return;
+  }
+  let probe = "python3 -c 'import fcntl, os; print(fcntl.fcntl(1, fcntl.F_GETFL) & os.O_NONBLOCK, fcntl.fcntl(1, 1032))'";
+  let fresh = a.run(probe).await.output;
+  assert!(fresh.starts_with("0 "), "{fresh}");
+  let mut same = 0;
+  for _ in 0..5 {
+    let changed = a
+      .run("python3 -c 'import fcntl, os; fcntl.fcntl(1, fcntl.F_SETFL, os.O_NONBLOCK); fcntl.fcntl(1, 1031, 4096)'; echo $PPID")
+      .await;
+    let next = a.run(&format!("{probe}; echo $PPID")).await.output;
+    let (flags, parent) = next.split_once('\n').unwrap();
+    assert_eq!(format!("{flags}\n"), fresh);
+    same += (parent.trim() == changed.output.trim()) as u32;
+  }
+  // The check means something only where the shepherd was in fact reused.
+  assert!(same > 0);
 }

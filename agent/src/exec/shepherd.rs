@@ -471,6 +471,9 @@ pub unsafe fn prepare(contained: crate::exec::contain::Containment) -> bool {
   let early = &mut *EARLY.0.get();
   early.devnull = open_cloexec(c"/dev/null", libc::O_RDWR);
   early.reaper = reaper;
+  if reaper {
+    early.pipe_size = libc::fcntl(2, libc::F_GETPIPE_SZ);
+  }
   raise_for_oom(early);
   reaper || contained.session_guard
 }
@@ -493,6 +496,8 @@ struct Early {
   raised_len: usize,
   /// A child subreaper: every process its command leaves behind is its child.
   reaper: bool,
+  /// The output pipe's capacity as made, put back for a recycled shepherd's next command.
+  pipe_size: libc::c_int,
 }
 
 struct EarlyCell(UnsafeCell<Early>);
@@ -507,6 +512,7 @@ static EARLY: EarlyCell = EarlyCell(UnsafeCell::new(Early {
   raised: [0; 12],
   raised_len: 0,
   reaper: false,
+  pipe_size: 0,
 }));
 
 /// `open` with `O_CLOEXEC` as one system call (musl's wrapper adds an `F_SETFD`).
@@ -683,6 +689,7 @@ pub unsafe fn supervise(plan: &Plan, complete: bool, recycle: bool) {
         if recycle && (*EARLY.0.get()).reaper && no_children() {
           report(EXITED, code, 0, RECYCLABLE);
           raise_again();
+          reset_output();
           return;
         }
         report(EXITED, code, 0, 0);
@@ -722,6 +729,17 @@ pub unsafe fn supervise(plan: &Plan, complete: bool, recycle: bool) {
         libc::_exit(0);
       }
     }
+  }
+}
+
+/// The output pipe (fd 2) as the next command must find it. Its commands shared its open file
+/// description: one may have left it non-blocking (Node.js leaves its stdout so), which would
+/// fail the next command's writes to a full pipe, or resized it.
+unsafe fn reset_output() {
+  libc::fcntl(2, libc::F_SETFL, 0);
+  let early = &*EARLY.0.get();
+  if early.pipe_size > 0 && libc::fcntl(2, libc::F_GETPIPE_SZ) != early.pipe_size {
+    libc::fcntl(2, libc::F_SETPIPE_SZ, early.pipe_size);
   }
 }
 
