@@ -17,7 +17,7 @@ const SAMPLE_MS = 5
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
-/** The agent's RSS in bytes, with the spare shepherd it keeps ready, as the host's `ps` sees
+/** The agent's RSS in bytes, with the spare shepherds it keeps ready, as the host's `ps` sees
  * them in the sandbox's container. */
 function agentRss(sandboxId) {
   const name = execFileSync('docker', ['ps', '-q', '--filter', `label=trueforge.sandbox.id=${sandboxId}`], {

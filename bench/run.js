@@ -923,11 +923,11 @@ function agentTargets(rows, probe) {
     )
   if (!probe || probe.error) {
     const why = probe ? probe.error : 'not measured'
-    add('agent: idle RSS in the sandbox (with its spare shepherd) ≤ 8 MiB', null, why)
+    add('agent: idle RSS in the sandbox (with the shepherds it keeps ready) ≤ 8 MiB', null, why)
     add('agent: host RSS growth for 1 GiB of output ≤ 30 MiB', null, why)
   } else {
     add(
-      'agent: idle RSS in the sandbox (with its spare shepherd) ≤ 8 MiB',
+      'agent: idle RSS in the sandbox (with the shepherds it keeps ready) ≤ 8 MiB',
       probe.idleRssBytes <= 8 * MiB,
       fmtBytes(probe.idleRssBytes),
     )

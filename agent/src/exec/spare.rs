@@ -464,6 +464,7 @@ pub fn main(args: Vec<String>) -> i32 {
   // In the binary's zeroed data, not the heap: no mapping made for it.
   // SAFETY: a spare is single-threaded, and this is its only use of the buffer.
   let msg = unsafe { &mut *std::ptr::addr_of_mut!(PLAN_BUF.0) };
+  let mut _previous: Option<Plan> = None;
   loop {
     // The agent sends a plan only to a shepherd that waits for one: nothing follows it.
     let mut got = 0;
@@ -485,7 +486,13 @@ pub fn main(args: Vec<String>) -> i32 {
       }
     };
     match Plan::decode(&msg[4..4 + len]) {
-      Some(plan) => unsafe { shepherd::supervise(&plan, complete, true) },
+      Some(plan) => {
+        unsafe { shepherd::supervise(&plan, complete, true) };
+        // Freed only once the next plan is made: freeing it now would let the allocator give
+        // its pages back and map them again for the next, and an unmapping in memory that the
+        // command's process also ran in interrupts the other CPUs to flush their TLBs.
+        _previous = Some(plan);
+      }
       None => {
         shepherd::report_spawn_failed(libc::EINVAL);
         return 0;
