@@ -703,16 +703,25 @@ async fn a_recovery_kills_what_was_left_behind_not_a_command_still_running() {
   drop(cg);
 }
 
+/// An agent whose shepherds take more than one command, or `None` (saying why) where they
+/// cannot: without a subreaper (qemu-user) a shepherd cannot tell that nothing is left.
+async fn reusing() -> Option<Agent> {
+  let a = start().await;
+  if a.client.hello().subreaper {
+    return Some(a);
+  }
+  eprintln!("skipped: the agent is no subreaper here (qemu-user), so no shepherd is reused");
+  None
+}
+
 /// A shepherd whose command left nothing running takes the next command, so a loop of
 /// commands starts no new shepherd; one whose command left a process behind is not reused, and
 /// a later command's timeout does not reach what an earlier command left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shepherd_is_reused_only_when_its_command_left_nothing_behind() {
-  let a = start().await;
-  if !a.client.hello().subreaper {
-    eprintln!("skipped: the agent is no subreaper here (qemu-user), so no shepherd is reused");
+  let Some(a) = reusing().await else {
     return;
-  }
+  };
   // A command's shell is its shepherd's child.
   let mut shepherds = std::collections::HashSet::new();
   for _ in 0..12 {
@@ -760,11 +769,9 @@ async fn a_shepherd_is_reused_only_when_its_command_left_nothing_behind() {
 /// or resized, the next finds it blocking and at its size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_shepherd_gives_the_next_command_its_output_as_new() {
-  let a = start().await;
-  if !a.client.hello().subreaper {
-    eprintln!("skipped: the agent is no subreaper here (qemu-user), so no shepherd is reused");
+  let Some(a) = reusing().await else {
     return;
-  }
+  };
   if a.run("command -v python3").await.exit_code != 0 {
     eprintln!("skipped: no python3 here to change a pipe's flags");
     return;

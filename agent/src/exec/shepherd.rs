@@ -526,7 +526,7 @@ unsafe fn open_cloexec(path: &CStr, flags: libc::c_int) -> libc::c_int {
 }
 
 /// Raises the shepherd's own `oom_score_adj` as `prefer_for_oom` would the command's, so that
-/// the command inherits it; `lower_after_exec` puts it back. Only where putting it back is
+/// the command inherits it; `set_score` puts it back. Only where putting it back is
 /// allowed: without `CAP_SYS_RESOURCE` a process may lower its score only to the floor a
 /// privileged writer set, so that is tried first. Otherwise nothing changes, and the command
 /// raises its own.
@@ -561,32 +561,20 @@ unsafe fn raise_for_oom(early: &mut Early) {
   early.raised_len = raised_len;
 }
 
-/// Raises the shepherd's `oom_score_adj` again for its next command (`raise_for_oom` kept the
-/// file open only where the shepherd may put it back afterwards).
-unsafe fn raise_again() {
+/// Sets the shepherd's `oom_score_adj`, where `raise_for_oom` kept it open (only where the
+/// shepherd may put it back): raised for its next command to inherit, or back to its own once
+/// the command has exec'd.
+unsafe fn set_score(raised: bool) {
   let early = &*EARLY.0.get();
-  if early.oom_fd >= 0 {
-    libc::pwrite(
-      early.oom_fd,
-      early.raised.as_ptr() as *const libc::c_void,
-      early.raised_len,
-      0,
-    );
+  if early.oom_fd < 0 {
+    return;
   }
-}
-
-/// The shepherd back to its own `oom_score_adj`, once the command (which keeps the raised one)
-/// has exec'd.
-unsafe fn lower_after_exec() {
-  let early = &*EARLY.0.get();
-  if early.oom_fd >= 0 {
-    libc::pwrite(
-      early.oom_fd,
-      early.own.as_ptr() as *const libc::c_void,
-      early.own_len,
-      0,
-    );
-  }
+  let (value, len) = if raised {
+    (&early.raised, early.raised_len)
+  } else {
+    (&early.own, early.own_len)
+  };
+  libc::pwrite(early.oom_fd, value.as_ptr() as *const libc::c_void, len, 0);
 }
 
 /// `v` in decimal into `out`, without allocating; returns its length.
@@ -658,7 +646,7 @@ pub unsafe fn supervise(plan: &Plan, complete: bool, recycle: bool) {
   }
   libc::close(errp[0]);
   if got == 0 {
-    lower_after_exec();
+    set_score(false);
   }
   if got == 8 {
     let mut status = 0;
@@ -688,7 +676,7 @@ pub unsafe fn supervise(plan: &Plan, complete: bool, recycle: bool) {
         };
         if recycle && (*EARLY.0.get()).reaper && no_children() {
           report(EXITED, code, 0, RECYCLABLE);
-          raise_again();
+          set_score(true);
           reset_output();
           return;
         }
