@@ -310,48 +310,14 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo, after: &mut Aftermath) -> D
       },
     }
   };
-  // Everything the command wrote before it ended is in the pipe now. Most commands left
-  // little or nothing there: that is read onto the stack, with no buffer allocated for it
-  // (mapped and unmapped by the allocator) and no question how much the pipe holds.
-  let mut small = [0u8; SMALL_READ];
-  let mut large = false;
-  // Read to its end for now: nothing of this command is left in it.
-  let mut drained = false;
-  while open {
-    let avail = tokio::select! {
-      biased;
-      _ = io.until_cancelled() => break,
-      n = io.credit() => n,
-    };
-    if avail == 0 {
-      break;
-    }
-    let read = if large {
-      let mut buf = BytesMut::with_capacity(chunk_room(&output, avail));
-      read_now(&output, &mut buf).inspect(|&n| {
-        if n > 0 {
-          io.send_now(buf.freeze())
-        }
-      })
-    } else {
-      let want = SMALL_READ.min(avail as usize);
-      read_into(&output, &mut small[..want]).inspect(|&n| {
-        large = n == want;
-        if n > 0 {
-          io.send_now(Bytes::copy_from_slice(&small[..n]))
-        }
-      })
-    };
-    match read {
-      Ok(0) => open = false,
-      Ok(_) => {}
-      Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-        drained = true;
-        break;
-      }
-      Err(_) => open = false,
-    }
-  }
+  // Everything the command wrote before it ended is in the pipe now.
+  let rest = if open {
+    read_rest(&output, io).await
+  } else {
+    Rest::Ended
+  };
+  open = rest != Rest::Ended;
+  let drained = rest == Rest::Drained;
   if let Some(r) = reported {
     if drained && r.kind == shepherd::EXITED && r.c == shepherd::RECYCLABLE {
       // The shepherd waits for another plan on the same pipes (none of which another process
@@ -379,6 +345,57 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo, after: &mut Aftermath) -> D
     Some(r) => Driven::Reported(r),
     None if io.cancelled() => Driven::Cancelled,
     None => Driven::Lost { started },
+  }
+}
+
+/// How reading what a command left in its pipe ended.
+#[derive(PartialEq, Eq)]
+enum Rest {
+  /// Read to its end for now: nothing of this command is left in it.
+  Drained,
+  /// The pipe's end: no process holds it any more.
+  Ended,
+  /// Stopped with bytes maybe left: the call was cancelled, or the host gave no credit.
+  Stopped,
+}
+
+/// Reads what the command wrote before it ended, within the host's credit. Most commands left
+/// little or nothing there: that is read onto the stack, with no buffer allocated for it
+/// (mapped and unmapped by the allocator) and no question how much the pipe holds.
+async fn read_rest(output: &pipe::Receiver, io: &StreamIo) -> Rest {
+  let mut small = [0u8; SMALL_READ];
+  let mut large = false;
+  loop {
+    let avail = tokio::select! {
+      biased;
+      _ = io.until_cancelled() => return Rest::Stopped,
+      n = io.credit() => n,
+    };
+    if avail == 0 {
+      return Rest::Stopped;
+    }
+    let read = if large {
+      let mut buf = BytesMut::with_capacity(chunk_room(output, avail));
+      read_now(output, &mut buf).inspect(|&n| {
+        if n > 0 {
+          io.send_now(buf.freeze())
+        }
+      })
+    } else {
+      let want = SMALL_READ.min(avail as usize);
+      read_into(output, &mut small[..want]).inspect(|&n| {
+        large = n == want;
+        if n > 0 {
+          io.send_now(Bytes::copy_from_slice(&small[..n]))
+        }
+      })
+    };
+    match read {
+      Ok(0) => return Rest::Ended,
+      Ok(_) => {}
+      Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Rest::Drained,
+      Err(_) => return Rest::Ended,
+    }
   }
 }
 

@@ -221,7 +221,14 @@ async fn open_download(ctx: &Ctx, spec: &DownloadSpec) -> Result<(File, libc::st
   let (me, creds) = who(ctx, spec.user.as_deref())?;
   let (file, st, kernel) = as_user(ctx, me, creds, shown, move || {
     let fd = resolve::open_read(&path)?;
-    let st = sys::fstat(fd.as_raw_fd())?;
+    let mut st = sys::fstat(fd.as_raw_fd())?;
+    if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+      // A write already under way (its times set before `st`) is waited out, as `settled`
+      // does at the end: any write the download then overlaps begins after `st`, and shows
+      // in its change time even when its inotify event comes after the last byte is out.
+      unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_DATA) };
+      st = sys::fstat(fd.as_raw_fd())?;
+    }
     // gVisor's procfs answers statfs with ENOSYS: a file system that cannot say what it is
     // is taken for the kernel's.
     let kernel = match sys::fs_magic(fd.as_raw_fd()) {
