@@ -384,7 +384,8 @@ async fn background_processes_do_not_hold_the_call() {
   );
   assert_eq!(out.output, "started\n");
   for _ in 0..50 {
-    if std::fs::read_to_string(&done).is_ok() {
+    // The redirection makes the file before `echo` writes it.
+    if std::fs::read_to_string(&done).is_ok_and(|t| !t.is_empty()) {
       break;
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -581,7 +582,9 @@ async fn a_sandbox_out_of_processes_is_recovered() {
     tokio::time::sleep(Duration::from_millis(50)).await;
   }
   assert_eq!(current().trim(), "24");
-  let out = a.run_as(user, "echo after").await;
+  // Three processes (shepherd, shell, cat): more than the two waiting shepherds give back, so
+  // the command needs the recovery.
+  let out = a.run_as(user, "echo after | cat").await;
   assert_eq!(out.output, "after\n");
   assert!(
     out
@@ -691,7 +694,9 @@ async fn a_recovery_kills_what_was_left_behind_not_a_command_still_running() {
     tokio::time::sleep(Duration::from_millis(50)).await;
   }
   assert_eq!(current().trim(), "24");
-  let out = a.run_as(user, "echo after").await;
+  // Three processes (shepherd, shell, cat): more than the two waiting shepherds give back, so
+  // the command needs the recovery.
+  let out = a.run_as(user, "echo after | cat").await;
   assert_eq!(out.output, "after\n");
   let note = out.recovered.unwrap_or_default();
   assert!(note.contains("that no running command owned"), "{note}");

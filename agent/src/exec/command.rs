@@ -318,21 +318,19 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo, after: &mut Aftermath) -> D
   };
   open = rest != Rest::Ended;
   let drained = rest == Rest::Drained;
-  if let Some(r) = reported {
-    if drained && r.kind == shepherd::EXITED && r.c == shepherd::RECYCLABLE {
-      // The shepherd waits for another plan on the same pipes (none of which another process
-      // holds: the command left none behind).
-      if let (Ok(output), Ok(status)) = (output.into_nonblocking_fd(), status.into_nonblocking_fd())
-      {
-        spare::spares().recycle(shepherd::Spawned {
-          pid,
-          output,
-          status,
-          control,
-        });
-      }
-      return Driven::Reported(r);
+  let recyclable = |r: &Report| r.kind == shepherd::EXITED && r.c == shepherd::RECYCLABLE;
+  if let Some(r) = reported.filter(|r| drained && recyclable(r)) {
+    // The shepherd waits for another plan on the same pipes (none of which another process
+    // holds: the command left none behind).
+    if let (Ok(output), Ok(status)) = (output.into_nonblocking_fd(), status.into_nonblocking_fd()) {
+      spare::spares().recycle(shepherd::Spawned {
+        pid,
+        output,
+        status,
+        control,
+      });
     }
+    return Driven::Reported(r);
   }
   if open {
     tokio::task::spawn_local(discard(output));

@@ -51,9 +51,9 @@ const SLOW_SPAWN: Duration = Duration::from_millis(2);
 /// (most under gVisor, where forking the agent instead costs several times as much).
 const WAIT_FACTOR: u32 = 3;
 
-/// At most this many shepherds wait for a plan: a loop of commands alternates between two
-/// recycled ones (the one its command just left, and the one started beside that command),
-/// and neither is started or ends again.
+/// At most this many shepherds wait for a plan. The last one back is taken first, so a loop
+/// of commands runs under one shepherd throughout, while the one started beside its first
+/// command waits for a command that comes while that one is busy; neither starts or ends again.
 const POOL: usize = 2;
 
 /// How long a command waits for a spare on its way before the first one has been timed.
