@@ -5,7 +5,7 @@
 # and checks the result as TrueForge's own CI would, then end to end:
 #   1. copy the tree (the given directory is only read), `git am` the series on it;
 #   2. the environment-only changes an offline install here needs (integrations/trueforge/README.md):
-#      no `packageManager` line, the UI and SDK packages out of the workspace, three pins under
+#      no `packageManager` line, the UI and SDK packages out of the workspace, five pins under
 #      `overrides:`, and our package from its packed tarballs (`npm run pack`) through an override
 #      as the registry would serve it; `pnpm install --no-frozen-lockfile`;
 #   3. TrueForge's checks for the core and server packages: typecheck, lint (eslint; errors known
@@ -200,6 +200,8 @@ const pins = {
   "'@daytona/sdk'": "'0.205.1'",
   "'@ai-sdk/provider'": "'4.0.19'",
   "'@ai-sdk/provider-utils'": "'5.0.51'",
+  "'@ai-sdk/alibaba'": "'2.0.58'",
+  "'@ai-sdk/moonshotai'": "'3.0.60'",
 }
 for (const f of fs.readdirSync(packages)) {
   if (f === 'main.tgz') pins['trueforge-docker-sandbox'] = `file:${path.join(packages, f)}`
