@@ -241,14 +241,18 @@ async fn an_agent_started_as_the_sandbox_user_serves_that_user() {
   .await;
   assert_eq!(a.client.hello().uid, 65534);
   assert_eq!(a.run_as("nobody", "id -u").await.output, "65534\n");
-  let mut r = req("id -u");
-  r.user = Some("root".into());
-  match a.client.exec(&r).await {
-    Err(ClientError::Agent(e)) => {
-      assert_eq!(e.kind, ErrorKind::SpawnFailed);
-      assert!(e.message.contains("SETUID"), "{}", e.message);
-    }
-    other => panic!("{other:?}"),
+  refused_as_root(&a).await;
+  // A forked shepherd's command says why it could not start through a pipe of its own, a
+  // spare's in the memory it runs in until its exec: both are heard, and the next runs.
+  let forked = start_with(Options {
+    as_user: Some((65534, 65534)),
+    env: vec![("TRUEFORGE_AGENT_NO_SPARE".into(), "1".into())],
+  })
+  .await;
+  refused_as_root(&forked).await;
+  for _ in 0..3 {
+    refused_as_root(&a).await;
+    assert_eq!(a.run_as("nobody", "id -u").await.output, "65534\n");
   }
   let mut r = req(&format!("sleep {} & sleep 30", marker(14)));
   r.user = Some("nobody".into());
@@ -262,6 +266,20 @@ async fn an_agent_started_as_the_sandbox_user_serves_that_user() {
     Err(e) => panic!("{e:?}"),
   }
   assert!(procs_with(&marker(14)).is_empty());
+}
+
+/// A command as root from an agent that is not root: its user switch is refused.
+async fn refused_as_root(a: &Agent) {
+  let mut r = req("id -u");
+  r.user = Some("root".into());
+  match a.client.exec(&r).await {
+    Err(ClientError::Agent(e)) => {
+      assert_eq!(e.kind, ErrorKind::SpawnFailed);
+      assert!(e.message.contains("SETUID"), "{}", e.message);
+      assert!(e.message.contains("not permitted"), "{}", e.message);
+    }
+    other => panic!("{other:?}"),
+  }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

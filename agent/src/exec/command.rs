@@ -274,6 +274,7 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo, after: &mut Aftermath) -> D
     output,
     status,
     control,
+    started,
   } = sp;
   let (Ok(output), Ok(mut status)) = (receiver(output), receiver(status)) else {
     return Driven::Lost { started: false };
@@ -281,7 +282,6 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo, after: &mut Aftermath) -> D
   let mut report = [0u8; 16];
   let mut got = 0;
   let mut open = true;
-  let mut started = false;
   let reported = loop {
     tokio::select! {
       biased;
@@ -296,11 +296,7 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo, after: &mut Aftermath) -> D
         Ok(n) => {
           got += n;
           if got == report.len() {
-            got = 0;
-            match Report::parse(&report) {
-              r if r.kind == shepherd::STARTED => started = true,
-              r => break Some(r),
-            }
+            break Some(Report::parse(&report));
           }
         }
       },
@@ -323,11 +319,14 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo, after: &mut Aftermath) -> D
     // The shepherd waits for another plan on the same pipes (none of which another process
     // holds: the command left none behind).
     if let (Ok(output), Ok(status)) = (output.into_nonblocking_fd(), status.into_nonblocking_fd()) {
+      // Emptied for its next command's byte.
+      shepherd::took_started(&started);
       spare::spares().recycle(shepherd::Spawned {
         pid,
         output,
         status,
         control,
+        started,
       });
     }
     return Driven::Reported(r);
@@ -342,7 +341,9 @@ async fn drive(sp: shepherd::Spawned, io: &StreamIo, after: &mut Aftermath) -> D
   match reported {
     Some(r) => Driven::Reported(r),
     None if io.cancelled() => Driven::Cancelled,
-    None => Driven::Lost { started },
+    None => Driven::Lost {
+      started: shepherd::took_started(&started),
+    },
   }
 }
 

@@ -10,6 +10,9 @@
 //!
 //! The shepherd is forked from a process that has other threads, so until it exits it only
 //! makes system calls and touches memory prepared before the fork (no allocation, no locks).
+//!
+//! The shepherd's descriptors: 0 the control pipe, 1 the status pipe, 2 the command's output,
+//! 3 the started pipe (`STARTED_FD`).
 
 use std::cell::UnsafeCell;
 use std::ffi::{CStr, CString};
@@ -23,9 +26,13 @@ pub const EXITED: u32 = 1;
 pub const TIMED_OUT: u32 = 2;
 pub const CANCELLED: u32 = 3;
 pub const SPAWN_FAILED: u32 = 4;
-/// Sent by the command's process just before it execs its shell, so before any of the
-/// command's own code runs: a shepherd that dies after it leaves a command that may have run.
-pub const STARTED: u32 = 5;
+
+/// The shepherd's end of the started pipe. The command's process writes a byte there just before
+/// it execs its shell, so before any of the command's own code runs: a shepherd that dies after
+/// it leaves a command that may have run. The agent reads it only when a shepherd ended without
+/// a report (and empties it when it takes a shepherd back), so the byte wakes nobody: a report
+/// on the status pipe would wake the agent in the middle of every command's start.
+pub const STARTED_FD: libc::c_int = 3;
 
 /// Where a spawn failed (`SPAWN_FAILED`'s first value).
 pub const STAGE_FORK: i32 = 1;
@@ -296,14 +303,38 @@ impl<'a> Reader<'a> {
   }
 }
 
-/// A started shepherd: the command's merged output, the status pipe, and the control pipe
-/// (dropping it kills the command).
+/// A started shepherd: the command's merged output, the status pipe, the control pipe
+/// (dropping it kills the command), and the started pipe's read end (`STARTED_FD`).
 pub struct Spawned {
   /// The shepherd's pid.
   pub pid: u32,
   pub output: OwnedFd,
   pub status: OwnedFd,
   pub control: OwnedFd,
+  pub started: OwnedFd,
+}
+
+/// Whether the command's process got as far as its exec, from the started pipe's read end
+/// (`Spawned::started`), which this empties: a shepherd's command writes one byte at most, and
+/// the pipe is emptied before the shepherd takes another.
+pub fn took_started(started: &OwnedFd) -> bool {
+  let mut b = [0u8; 64];
+  let mut any = false;
+  while unsafe { libc::read(started.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {
+    any = true;
+  }
+  any
+}
+
+/// The started pipe: both ends non-blocking, so that a command's process never waits on it.
+pub fn started_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+  let (r, w) = sys::pipe()?;
+  for fd in [&r, &w] {
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } != 0 {
+      return Err(io::Error::last_os_error());
+    }
+  }
+  Ok((r, w))
 }
 
 /// Forks a shepherd for `plan`. `EAGAIN` means the sandbox is out of processes.
@@ -311,19 +342,22 @@ pub fn spawn(plan: &Plan) -> io::Result<Spawned> {
   let (out_r, out_w) = sys::pipe_for_reading()?;
   let (st_r, st_w) = sys::pipe_for_reading()?;
   let (ctl_r, ctl_w) = sys::pipe()?;
+  let (started_r, started_w) = started_pipe()?;
+  let fds = [&ctl_r, &st_w, &out_w, &started_w].map(|f| f.as_raw_fd());
   let pid = unsafe { libc::fork() };
   if pid < 0 {
     return Err(io::Error::last_os_error());
   }
   if pid == 0 {
-    unsafe { shepherd(plan, ctl_r.as_raw_fd(), st_w.as_raw_fd(), out_w.as_raw_fd()) }
+    unsafe { shepherd(plan, fds) }
   }
-  drop((out_w, st_w, ctl_r));
+  drop((out_w, st_w, ctl_r, started_w));
   Ok(Spawned {
     pid: pid as u32,
     output: out_r,
     status: st_r,
     control: ctl_w,
+    started: started_r,
   })
 }
 
@@ -332,18 +366,14 @@ pub fn report_spawn_failed(errno: i32) {
   report(SPAWN_FAILED, STAGE_FORK, errno, 0);
 }
 
+/// One 16-byte report on the status pipe (atomic: under PIPE_BUF).
 fn report(kind: u32, a: i32, b: i32, c: i32) {
-  report_on(1, kind, a, b, c);
-}
-
-/// One 16-byte report on `fd` (atomic: under PIPE_BUF).
-fn report_on(fd: libc::c_int, kind: u32, a: i32, b: i32, c: i32) {
   let mut buf = [0u8; 16];
   buf[0..4].copy_from_slice(&kind.to_le_bytes());
   buf[4..8].copy_from_slice(&a.to_le_bytes());
   buf[8..12].copy_from_slice(&b.to_le_bytes());
   buf[12..16].copy_from_slice(&c.to_le_bytes());
-  unsafe { libc::write(fd, buf.as_ptr() as *const libc::c_void, 16) };
+  unsafe { libc::write(1, buf.as_ptr() as *const libc::c_void, 16) };
 }
 
 fn errno() -> i32 {
@@ -437,22 +467,42 @@ unsafe fn close_listed(first: libc::c_int) -> bool {
   }
 }
 
-/// The shepherd's whole life (never returns).
-unsafe fn shepherd(plan: &Plan, ctl: libc::c_int, st: libc::c_int, out: libc::c_int) -> ! {
-  // 0: control (EOF = kill), 1: status reports, 2: the command's output. The sources are all
-  // above 2 (the agent keeps 0-2 open), so these dup2 calls cannot clobber each other.
-  libc::dup2(ctl, 0);
-  libc::dup2(st, 1);
-  libc::dup2(out, 2);
-  let complete = prepare(plan.contained);
+/// The shepherd's whole life (never returns). `fds`: its control, status, output and started
+/// pipes, for 0-3.
+unsafe fn shepherd(plan: &Plan, fds: [libc::c_int; 4]) -> ! {
+  place_fds(fds);
+  let complete = prepare(plan.contained, false);
   supervise(plan, complete, false);
   libc::_exit(0)
 }
 
-/// What a shepherd does before it knows its command, its pipes at 0-2 already: returns whether
-/// a kill can be verified complete.
-pub unsafe fn prepare(contained: crate::exec::contain::Containment) -> bool {
-  close_from(3);
+/// Puts the shepherd's pipes at 0-3 (0: control, EOF = kill; 1: status reports; 2: the
+/// command's output; 3: the started pipe), in that order: every source is above 2 (the agent
+/// keeps 0-2 open), so none is clobbered before it is copied. Async-signal-safe.
+pub unsafe fn place_fds(fds: [libc::c_int; 4]) -> bool {
+  for (to, &from) in fds.iter().enumerate() {
+    let to = to as libc::c_int;
+    // dup2 onto itself would keep close-on-exec; a spare's exec must keep this one.
+    let placed = if from == to {
+      libc::fcntl(to, libc::F_SETFD, 0) == 0
+    } else {
+      libc::dup2(from, to) == to
+    };
+    if !placed {
+      return false;
+    }
+  }
+  true
+}
+
+/// What a shepherd does before it knows its command, its pipes at 0-3 already: returns whether
+/// a kill can be verified complete. `shares_memory`: a process it clones with `CLONE_VM` runs in
+/// its memory until the exec (a spare's own start proved it), so the command's process can say
+/// there why it could not exec, with no pipe made per command.
+pub unsafe fn prepare(contained: crate::exec::contain::Containment, shares_memory: bool) -> bool {
+  close_from(STARTED_FD + 1);
+  // The command's copy closes at its exec.
+  libc::fcntl(STARTED_FD, libc::F_SETFD, libc::FD_CLOEXEC);
   // Without it (gVisor, qemu-user) orphans go to init: a kill is then verified only where the
   // command's processes are kept in its session (`contain`).
   let reaper = contained.subreaper && libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0;
@@ -471,6 +521,7 @@ pub unsafe fn prepare(contained: crate::exec::contain::Containment) -> bool {
   let early = &mut *EARLY.0.get();
   early.devnull = open_cloexec(c"/dev/null", libc::O_RDWR);
   early.reaper = reaper;
+  early.shares_memory = shares_memory;
   if reaper {
     early.pipe_size = libc::fcntl(2, libc::F_GETPIPE_SZ);
   }
@@ -498,6 +549,8 @@ struct Early {
   reaper: bool,
   /// The output pipe's capacity as made, put back for a recycled shepherd's next command.
   pipe_size: libc::c_int,
+  /// The command's process runs in the shepherd's memory until its exec (`prepare`).
+  shares_memory: bool,
 }
 
 struct EarlyCell(UnsafeCell<Early>);
@@ -513,6 +566,7 @@ static EARLY: EarlyCell = EarlyCell(UnsafeCell::new(Early {
   raised_len: 0,
   reaper: false,
   pipe_size: 0,
+  shares_memory: false,
 }));
 
 /// `open` with `O_CLOEXEC` as one system call (musl's wrapper adds an `F_SETFD`).
@@ -614,45 +668,16 @@ pub unsafe fn supervise(plan: &Plan, complete: bool, recycle: bool) {
   let mut waitmask: libc::sigset_t = std::mem::zeroed();
   libc::sigemptyset(&mut waitmask);
 
-  let mut errp = [0 as libc::c_int; 2];
-  if libc::pipe2(errp.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-    report(SPAWN_FAILED, STAGE_FORK, errno(), 0);
-    libc::_exit(0);
-  }
   let started = now_ns();
-  let child = spawn_command(plan, errp[1]);
-  if child < 0 {
-    report(SPAWN_FAILED, STAGE_FORK, errno(), 0);
-    libc::_exit(0);
-  }
-  if child == 0 {
-    command(plan, errp[1]);
-  }
-  libc::close(errp[1]);
-  // The command writes (stage, errno) here if it could not exec; an exec closes the pipe.
-  let mut err = [0u8; 8];
-  let mut got = 0usize;
-  while got < 8 {
-    let n = libc::read(
-      errp[0],
-      err.as_mut_ptr().add(got) as *mut libc::c_void,
-      8 - got,
-    );
-    if n > 0 {
-      got += n as usize;
-    } else if n == 0 || errno() != libc::EINTR {
-      break;
-    }
-  }
-  libc::close(errp[0]);
-  if got == 0 {
+  let (child, failed) = start_command(plan);
+  if failed.is_none() {
     set_score(false);
   }
-  if got == 8 {
-    let mut status = 0;
-    libc::waitpid(child, &mut status, 0);
-    let stage = i32::from_le_bytes([err[0], err[1], err[2], err[3]]);
-    let code = i32::from_le_bytes([err[4], err[5], err[6], err[7]]);
+  if let Some((stage, code)) = failed {
+    if child > 0 {
+      let mut status = 0;
+      libc::waitpid(child, &mut status, 0);
+    }
     report(SPAWN_FAILED, stage, code, 0);
     libc::_exit(0);
   }
@@ -748,51 +773,99 @@ unsafe fn no_children() -> bool {
 struct CommandStack([u8; 128 * 1024]);
 static mut COMMAND_STACK: CommandStack = CommandStack([0; 128 * 1024]);
 
+/// Where the command's process says why it could not exec: the pipe `errfd` (closed by the
+/// exec), or, where it runs in the shepherd's memory until then, `failed` itself.
 struct CommandStart<'a> {
   plan: &'a Plan,
   errfd: libc::c_int,
+  /// (stage, errno), written by the command's process before it exits without an exec.
+  failed: Option<(i32, i32)>,
 }
 
 extern "C" fn command_entry(arg: *mut libc::c_void) -> libc::c_int {
   // SAFETY: `arg` is the `CommandStart` on the shepherd's stack, which waits (CLONE_VFORK)
   // until this process has exec'd or exited.
-  unsafe {
-    let start = &*(arg as *const CommandStart);
-    command(start.plan, start.errfd)
+  unsafe { command(arg as *mut CommandStart) }
+}
+
+/// Starts the command's process and waits until it has exec'd its shell or failed to: its pid
+/// (or -1), and why it failed, if it did.
+unsafe fn start_command(plan: &Plan) -> (libc::pid_t, Option<(i32, i32)>) {
+  let mut errp = [-1 as libc::c_int; 2];
+  if !(*EARLY.0.get()).shares_memory && libc::pipe2(errp.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+    return (-1, Some((STAGE_FORK, errno())));
   }
+  let mut start = CommandStart {
+    plan,
+    errfd: errp[1],
+    failed: None,
+  };
+  let child = spawn_command(&mut start);
+  if child < 0 {
+    let e = errno();
+    for fd in errp.into_iter().filter(|&fd| fd >= 0) {
+      libc::close(fd);
+    }
+    return (-1, Some((STAGE_FORK, e)));
+  }
+  if errp[0] < 0 {
+    // Written, if at all, before the command's process exited, which the clone waited for.
+    return (child, std::ptr::read_volatile(&start.failed));
+  }
+  libc::close(errp[1]);
+  // The command writes (stage, errno) here if it could not exec; an exec closes the pipe.
+  let mut err = [0u8; 8];
+  let mut got = 0usize;
+  while got < 8 {
+    let n = libc::read(
+      errp[0],
+      err.as_mut_ptr().add(got) as *mut libc::c_void,
+      8 - got,
+    );
+    if n > 0 {
+      got += n as usize;
+    } else if n == 0 || errno() != libc::EINTR {
+      break;
+    }
+  }
+  libc::close(errp[0]);
+  let word = |i: usize| i32::from_le_bytes([err[i], err[i + 1], err[i + 2], err[i + 3]]);
+  (child, (got == 8).then(|| (word(0), word(4))))
 }
 
 /// Starts the command's process as posix_spawn does (`CLONE_VM | CLONE_VFORK`): it runs in the
 /// shepherd's memory, on a stack of its own, until its exec, and the shepherd waits until then.
 /// A fork would copy the shepherd's address space (the agent's, as forked) only for the exec to
 /// drop it, a copy that costs more the larger the agent, and far more under gVisor.
-/// Until then `command` writes only its own stack and the thread's errno, which the shepherd
-/// sets again before it reads it.
-unsafe fn spawn_command(plan: &Plan, errfd: libc::c_int) -> libc::pid_t {
-  let start = CommandStart { plan, errfd };
+/// Until then `command` writes only its own stack, `start.failed` and the thread's errno, which
+/// the shepherd sets again before it reads it.
+unsafe fn spawn_command(start: &mut CommandStart) -> libc::pid_t {
   let stack = std::ptr::addr_of_mut!(COMMAND_STACK) as *mut u8;
   let top = stack.add(std::mem::size_of::<CommandStack>());
   libc::clone(
     command_entry,
     top as *mut libc::c_void,
     libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-    &start as *const CommandStart as *mut libc::c_void,
+    start as *mut CommandStart as *mut libc::c_void,
   )
 }
 
 /// The command's process (never returns): drop to the user, enter the directory, exec a shell.
-unsafe fn command(plan: &Plan, errfd: libc::c_int) -> ! {
+unsafe fn command(start: *mut CommandStart) -> ! {
+  let plan = (*start).plan;
+  let errfd = (*start).errfd;
   let fail = |stage: i32, code: i32| -> ! {
-    let mut b = [0u8; 8];
-    b[0..4].copy_from_slice(&stage.to_le_bytes());
-    b[4..8].copy_from_slice(&code.to_le_bytes());
-    libc::write(errfd, b.as_ptr() as *const libc::c_void, 8);
+    if errfd >= 0 {
+      let mut b = [0u8; 8];
+      b[0..4].copy_from_slice(&stage.to_le_bytes());
+      b[4..8].copy_from_slice(&code.to_le_bytes());
+      libc::write(errfd, b.as_ptr() as *const libc::c_void, 8);
+    } else {
+      std::ptr::write_volatile(&mut (*start).failed, Some((stage, code)));
+    }
     libc::_exit(127);
   };
   let early = &*EARLY.0.get();
-  // The status pipe (fd 1 until the output takes it), kept for `STARTED`; closed by the exec.
-  // A raw call: musl's wrapper adds an `F_SETFD`.
-  let status = libc::syscall(libc::SYS_fcntl, 1, libc::F_DUPFD_CLOEXEC, 3) as libc::c_int;
   let mut none: libc::sigset_t = std::mem::zeroed();
   libc::sigemptyset(&mut none);
   libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
@@ -852,9 +925,7 @@ unsafe fn command(plan: &Plan, errfd: libc::c_int) -> ! {
     }
     libc::_exit(1);
   }
-  if status >= 0 {
-    report_on(status, STARTED, 0, 0, 0);
-  }
+  libc::write(STARTED_FD, b"s".as_ptr() as *const libc::c_void, 1);
   let mut last = libc::ENOENT;
   let mut denied = false;
   for (path, which) in &plan.shells {

@@ -344,8 +344,8 @@ impl Launch {
 /// touches only this and its stack), while the thread that started it waits.
 struct Child<'a> {
   launch: &'a Launch,
-  /// Its control, status and output pipes, for fds 0, 1 and 2.
-  fds: [libc::c_int; 3],
+  /// Its control, status, output and started pipes, for fds 0 to 3 (`shepherd::place_fds`).
+  fds: [libc::c_int; 4],
   /// Set by the child as it starts: still 0 after the clone, the child did not share this
   /// memory (qemu-user makes a `CLONE_VFORK` a fork), so `err` says nothing.
   entered: libc::c_int,
@@ -362,12 +362,10 @@ extern "C" fn child_entry(arg: *mut libc::c_void) -> libc::c_int {
   unsafe {
     let child = &mut *(arg as *mut Child);
     std::ptr::write_volatile(&mut child.entered, 1);
-    for (to, &from) in child.fds.iter().enumerate() {
-      // dup2 leaves the copy without close-on-exec; the pipes' own fds close at the exec.
-      if libc::dup2(from, to as libc::c_int) < 0 {
-        child.err = *libc::__errno_location();
-        libc::_exit(127);
-      }
+    // The copies are without close-on-exec; the pipes' own fds close at the exec.
+    if !shepherd::place_fds(child.fds) {
+      child.err = *libc::__errno_location();
+      libc::_exit(127);
     }
     let l = child.launch;
     libc::execve(l.path.as_ptr(), l.argv.as_ptr(), l.envp.as_ptr());
@@ -376,7 +374,7 @@ extern "C" fn child_entry(arg: *mut libc::c_void) -> libc::c_int {
   }
 }
 
-/// Starts a spare with the pipes a forked shepherd gets at 0-2, as `posix_spawn` would
+/// Starts a spare with the pipes a forked shepherd gets at 0-3, as `posix_spawn` would
 /// (`CLONE_VM | CLONE_VFORK`: nothing of the agent is copied) but without its masking and
 /// resetting of signals one by one around the exec. Those keep a handler of the parent's from
 /// running in the child's shared memory. The agent handles only SIGCHLD (and ignores SIGPIPE),
@@ -387,12 +385,13 @@ fn make(launch: &Launch) -> std::io::Result<Spawned> {
   let (out_r, out_w) = sys::pipe_for_reading()?;
   let (st_r, st_w) = sys::pipe_for_reading()?;
   let (ctl_r, ctl_w) = sys::pipe()?;
+  let (started_r, started_w) = shepherd::started_pipe()?;
   // A spare stopped by a root workload, behind a pipe made small (a user over its pipe
   // allowance gets one page), must not hold the agent's thread in `take`'s write.
   sys::set_nonblocking(ctl_w.as_raw_fd())?;
   let mut child = Child {
     launch,
-    fds: [ctl_r.as_raw_fd(), st_w.as_raw_fd(), out_w.as_raw_fd()],
+    fds: [&ctl_r, &st_w, &out_w, &started_w].map(|f| f.as_raw_fd()),
     entered: 0,
     err: 0,
   };
@@ -430,13 +429,14 @@ fn make(launch: &Launch) -> std::io::Result<Spawned> {
     unsafe { libc::waitpid(pid, &mut status, 0) };
     return Err(std::io::Error::from_raw_os_error(err));
   }
-  drop((ctl_r, st_w, out_w));
+  drop((ctl_r, st_w, out_w, started_w));
   // The agent's reaper waits for it, as for every shepherd.
   Ok(Spawned {
     pid: pid as u32,
     output: out_r,
     status: st_r,
     control: ctl_w,
+    started: started_r,
   })
 }
 
@@ -456,7 +456,9 @@ pub fn main(args: Vec<String>) -> i32 {
     unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
   }
   let contained = Containment::from_bits(flags);
-  let complete = unsafe { shepherd::prepare(contained) };
+  // A spare exists only where its start ran in the agent's memory (`make` checks), so its
+  // command's process runs in the spare's memory too.
+  let complete = unsafe { shepherd::prepare(contained, true) };
   // fd 0 is the control pipe: a plan, then nothing until the agent closes it or, once the
   // command left nothing behind, the next plan. The agent writes each whole at once, so one
   // read most often takes all of it.
