@@ -12,7 +12,10 @@
 //!   engine exec's command is in flight);
 //! - every process a running command owns: the subtrees of this agent's live shepherds and of
 //!   other agents' shepherds (their children that run the agent's binary), and whatever stays
-//!   in a running command's session.
+//!   in a running command's session;
+//! - this agent's shepherds that run no command: spares waiting, starting or ending, which
+//!   `spare::Spares::release` ends first and which free their pids by themselves (counted as
+//!   owned, so a command waits for them rather than fail).
 //!
 //! What is left was left behind. It is stopped round after round until none of it runs (a
 //! stopped process cannot fork), then killed; a process stopped on stale data that turns out
@@ -215,6 +218,7 @@ fn owned(
   for p in procs.values().filter(|p| p.ppid == 0 && p.pid != 1) {
     spared.insert(p.pid);
     if p.pid == me {
+      roots.extend(kids(me).filter(|c| !shepherds.contains(c) && kin(&procs[c])));
       continue;
     }
     if kin(p) {
@@ -335,7 +339,7 @@ mod tests {
       p(22, 21, 22, "bash"),            // its command
       p(23, 22, 22, "sleep"),
       p(24, 20, 24, "sh"), // setsid'd by that command, reparented past its shepherd
-      p(25, 20, 20, "trueforge-agent"), // a shepherd whose call has ended
+      p(25, 20, 20, "trueforge-agent"), // a spare, or a shepherd whose call has ended
       p(30, 20, 30, "sh"), // left behind by a command that ended
       p(31, 30, 30, "sh"),
       p(40, 0, 40, "sh"),               // an engine exec
@@ -359,9 +363,9 @@ mod tests {
       left.sort();
       (left, owned)
     };
-    assert_eq!(left(&procs), (vec![24, 25, 30, 31, 53], 6));
+    assert_eq!(left(&procs), (vec![24, 30, 31, 53], 7));
     // 24 in the running command's session: owned, wherever /proc shows it.
     procs.get_mut(&24).unwrap().sid = 22;
-    assert_eq!(left(&procs), (vec![25, 30, 31, 53], 7));
+    assert_eq!(left(&procs), (vec![30, 31, 53], 8));
   }
 }
