@@ -316,24 +316,17 @@ pub struct Spawned {
 
 /// Whether the command's process got as far as its exec, from the started pipe's read end
 /// (`Spawned::started`), which this empties: a shepherd's command writes one byte at most, and
-/// the pipe is emptied before the shepherd takes another.
+/// the pipe is emptied before the shepherd takes another, so one non-blocking read takes all.
 pub fn took_started(started: &OwnedFd) -> bool {
-  let mut b = [0u8; 64];
-  let mut any = false;
-  while unsafe { libc::read(started.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {
-    any = true;
-  }
-  any
+  let mut b = [0u8; 8];
+  unsafe { libc::read(started.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) > 0 }
 }
 
 /// The started pipe: both ends non-blocking, so that a command's process never waits on it.
 pub fn started_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
   let (r, w) = sys::pipe()?;
-  for fd in [&r, &w] {
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } != 0 {
-      return Err(io::Error::last_os_error());
-    }
-  }
+  sys::set_nonblocking(r.as_raw_fd())?;
+  sys::set_nonblocking(w.as_raw_fd())?;
   Ok((r, w))
 }
 
@@ -669,18 +662,20 @@ pub unsafe fn supervise(plan: &Plan, complete: bool, recycle: bool) {
   libc::sigemptyset(&mut waitmask);
 
   let started = now_ns();
-  let (child, failed) = start_command(plan);
-  if failed.is_none() {
-    set_score(false);
-  }
-  if let Some((stage, code)) = failed {
-    if child > 0 {
-      let mut status = 0;
-      libc::waitpid(child, &mut status, 0);
+  let child = match start_command(plan) {
+    (child, None) => {
+      set_score(false);
+      child
     }
-    report(SPAWN_FAILED, stage, code, 0);
-    libc::_exit(0);
-  }
+    (child, Some((stage, code))) => {
+      if child > 0 {
+        let mut status = 0;
+        libc::waitpid(child, &mut status, 0);
+      }
+      report(SPAWN_FAILED, stage, code, 0);
+      libc::_exit(0);
+    }
+  };
 
   let deadline = plan.timeout_ns.map(|t| started + t);
   loop {
