@@ -108,8 +108,10 @@ pub fn spares() -> &'static Spares {
       return s;
     }
     let maker = s.clone();
+    // Unnamed, so it keeps the agent's command name: a spare it starts carries that name until
+    // its exec, and a recovery (`recover`) knows it for the agent's own by it (its /proc link
+    // is hidden then, as the agent is not dumpable) instead of killing it as a leftover.
     let started = std::thread::Builder::new()
-      .name("spare-shepherd".into())
       .stack_size(256 * 1024)
       .spawn(move || maker.make_loop());
     if started.is_err() {
