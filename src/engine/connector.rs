@@ -21,7 +21,8 @@ use hyper::Uri;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
+
+use crate::engine::unix::UnixConn;
 
 /// The most a JSON reply (inspect, list, version, info …) may bring, headers included.
 pub const REPLY_CAP: u64 = 8 * 1024 * 1024;
@@ -345,7 +346,7 @@ where
 pub struct UnixConnector(pub Arc<PathBuf>);
 
 impl tower_service::Service<Uri> for UnixConnector {
-  type Response = TokioIo<UnixStream>;
+  type Response = TokioIo<UnixConn>;
   type Error = std::io::Error;
   type Future = Pin<Box<dyn Future<Output = std::io::Result<Self::Response>> + Send>>;
 
@@ -355,7 +356,7 @@ impl tower_service::Service<Uri> for UnixConnector {
 
   fn call(&mut self, _: Uri) -> Self::Future {
     let path = self.0.clone();
-    Box::pin(async move { Ok(TokioIo::new(UnixStream::connect(path.as_path()).await?)) })
+    Box::pin(async move { Ok(TokioIo::new(UnixConn::connect(path.as_path()).await?)) })
   }
 }
 

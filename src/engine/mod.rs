@@ -24,6 +24,7 @@ pub mod runtime;
 pub mod ssh;
 mod system;
 pub mod tls;
+pub mod unix;
 mod volumes;
 
 use std::sync::Arc;

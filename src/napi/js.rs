@@ -1,9 +1,13 @@
 //! The one error boundary and the promise bridge every napi function uses.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 
+use futures_util::FutureExt;
 use napi::bindgen_prelude::{JsObjectValue, PromiseRaw, ToNapiValue};
 use napi::{Env, JsValue};
+
+use crate::napi::start;
 
 use crate::util::errors::SandboxError;
 
@@ -36,4 +40,30 @@ where
   env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, out| {
     out.map_err(|e| to_js(env, e))
   })
+}
+
+/// `promise`, for a call whose first steps (a request on an open connection) are quick and never
+/// block: it starts on the JavaScript thread, and moves to the runtime once it waits
+/// (`start`).
+pub fn promise_here<'env, T, F>(env: &'env Env, fut: F) -> napi::Result<PromiseRaw<'env, T>>
+where
+  T: ToNapiValue + Send + 'static,
+  F: Future<Output = Result<T, SandboxError>> + Send + 'static,
+{
+  type Settle<T> = Box<dyn FnOnce(Env) -> napi::Result<T> + Send>;
+  let (deferred, promise) = env.create_deferred::<T, Settle<T>>()?;
+  let fut = Box::pin(fut);
+  start::run_here(Box::pin(async move {
+    let settle: Settle<T> = match AssertUnwindSafe(fut).catch_unwind().await {
+      Ok(Ok(v)) => Box::new(move |_| Ok(v)),
+      Ok(Err(e)) => Box::new(move |env| Err(to_js(&env, e))),
+      // napi's own bridge rejects too: a promise left pending would keep Node.js waiting.
+      Err(_) => Box::new(|env| {
+        let e = SandboxError::Internal("the call panicked in the addon".into());
+        Err(to_js(&env, e))
+      }),
+    };
+    deferred.resolve(settle);
+  }));
+  Ok(PromiseRaw::new(env.raw(), promise.raw()))
 }

@@ -5,3 +5,4 @@ pub mod admin;
 pub mod diag;
 pub mod js;
 pub mod provider;
+pub mod start;

@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::codemode::{self, Request, RequestSink, Session};
 use crate::config::ProviderConfig;
 use crate::images::Build;
-use crate::napi::js::{promise, to_js};
+use crate::napi::js::{promise, promise_here, to_js};
 use crate::provider::{ExecOutcome, ExecParams, Provider};
 use crate::sandbox::{container, layout};
 use crate::util::logging::{Logger, Sink};
@@ -232,7 +232,7 @@ impl NativeProvider {
         .unwrap_or_default(),
       timeout_seconds: params.timeout_seconds,
     };
-    promise(env, async move {
+    promise_here(env, async move {
       Ok(match inner.exec(p).await? {
         ExecOutcome::Ran { exit_code, result } => NativeExecResult {
           success: true,
