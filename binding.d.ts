@@ -83,7 +83,12 @@ export declare class NativeProvider {
   layout(): NativeLayout
   additionalInstructions(): string
   createSandbox(): Promise<string>
-  exec(params: NativeExecParams): Promise<NativeExecResult>
+  /**
+   * Runs a command: resolves to `[exitCode, output]`, or to the error's text when the command
+   * never ran. Positional, and an array back: this is the hot call, and an object's named
+   * properties are read and made one by one, each costing more than the array.
+   */
+  exec(sandboxId: string, command: string, cwd?: string | undefined | null, vars?: Record<string, string> | undefined | null, timeoutSeconds?: number | undefined | null): Promise<[number, string] | string>
   /**
    * Throws `SANDBOX_NOT_AVAILABLE` for an id outside the grammar, as every call does before it
    * looks at its other arguments; for checks the JavaScript layer makes itself.
@@ -196,23 +201,6 @@ export interface NativeEngineStats {
   reaperLeases: number
   /** Containers with a live in-sandbox agent connection (or one starting). */
   agentConnections: number
-}
-
-/** Parameters of one exec. */
-export interface NativeExecParams {
-  sandboxId: string
-  command: string
-  cwd?: string
-  env?: Record<string, string>
-  timeoutSeconds?: number
-}
-
-/** The outcome of one exec: `success` false means the command never ran. */
-export interface NativeExecResult {
-  success: boolean
-  exitCode?: number
-  result?: string
-  error?: string
 }
 
 /** What one `feed` yields. */

@@ -117,17 +117,11 @@ class DockerSandboxProvider {
     if (bad) return { success: false, error: bad }
     const { sandboxId, command, cwd, env, timeoutSeconds } = params
     const r = await this.#call(() =>
-      this.#native.exec({
-        sandboxId,
-        command,
-        cwd: cwd ?? undefined,
-        env: env ?? undefined,
-        timeoutSeconds: timeoutSeconds ?? undefined,
-      }),
+      this.#native.exec(sandboxId, command, cwd ?? undefined, env ?? undefined, timeoutSeconds ?? undefined),
     )
-    return r.success
-      ? { success: true, response: { exitCode: /** @type {number} */ (r.exitCode), result: r.result ?? '' } }
-      : { success: false, error: r.error ?? '' }
+    return typeof r === 'string'
+      ? { success: false, error: r }
+      : { success: true, response: { exitCode: r[0], result: r[1] } }
   }
 
   getAdditionalInstructions() {

@@ -18,25 +18,6 @@ use crate::provider::{ExecOutcome, ExecParams, Provider};
 use crate::sandbox::{container, layout};
 use crate::util::logging::{Logger, Sink};
 
-/// Parameters of one exec.
-#[napi(object)]
-pub struct NativeExecParams {
-  pub sandbox_id: String,
-  pub command: String,
-  pub cwd: Option<String>,
-  pub env: Option<HashMap<String, String>>,
-  pub timeout_seconds: Option<f64>,
-}
-
-/// The outcome of one exec: `success` false means the command never ran.
-#[napi(object)]
-pub struct NativeExecResult {
-  pub success: bool,
-  pub exit_code: Option<i32>,
-  pub result: Option<String>,
-  pub error: Option<String>,
-}
-
 /// Image readiness, as the contract's `SandboxBuild`.
 #[napi(object)]
 pub struct NativeBuild {
@@ -215,37 +196,33 @@ impl NativeProvider {
     promise(env, async move { inner.create_sandbox().await })
   }
 
-  #[napi]
+  /// Runs a command: resolves to `[exitCode, output]`, or to the error's text when the command
+  /// never ran. Positional, and an array back: this is the hot call, and an object's named
+  /// properties are read and made one by one, each costing more than the array.
+  #[napi(ts_return_type = "Promise<[number, string] | string>")]
   pub fn exec<'env>(
     &self,
     env: &'env Env,
-    params: NativeExecParams,
-  ) -> napi::Result<PromiseRaw<'env, NativeExecResult>> {
+    sandbox_id: String,
+    command: String,
+    cwd: Option<String>,
+    vars: Option<HashMap<String, String>>,
+    timeout_seconds: Option<f64>,
+  ) -> napi::Result<PromiseRaw<'env, Either<(i32, String), String>>> {
     let inner = self.inner.clone();
     let p = ExecParams {
-      sandbox_id: params.sandbox_id,
-      command: params.command,
-      cwd: params.cwd,
-      env: params
-        .env
+      sandbox_id,
+      command,
+      cwd,
+      env: vars
         .map(|m| m.into_iter().collect::<BTreeMap<_, _>>())
         .unwrap_or_default(),
-      timeout_seconds: params.timeout_seconds,
+      timeout_seconds,
     };
     promise_here(env, async move {
       Ok(match inner.exec(p).await? {
-        ExecOutcome::Ran { exit_code, result } => NativeExecResult {
-          success: true,
-          exit_code: Some(exit_code),
-          result: Some(result),
-          error: None,
-        },
-        ExecOutcome::Failed { error } => NativeExecResult {
-          success: false,
-          exit_code: None,
-          result: None,
-          error: Some(error),
-        },
+        ExecOutcome::Ran { exit_code, result } => Either::A((exit_code, result)),
+        ExecOutcome::Failed { error } => Either::B(error),
       })
     })
   }
