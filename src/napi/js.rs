@@ -8,7 +8,6 @@ use napi::bindgen_prelude::{JsObjectValue, PromiseRaw, ToNapiValue};
 use napi::{Env, JsValue};
 
 use crate::napi::start;
-
 use crate::util::errors::SandboxError;
 
 /// The one error boundary. napi's own async bridge rejects with an `Error<Status>`, whose `code`

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use napi::bindgen_prelude::{spawn, within_runtime_if_available};
 
+use crate::provider::agent::WATCH_EVERY;
+
 /// A call's future, settling its promise itself when it ends.
 pub type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -70,8 +72,9 @@ pub fn run_here(mut job: Job) {
   }
 }
 
-/// How often the beat's timer fires: no more than a call's own watch period (one second).
-const BEAT: Duration = Duration::from_secs(1);
+/// How often the beat's timer fires: as often as a call's watch, so that the watch's timer is
+/// never the earliest.
+const BEAT: Duration = WATCH_EVERY;
 /// The beat stops after this long without a call started here.
 const BEAT_IDLE: Duration = Duration::from_secs(30);
 
@@ -84,7 +87,7 @@ fn now_ms() -> u64 {
 }
 
 /// Keeps a timer at most `BEAT` away pending on the runtime while calls start here. A call's
-/// watch registers a timer a second away from this thread; when that is earlier than every
+/// watch registers a timer `WATCH_EVERY` away from this thread; when that is earlier than every
 /// timer the runtime's sleeping thread waits for, the runtime wakes that thread just to re-arm
 /// its wait, which costs as much as the call's send.
 fn beat() {
@@ -92,16 +95,14 @@ fn beat() {
   if BEATING.swap(true, Ordering::AcqRel) {
     return;
   }
-  within_runtime_if_available(|| {
-    spawn(async {
-      loop {
-        tokio::time::sleep(BEAT).await;
-        let idle = now_ms().saturating_sub(LAST_CALL_MS.load(Ordering::Relaxed));
-        if idle > BEAT_IDLE.as_millis() as u64 {
-          BEATING.store(false, Ordering::Release);
-          return;
-        }
+  spawn(async {
+    loop {
+      tokio::time::sleep(BEAT).await;
+      let idle = now_ms().saturating_sub(LAST_CALL_MS.load(Ordering::Relaxed));
+      if idle > BEAT_IDLE.as_millis() as u64 {
+        BEATING.store(false, Ordering::Release);
+        return;
       }
-    })
+    }
   });
 }

@@ -20,7 +20,7 @@ use crate::sandbox::exec::{ExecOutput, ExecRequest, ENGINE_GRACE};
 use crate::util::errors::{Result, SandboxError};
 
 /// How often an agent with a call in flight is pinged (and how long it has to answer).
-const WATCH_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// An agent silent for longer than this (or the engine timeout, if longer) is given up.
 const WEDGED: Duration = Duration::from_secs(30);
 /// How long past its timeout a command waits for an agent that answers nothing before the agent

@@ -1,7 +1,7 @@
 //! The provider's behaviour in plain async Rust: what each SandboxProvider method does, built
 //! from the client, lifecycle, exec, transfer and image modules. No napi types here.
 
-mod agent;
+pub(crate) mod agent;
 mod retry;
 
 use std::collections::BTreeMap;
