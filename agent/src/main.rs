@@ -64,13 +64,14 @@ fn start(args: Vec<std::ffi::OsString>) -> i32 {
         );
         0
       }
+      Some("--link") => serve::run(rest.get(1).map(String::as_str)),
       Some(other) => {
         eprintln!(
           "trueforge-agent: unknown argument {other:?} (the agent takes requests on stdin)"
         );
         2
       }
-      None => serve::run(),
+      None => serve::run(None),
     }
   };
   std::process::exit(code);

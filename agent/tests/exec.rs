@@ -247,6 +247,7 @@ async fn an_agent_started_as_the_sandbox_user_serves_that_user() {
   let forked = start_with(Options {
     as_user: Some((65534, 65534)),
     env: vec![("TRUEFORGE_AGENT_NO_SPARE".into(), "1".into())],
+    ..Default::default()
   })
   .await;
   refused_as_root(&forked).await;

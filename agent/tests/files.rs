@@ -31,7 +31,17 @@ async fn agents() -> Vec<(&'static str, Agent)> {
   assert!(!fallback.client.hello().fs_ids);
   let linux = start().await;
   assert!(linux.client.hello().fs_ids);
-  vec![("openat2", linux), ("fallback", fallback)]
+  // Over the host's socket, downloads are spliced into it and drained from it.
+  let linked = start_with(Options {
+    link: true,
+    ..Default::default()
+  })
+  .await;
+  vec![
+    ("openat2", linux),
+    ("fallback", fallback),
+    ("linked", linked),
+  ]
 }
 
 fn up(path: &str, user: Option<&str>) -> UploadSpec {

@@ -62,6 +62,15 @@ pub fn unread(fd: RawFd) -> io::Result<usize> {
   Ok(n.max(0) as usize)
 }
 
+/// Bytes written to the stream socket `fd` that its peer has not read yet (at least: the
+/// kernel counts what its buffers hold them in).
+pub fn unsent(fd: RawFd) -> io::Result<usize> {
+  let mut n: libc::c_int = 0;
+  // SIOCOUTQ, which is TIOCOUTQ's number.
+  cvt(unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) })?;
+  Ok(n.max(0) as usize)
+}
+
 /// Makes the pipe behind `fd` hold at least `want` bytes where the kernel allows it (never
 /// less than it holds already); its capacity after.
 pub fn grow_pipe(fd: RawFd, want: usize) -> io::Result<usize> {

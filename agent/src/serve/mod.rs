@@ -1,5 +1,6 @@
 //! The agent's life: set itself up (non-dumpable, child subreaper, its stream moved off fds 0
-//! and 1), say hello, then serve frames from stdin until it closes.
+//! and 1), say hello, then serve frames until the host goes: from stdin until it closes, or,
+//! linked (`--link`), from a Unix socket of the host's until it closes or stdin does.
 
 use std::fs::File;
 use std::io::Read;
@@ -38,9 +39,10 @@ const STREAM_PIPE: usize = 1 << 20;
 /// Threads for file work.
 const FILE_THREADS: usize = 2;
 
-/// Runs the agent; returns the exit code.
-pub fn run() -> i32 {
-  match start() {
+/// Runs the agent, on the host's socket at `link` where it can be reached; returns the exit
+/// code.
+pub fn run(link: Option<&str>) -> i32 {
+  match start(link) {
     Ok(code) => code,
     Err(e) => {
       eprintln!("trueforge-agent: {e}");
@@ -49,8 +51,8 @@ pub fn run() -> i32 {
   }
 }
 
-fn start() -> std::io::Result<i32> {
-  let (input, output) = sys::take_host_stream()?;
+fn start(link: Option<&str>) -> std::io::Result<i32> {
+  let stream = Stream::open(sys::take_host_stream()?, link)?;
   // Orphans of finished commands are reparented here (and reaped), not to PID 1; where that
   // cannot be, commands are kept in their sessions (`contain`). Before any thread starts.
   let contained = crate::exec::contain::init();
@@ -69,7 +71,61 @@ fn start() -> std::io::Result<i32> {
     session_guard: contained.session_guard,
     fs_ids: sys::has_fs_ids(),
   };
-  local.block_on(&rt, serve(input, output, me, caps, base_env, pool))
+  local.block_on(&rt, serve(stream, me, caps, base_env, pool))
+}
+
+/// Where the frames travel.
+struct Stream {
+  input: OwnedFd,
+  output: OwnedFd,
+  /// Linked: the exec's stdin, read only to hear the host go (its end ends the agent), and
+  /// its stdout, held open and never written.
+  lifeline: Option<(OwnedFd, OwnedFd)>,
+}
+
+impl Stream {
+  /// The host's Unix socket at `link` when it can be reached (one hop fewer each way than the
+  /// engine's exec stream, which relays every byte through the engine and its shim); else, and
+  /// without `link`, the exec's own stdin and stdout. Why a link failed goes to stderr, which
+  /// the host keeps for its messages.
+  fn open((stdin, stdout): (OwnedFd, OwnedFd), link: Option<&str>) -> std::io::Result<Stream> {
+    let plain = |stdin, stdout| Stream {
+      input: stdin,
+      output: stdout,
+      lifeline: None,
+    };
+    let Some(path) = link else {
+      return Ok(plain(stdin, stdout));
+    };
+    match std::os::unix::net::UnixStream::connect(path) {
+      Ok(socket) => {
+        let output = OwnedFd::from(socket);
+        Ok(Stream {
+          input: sys::dup(output.as_raw_fd())?,
+          output,
+          lifeline: Some((stdin, stdout)),
+        })
+      }
+      Err(e) => {
+        eprintln!("trueforge-agent: the host's socket {path} cannot be reached ({e}): serving on stdin and stdout");
+        Ok(plain(stdin, stdout))
+      }
+    }
+  }
+}
+
+/// Resolves when the host's end of `lifeline` closes (never without one).
+async fn host_gone(lifeline: Option<OwnedFd>) {
+  let Some(fd) = lifeline else {
+    return std::future::pending().await;
+  };
+  let Ok(mut stdin) =
+    sys::set_nonblocking(fd.as_raw_fd()).and_then(|_| pipe::Receiver::from_owned_fd_unchecked(fd))
+  else {
+    return;
+  };
+  let mut b = [0u8; 64];
+  while let Ok(1..) = stdin.read(&mut b).await {}
 }
 
 /// The inherited environment, less the agent's own variables and a HOME the engine set for
@@ -98,13 +154,19 @@ struct Caps {
 }
 
 async fn serve(
-  input: OwnedFd,
-  output: OwnedFd,
+  stream: Stream,
   me: Identity,
   caps: Caps,
   base_env: Vec<(Vec<u8>, Vec<u8>)>,
   pool: Pool,
 ) -> std::io::Result<i32> {
+  let Stream {
+    input,
+    output,
+    lifeline,
+  } = stream;
+  let (stdin, _stdout) = lifeline.unzip();
+  let linked = stdin.is_some();
   sys::set_nonblocking(input.as_raw_fd())?;
   sys::set_nonblocking(output.as_raw_fd())?;
   // Deep pipes: a large transfer moves through them in few steps, waking this thread (and the
@@ -132,7 +194,7 @@ async fn serve(
     splice: std::env::var_os("TRUEFORGE_AGENT_NO_SPLICE").is_none_or(|v| v != "1"),
     watcher: Watcher::new(std::env::var_os("TRUEFORGE_AGENT_NO_INOTIFY").is_none_or(|v| v != "1")),
   });
-  tokio::task::spawn_local(write_loop(output, out_rx));
+  tokio::task::spawn_local(write_loop(output, out_rx, linked));
   let mut children = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
   let c = ctx.clone();
   tokio::task::spawn_local(async move {
@@ -160,30 +222,7 @@ async fn serve(
       fs_ids: caps.fs_ids,
     },
   ));
-  let mut buf = BytesMut::with_capacity(READ_BLOCK);
-  let why = 'outer: loop {
-    loop {
-      match frame::decode(&mut buf) {
-        Ok(Some(f)) => {
-          if let Err(e) = dispatch(&ctx, f) {
-            break 'outer Some(e);
-          }
-        }
-        Ok(None) => break,
-        Err(e) => break 'outer Some(e.to_string()),
-      }
-    }
-    // Room in large blocks: decoded payloads keep pieces of the buffer alive until they are
-    // written, and a fresh small block per read would cost a mapping and its page faults each.
-    if buf.capacity() - buf.len() < 64 * 1024 {
-      buf.reserve(READ_BLOCK);
-    }
-    match input.read_buf(&mut buf).await {
-      Ok(0) => break None,
-      Ok(_) => {}
-      Err(e) => break Some(format!("reading stdin failed: {e}")),
-    }
-  };
+  let why = read_frames(&ctx, &mut input, stdin).await;
   if let Some(why) = &why {
     eprintln!("trueforge-agent: {why}");
   }
@@ -192,6 +231,45 @@ async fn serve(
   ctx.relays.close_all(&ctx.me);
   ctx.conn.close_all();
   Ok(if why.is_some() { 3 } else { 0 })
+}
+
+/// Reads the host's frames and dispatches them until the host goes (`None`) or breaks the
+/// protocol (why).
+async fn read_frames(
+  ctx: &Rc<Ctx>,
+  input: &mut pipe::Receiver,
+  lifeline: Option<OwnedFd>,
+) -> Option<String> {
+  let mut buf = BytesMut::with_capacity(READ_BLOCK);
+  let gone = host_gone(lifeline);
+  tokio::pin!(gone);
+  loop {
+    loop {
+      match frame::decode(&mut buf) {
+        Ok(Some(f)) => {
+          if let Err(e) = dispatch(ctx, f) {
+            return Some(e);
+          }
+        }
+        Ok(None) => break,
+        Err(e) => return Some(e.to_string()),
+      }
+    }
+    // Room in large blocks: decoded payloads keep pieces of the buffer alive until they are
+    // written, and a fresh small block per read would cost a mapping and its page faults each.
+    if buf.capacity() - buf.len() < 64 * 1024 {
+      buf.reserve(READ_BLOCK);
+    }
+    let read = tokio::select! {
+      r = input.read_buf(&mut buf) => r,
+      _ = &mut gone => Ok(0),
+    };
+    match read {
+      Ok(0) => return None,
+      Ok(_) => {}
+      Err(e) => return Some(format!("reading stdin failed: {e}")),
+    }
+  }
 }
 
 /// Handles one frame from the host.
@@ -291,9 +369,9 @@ fn dispatch(ctx: &Rc<Ctx>, f: Frame) -> Result<(), String> {
   Ok(())
 }
 
-/// Writes queued frames to stdout, several per write when they pile up. If the host stops
-/// reading for good (stdout closed), the agent has nobody to serve and exits.
-async fn write_loop(mut out: pipe::Sender, mut rx: mpsc::UnboundedReceiver<Out>) {
+/// Writes queued frames to stdout (or the host's socket), several per write when they pile up.
+/// If the host stops reading for good (stdout closed), the agent has nobody to serve and exits.
+async fn write_loop(mut out: pipe::Sender, mut rx: mpsc::UnboundedReceiver<Out>, socket: bool) {
   let mut batch = BytesMut::new();
   // Bytes written to stdout so far, for `Out::Drained`.
   let written = Rc::new(std::cell::Cell::new(0u64));
@@ -340,7 +418,8 @@ async fn write_loop(mut out: pipe::Sender, mut rx: mpsc::UnboundedReceiver<Out>)
         r.map(|_| head.len() + len)
       }
       Out::Drained(done) => {
-        tokio::task::spawn_local(until_read(out.as_raw_fd(), written.clone(), before, done));
+        let fd = out.as_raw_fd();
+        tokio::task::spawn_local(until_read(fd, socket, written.clone(), before, done));
         Ok(0)
       }
     };
@@ -358,12 +437,17 @@ async fn write_loop(mut out: pipe::Sender, mut rx: mpsc::UnboundedReceiver<Out>)
 /// written: what is still in the pipe is the last of what was written.
 async fn until_read(
   fd: std::os::fd::RawFd,
+  socket: bool,
   written: Rc<std::cell::Cell<u64>>,
   mark: u64,
   done: tokio::sync::oneshot::Sender<()>,
 ) {
   loop {
-    match sys::unread(fd) {
+    let left = match socket {
+      true => sys::unsent(fd),
+      false => sys::unread(fd),
+    };
+    match left {
       Ok(n) if written.get().saturating_sub(n as u64) >= mark => break,
       Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(1)).await,
       Err(_) => break,

@@ -14,6 +14,15 @@ pub struct Agent {
   pub client: AgentClient,
   pub child: tokio::process::Child,
   pub pid: u32,
+  /// Linked (`Options::link`): the exec's stdin and stdout, which then carry no frames, and
+  /// the directory of the socket.
+  pub lifeline: Option<Lifeline>,
+}
+
+pub struct Lifeline {
+  pub stdin: tokio::process::ChildStdin,
+  pub stdout: tokio::process::ChildStdout,
+  pub dir: TempDir,
 }
 
 pub fn agent_bin() -> String {
@@ -39,6 +48,8 @@ pub struct Options {
   pub env: Vec<(String, String)>,
   /// Start the agent as this uid and gid instead of root.
   pub as_user: Option<(u32, u32)>,
+  /// Serve over a Unix socket the test listens on (`--link`), not stdin and stdout.
+  pub link: bool,
 }
 
 pub async fn start() -> Agent {
@@ -58,14 +69,46 @@ pub async fn start_with(opts: Options) -> Agent {
   if let Some((uid, gid)) = opts.as_user {
     cmd.uid(uid).gid(gid);
   }
+  let listening = opts.link.then(|| {
+    let dir = TempDir::new("link");
+    if let Some((uid, gid)) = opts.as_user {
+      std::os::unix::fs::chown(&dir.0, Some(uid), Some(gid)).unwrap();
+    }
+    let path = dir.path("agent.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    cmd.arg("--link").arg(&path);
+    (dir, listener)
+  });
   let mut child = cmd.spawn().expect("start the agent");
   let stdout = child.stdout.take().unwrap();
   let stdin = child.stdin.take().unwrap();
-  let client = AgentClient::connect(stdout, stdin, ClientOptions::default())
+  let Some((dir, listener)) = listening else {
+    let client = AgentClient::connect(stdout, stdin, ClientOptions::default())
+      .await
+      .expect("agent hello");
+    let pid = client.hello().pid;
+    return Agent {
+      client,
+      child,
+      pid,
+      lifeline: None,
+    };
+  };
+  let (socket, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept())
+    .await
+    .expect("the agent connects")
+    .unwrap();
+  let (read, write) = socket.into_split();
+  let client = AgentClient::connect(read, write, ClientOptions::default())
     .await
     .expect("agent hello");
   let pid = client.hello().pid;
-  Agent { client, child, pid }
+  Agent {
+    client,
+    child,
+    pid,
+    lifeline: Some(Lifeline { stdin, stdout, dir }),
+  }
 }
 
 /// Whether every process a command starts stays within its timeout's reach: through a
