@@ -201,6 +201,11 @@ export interface NativeEngineStats {
   reaperLeases: number
   /** Containers with a live in-sandbox agent connection (or one starting). */
   agentConnections: number
+  /**
+   * Of those, the agents linked to this process through a socket (their traffic bypasses the
+   * engine).
+   */
+  linkedAgents: number
 }
 
 /** What one `feed` yields. */

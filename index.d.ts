@@ -304,6 +304,9 @@ export type AgentStatus =
       sessionGuard: boolean
       /** File work as the sandbox user switches filesystem ids, or (gVisor) a thread's effective ids. */
       fsIds: boolean
+      /** The agent's frames travel over a socket of this process's, not the engine's exec stream
+       * (a sandbox made on a local Docker engine whose agent could reach it; see docs/operations.md). */
+      linked: boolean
     }
   /** The agent is off, cannot start in this sandbox, or was given up for dying repeatedly
    * (tried again after a minute, doubling up to 30 minutes, and when the provider restarts the
@@ -390,6 +393,8 @@ export interface EngineStats {
   reaperLeases: number
   /** Containers with a live in-sandbox agent connection (or one starting). */
   agentConnections: number
+  /** Of those, the agents linked to this process through a socket (their traffic bypasses the engine). */
+  linkedAgents: number
 }
 
 /**

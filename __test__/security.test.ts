@@ -94,6 +94,23 @@ const DOCUMENTED_CAPS = ['CHOWN', 'DAC_OVERRIDE', 'FOWNER', 'FSETID', 'KILL', 'S
 const EXPECTED_MASK = DOCUMENTED_CAPS.reduce((m, c) => m | (1n << BigInt(CAP_NUMBERS[c])), 0n)
 const GIB = 1024 * 1024 * 1024
 
+/** A sandbox's link directory as its definition mounts it (docs/agent.md#linked-agents). */
+const LINK_MOUNT = {
+  Type: 'bind',
+  Source: expect.stringMatching(/\/trueforge-link-\d+\/[0-9A-Z]{26}$/),
+  Target: '/.trueforge-link',
+  ReadOnly: true,
+}
+
+/** Whether an inspected mount is a sandbox's link directory, read-only. */
+function isLinkMount(m: any): boolean {
+  return m.Destination === '/.trueforge-link' && m.RW === false && /\/trueforge-link-\d+\/[0-9A-Z]{26}$/.test(m.Source)
+}
+
+function partition<T>(items: T[], pred: (t: T) => boolean): [T[], T[]] {
+  return [items.filter(pred), items.filter((t) => !pred(t))]
+}
+
 /** The `Name:\tvalue` lines of /proc/self/status as seen by a command in the sandbox. */
 async function procStatus(p: Provider, id: string): Promise<Record<string, string>> {
   const out = await ok(p, id, 'cat /proc/self/status')
@@ -324,8 +341,10 @@ dockerSpellings('the container definition (docker inspect; Docker spellings, ski
       const h = info.HostConfig
       expect(h.Privileged).toBe(false)
       expect(h.Binds ?? []).toEqual([])
-      // One mount only: the agent's volume, read-only, never seeded from the image.
-      expect(h.Mounts ?? []).toEqual([
+      // The agent's volume, read-only, never seeded from the image; and, where links are had, the
+      // sandbox's own link directory, read-only: no other host path.
+      const [links, others] = partition(h.Mounts ?? [], (m: any) => m.Target === '/.trueforge-link')
+      expect(others).toEqual([
         {
           Type: 'volume',
           Source: expect.stringMatching(/^trueforge-agent-[0-9.]+-[0-9a-f]{12}$/),
@@ -334,9 +353,12 @@ dockerSpellings('the container definition (docker inspect; Docker spellings, ski
           VolumeOptions: { NoCopy: true },
         },
       ])
-      expect((info.Mounts ?? []).map((m: any) => ({ type: m.Type, rw: m.RW, name: m.Name }))).toEqual([
-        { type: 'volume', rw: false, name: h.Mounts[0].Source },
-      ])
+      expect(links).toEqual(links.map(() => LINK_MOUNT))
+      expect(
+        (info.Mounts ?? [])
+          .filter((m: any) => m.Destination !== '/.trueforge-link')
+          .map((m: any) => ({ type: m.Type, rw: m.RW, name: m.Name })),
+      ).toEqual([{ type: 'volume', rw: false, name: others[0].Source }])
       expect(h.VolumesFrom ?? []).toEqual([])
       expect(h.Devices ?? []).toEqual([])
       expect(h.DeviceRequests ?? []).toEqual([])
@@ -548,11 +570,14 @@ describe('readOnlyRootfs: true', () => {
     const mounts = (info.Mounts as any[])
       .map((m) => ({ type: m.Type, dest: m.Destination, rw: m.RW }))
       .sort((a, b) => a.dest.localeCompare(b.dest))
-    expect(mounts).toEqual([
+    expect(mounts.filter((m) => m.dest !== '/.trueforge-link')).toEqual([
       { type: 'volume', dest: expect.stringMatching(/^\/\.trueforge-agent\//), rw: false },
       { type: 'volume', dest: '/trueforge', rw: true },
       { type: 'volume', dest: '/workspace', rw: true },
     ])
+    // A link directory, if any, is read-only too.
+    for (const m of mounts.filter((m) => m.dest === '/.trueforge-link'))
+      expect(m).toEqual({ type: 'bind', dest: '/.trueforge-link', rw: false })
     // Podman adds its own tmpfs on /run and /var/tmp to a read-only root (`read_only_tmpfs`).
     expect(Object.keys(info.HostConfig.Tmpfs ?? {}).sort()).toEqual(onPodman ? ['/run', '/tmp', '/var/tmp'] : ['/tmp'])
 
@@ -706,7 +731,8 @@ describe('tenants', () => {
         nnp: (h.SecurityOpt ?? []).includes('no-new-privileges:true'),
         pidsLimit: typeof h.PidsLimit === 'number' && h.PidsLimit > 0,
         memoryIsSwap: h.Memory > 0 && h.Memory === h.MemorySwap,
-        hostMounts: (info.Mounts ?? []).filter((m: any) => m.Type === 'bind').length,
+        // The sandbox's own link directory, read-only, is the one host path allowed.
+        hostMounts: (info.Mounts ?? []).filter((m: any) => m.Type === 'bind' && !isLinkMount(m)).length,
         network: h.NetworkMode === 'host',
       }
       expect(summary).toEqual({

@@ -322,6 +322,7 @@ function agentCheck(add, st) {
       st.subreaper ? 'timeouts: subreaper' : st.sessionGuard ? 'timeouts: session guard' : 'timeouts: NOT verified',
       st.fsIds ? 'files: fs ids' : 'files: thread ids',
       st.openat2 ? 'paths: openat2' : 'paths: one component at a time',
+      st.linked ? 'stream: linked socket' : 'stream: engine exec',
     ].join(', ')
     const contained = st.subreaper || st.sessionGuard
     add(

@@ -33,6 +33,9 @@ pub struct NativeEngineStats {
   pub reaper_leases: u32,
   /// Containers with a live in-sandbox agent connection (or one starting).
   pub agent_connections: u32,
+  /// Of those, the agents linked to this process through a socket (their traffic bypasses the
+  /// engine).
+  pub linked_agents: u32,
 }
 
 impl NativeEngineStats {
@@ -57,6 +60,9 @@ impl NativeEngineStats {
       agent_connections: n(shared
         .peek::<agent::conn::Conns>()
         .map_or(0, |a| a.connections())),
+      linked_agents: n(shared
+        .peek::<agent::conn::Conns>()
+        .map_or(0, |a| a.linked())),
     }
   }
 }

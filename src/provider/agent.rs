@@ -333,7 +333,7 @@ impl Provider {
   }
 
   /// What serves a sandbox's calls, for `doctor` and the tests: `{ mode: 'agent', uid, arch,
-  /// version, path, asUser, openat2, subreaper, sessionGuard, fsIds }` or `{ mode:
+  /// version, path, asUser, openat2, subreaper, sessionGuard, fsIds, linked }` or `{ mode:
   /// 'engine-exec', reason }` (the agent is off, cannot start here, or was given up for dying:
   /// `agent::down`).
   pub async fn agent_status(&self, sandbox_id: &str) -> Result<Value> {
@@ -354,6 +354,7 @@ impl Provider {
           "subreaper": h.subreaper,
           "sessionGuard": h.session_guard,
           "fsIds": h.fs_ids,
+          "linked": c.linked(),
         }))
       })
       .await?;

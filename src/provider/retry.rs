@@ -106,6 +106,7 @@ impl Provider {
           json!({ "sandboxId": id }),
         );
         *restarted = true;
+        crate::sandbox::agent::link::ensure(target.agent.link.as_deref());
         if engine
           .restart_container(&target.container_id, 1, engine.control_timeout)
           .await

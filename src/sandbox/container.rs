@@ -352,6 +352,8 @@ pub async fn ensure_started(
       .await
       .map(|()| false);
   }
+  // A link's directory gone meanwhile would fail the start.
+  crate::sandbox::agent::link::ensure(target.agent.link.as_deref());
   placement.start(engine, target, &info, log).await?;
   Ok(true)
 }
@@ -394,6 +396,9 @@ pub async fn remove(
     forget(engine, &target.name);
     if placement.remove(engine, &target, true, log).await? {
       swap::remove_saved(engine, &target.saved, log).await;
+      if let Some(dir) = &target.agent.link {
+        crate::sandbox::agent::link::remove(dir);
+      }
       return Ok(true);
     }
   }

@@ -6,6 +6,7 @@ use serde_json::json;
 
 use crate::config::{Gpus, ProviderConfig};
 use crate::engine::Engine;
+use crate::sandbox::agent::link;
 use crate::sandbox::body::{container_body_with, network_of, podman_adjust};
 use crate::sandbox::container::{name_for, pool_name, remember, Target};
 use crate::sandbox::exec::StartError;
@@ -119,12 +120,27 @@ async fn create_inner(
   } else {
     final_name
   };
-  let body = shape(engine, cfg, spec, &sandbox_id, log).await?;
-  // Not retried: a create that reached the engine would collide with its own name.
-  let container_id = match engine
-    .create_container("create the sandbox container", Some(&name), body)
-    .await
-  {
+  let mut body = shape(engine, cfg, spec, &sandbox_id, log).await?;
+  let linked = link_of(&body);
+  // Not retried, but for a link the engine refused: a create that reached the engine would
+  // collide with its own name.
+  let mut created = engine
+    .create_container("create the sandbox container", Some(&name), body.clone())
+    .await;
+  if let (Err(e), Some(dir)) = (&created, &linked) {
+    link::remove(dir);
+    if link::refused(engine, e, dir) {
+      log.info(
+        "the engine does not see this process's files: its sandboxes get no link",
+        json!({ "engine": engine.host.to_string(), "error": e.to_string() }),
+      );
+      unlink(&mut body);
+      created = engine
+        .create_container("create the sandbox container", Some(&name), body)
+        .await;
+    }
+  }
+  let container_id = match created {
     Ok(id) => id,
     Err(e) => {
       // No answer does not mean nothing happened: a hung engine may still run the buffered
@@ -158,6 +174,7 @@ async fn create_inner(
     }
     Err(e) => {
       clean_up(engine, &name, &container_id, &e, log).await;
+      linked.as_deref().map(link::remove);
       Err(e)
     }
   }
@@ -209,7 +226,33 @@ async fn shape(
   ) {
     hc.mounts.get_or_insert_with(Vec::new).push(mount);
   }
+  if link::wanted(engine, cfg.agent, cfg.runtime.as_deref()) {
+    let key = ids::parse_sandbox_id(sandbox_id).unwrap_or(sandbox_id);
+    if let (Some((dir, mount)), Some(hc)) = (link::prepare(key), body.host_config.as_mut()) {
+      hc.mounts.get_or_insert_with(Vec::new).push(mount);
+      body
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(link::LABEL.into(), dir);
+      link::sweep_soon(engine);
+    }
+  }
   Ok(body)
+}
+
+/// The link directory a container definition mounts, if any.
+fn link_of(body: &ContainerCreateBody) -> Option<String> {
+  body.labels.as_ref()?.get(link::LABEL).cloned()
+}
+
+/// Takes the link out of a container definition.
+fn unlink(body: &mut ContainerCreateBody) {
+  if let Some(labels) = body.labels.as_mut() {
+    labels.remove(link::LABEL);
+  }
+  if let Some(mounts) = body.host_config.as_mut().and_then(|h| h.mounts.as_mut()) {
+    mounts.retain(|m| m.target.as_deref() != Some(link::TARGET));
+  }
 }
 
 /// GPUs reach a gVisor sandbox only through gVisor's nvproxy, which the engine must pass to

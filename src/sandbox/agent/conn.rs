@@ -21,6 +21,7 @@ use trueforge_agent_proto::msg::Hello;
 
 use crate::engine::Engine;
 use crate::sandbox::agent::binaries::Arch;
+use crate::sandbox::agent::link;
 use crate::sandbox::exec::{is_pid_exhaustion, StartError};
 use crate::util::bounded::bounded_insert;
 use crate::util::errors::SandboxError;
@@ -61,12 +62,19 @@ pub struct Conn {
   /// When the connection was made, in ms since the epoch: a container started after that runs
   /// another agent (gVisor keeps the old agent's stream open across a restart).
   made_ms: u64,
+  /// Linked: the agent's exec, kept until the connection goes.
+  lifeline: Option<Lifeline>,
 }
 
 impl Conn {
   /// When the connection was made, in ms since the epoch.
   pub fn made_ms(&self) -> u64 {
     self.made_ms
+  }
+
+  /// Whether the agent is linked (`link`): its frames bypass the engine.
+  pub fn linked(&self) -> bool {
+    self.lifeline.is_some()
   }
 
   pub fn hello(&self) -> &Hello {
@@ -116,6 +124,26 @@ impl Conns {
   /// Containers with a live agent connection (or one starting).
   pub fn connections(&self) -> usize {
     self.conns.lock().expect("agent conns").len()
+  }
+
+  /// Containers whose live agent is linked (`link`).
+  pub fn linked(&self) -> usize {
+    let slots: Vec<Slot> = self
+      .conns
+      .lock()
+      .expect("agent conns")
+      .values()
+      .cloned()
+      .collect();
+    slots
+      .iter()
+      .filter(|s| {
+        s.try_lock().is_ok_and(|c| {
+          c.as_ref()
+            .is_some_and(|c| c.linked() && !c.client.is_closed())
+        })
+      })
+      .count()
   }
 
   pub(crate) fn slot(&self, container: &str) -> Slot {
@@ -200,17 +228,26 @@ type Output = std::pin::Pin<
 /// connection holds it for as long as its sandbox lives, so it is the host's cost per sandbox.
 const OUTPUT_BUFFER: usize = 64 * 1024;
 
-/// Starts the agent at `path` (as root, or as `user`) and waits for its hello.
+/// Starts the agent at `path` (as root, or as `user`) and waits for its hello: linked to a
+/// socket in the sandbox's link directory `link` (on this machine) where it can reach one, else
+/// on its exec stream.
 pub(crate) async fn launch(
   engine: &Engine,
   container: &str,
   path: &str,
   arch: Arch,
   user: Option<&str>,
+  link: Option<&str>,
 ) -> Result<Conn, Failure> {
   let start = |e| Failure::Start(StartError::from_engine(e));
   let runs_as = Some(user.unwrap_or("0:0").to_string());
-  let opts = crate::engine::attached_exec(vec![path.to_string()], runs_as);
+  // An agent started as the sandbox's user cannot enter the directory (0700, the server's user's).
+  let listening = link.filter(|_| user.is_none()).and_then(link::listen);
+  let mut cmd = vec![path.to_string()];
+  if let Some((_, socket)) = &listening {
+    cmd.extend(["--link".to_string(), socket.inside.clone()]);
+  }
+  let opts = crate::engine::attached_exec(cmd, runs_as);
   let limit = engine.control_timeout;
   let op = "start the sandbox agent";
   let id = engine
@@ -227,12 +264,31 @@ pub(crate) async fn launch(
     ))));
   };
   let stderr = Arc::new(Mutex::new(Vec::new()));
-  let reader = StreamReader::new(stdout_of(output, stderr.clone()));
+  let mut reader = StreamReader::new(stdout_of(output, stderr.clone()));
   let opts = ClientOptions {
     expected_version: Some(trueforge_agent_proto::VERSION.to_string()),
     hello_timeout: HELLO_TIMEOUT.min(limit),
   };
-  let client = match AgentClient::connect(reader, input, opts).await {
+  let socket = match listening {
+    Some((listener, _file)) => match linked(listener, &mut reader, opts.hello_timeout).await {
+      Linked::Socket(s) => Some(s),
+      Linked::Stdout => {
+        link::unreachable(engine);
+        None
+      }
+      Linked::Neither => None,
+    },
+    None => None,
+  };
+  let (connected, lifeline) = match socket {
+    Some(socket) => {
+      let (r, w) = socket.into_split();
+      let connected = AgentClient::connect(r, w, opts).await;
+      (connected, Some(Lifeline::hold(input, reader)))
+    }
+    None => (AgentClient::connect(reader, input, opts).await, None),
+  };
+  let client = match connected {
     Ok(c) => c,
     Err(e) => return Err(no_hello(engine, container, e, &stderr).await),
   };
@@ -254,7 +310,72 @@ pub(crate) async fn launch(
     stderr,
     routes,
     made_ms: timestamps::now_ms(),
+    lifeline,
   })
+}
+
+/// Where an agent given a socket went.
+enum Linked {
+  Socket(tokio::net::UnixStream),
+  /// It spoke on its exec's stdout: it could not reach the socket.
+  Stdout,
+  /// Neither within the limit, or its exec ended: the hello's wait says why.
+  Neither,
+}
+
+/// Waits for the agent to connect to `listener`, or to say hello on its exec's stdout instead
+/// (the hello then waits in `reader`).
+async fn linked<R>(listener: tokio::net::UnixListener, reader: &mut R, limit: Duration) -> Linked
+where
+  R: tokio::io::AsyncBufRead + Unpin,
+{
+  use tokio::io::AsyncBufReadExt;
+  let first = async {
+    tokio::select! {
+      biased;
+      accepted = listener.accept() => match accepted {
+        Ok((s, _)) => Linked::Socket(s),
+        Err(_) => Linked::Neither,
+      },
+      said = reader.fill_buf() => match said {
+        Ok(b) if !b.is_empty() => Linked::Stdout,
+        _ => Linked::Neither,
+      },
+    }
+  };
+  tokio::time::timeout(limit, first)
+    .await
+    .unwrap_or(Linked::Neither)
+}
+
+/// A linked agent's exec: its stdin is held open (its end ends the agent) and its output read
+/// to its end (stderr is kept for messages), until the connection is dropped.
+struct Lifeline {
+  _stop: tokio_util::sync::DropGuard,
+}
+
+impl Lifeline {
+  fn hold<R>(mut input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>, mut output: R) -> Self
+  where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+  {
+    use tokio::io::AsyncWriteExt;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone();
+    tokio::spawn(async move {
+      let mut sink = tokio::io::sink();
+      let drained = tokio::io::copy(&mut output, &mut sink);
+      tokio::select! {
+        _ = drained => {}
+        _ = stopped.cancelled() => {
+          let _ = tokio::time::timeout(HELLO_TIMEOUT, input.shutdown()).await;
+        }
+      }
+    });
+    Self {
+      _stop: stop.drop_guard(),
+    }
+  }
 }
 
 /// The exec's stdout as bytes; stderr goes to `stderr` (bounded).

@@ -154,12 +154,13 @@ async fn start(
   // Podman drops every capability of a sandbox whose user is not root (`body::podman_adjust`):
   // there the agent starts as that user at once.
   let first = (engine.podman && non_root(user)).then_some(user).flatten();
-  let mut conn = launch(engine, &target.container_id, &path, arch, first).await?;
+  let link = target.agent.link.as_deref();
+  let mut conn = launch(engine, &target.container_id, &path, arch, first, link).await?;
   let switch = CAP_SETUID | CAP_SETGID;
   if first.is_none() && conn.hello().cap_eff & switch != switch && non_root(user) {
     // No capability to switch users: the agent runs as the sandbox's user itself.
     conn.client.close();
-    conn = launch(engine, &target.container_id, &path, arch, user).await?;
+    conn = launch(engine, &target.container_id, &path, arch, user, link).await?;
   }
   // The static `mcp-client` and its directories, in sandboxes made by an earlier version too.
   // Best effort: a workload that planted a link there only loses the static client.

@@ -28,6 +28,8 @@ pub struct Facts {
   /// Runs under runc or crun, where an exec's stream ends when its process (the agent) dies or
   /// the container stops. Other runtimes may keep it open (gVisor does).
   pub runc_family: bool,
+  /// The link directory it mounts, on the engine's machine (`link`).
+  pub link: Option<String>,
 }
 
 impl Facts {
@@ -69,6 +71,7 @@ impl Facts {
         info.host_config.as_ref().and_then(|h| h.runtime.as_deref()),
         Some("runc" | "crun" | "io.containerd.runc.v2")
       ),
+      link: crate::sandbox::agent::link::mounted(info),
     }
   }
 }
@@ -157,6 +160,7 @@ mod tests {
         idle_secs: 900,
         read_only_root: true,
         runc_family: true,
+        link: None,
       }
     );
     // gVisor (and any runtime not known to end an exec's stream with its process).

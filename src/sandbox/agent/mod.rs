@@ -13,6 +13,7 @@ pub mod connect;
 pub mod down;
 pub mod egress;
 pub mod facts;
+pub mod link;
 pub mod ops;
 pub mod place;
 pub mod volume;
