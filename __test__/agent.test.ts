@@ -434,55 +434,65 @@ describe('the agent itself', () => {
 })
 
 describe('the agent linked to this process', () => {
+  // gVisor's sandboxes cannot reach a socket of the host: under runtime runsc none gets a link.
+  const linking = onRunsc ? test.skip : test
+  const underGvisor = onRunsc ? test : test.skip
   /** The host directory a sandbox mounts at /.trueforge-link, with how it is mounted. */
   function linkMount(sandboxId: string): { Source: string; RW: boolean } | undefined {
     const mounts = inspectContainer(containerNameFor(namespace, sandboxId)).Mounts as any[]
     return mounts.find((m) => m.Destination === '/.trueforge-link')
   }
 
-  test("a sandbox on a local engine mounts a directory of its own, read-only, and its agent's frames bypass the engine", async () => {
-    const p = provider({ image: BUSYBOX, user: '65534:65534' })
-    const id = await tracker.create(p)
-    expect(await ok(p, id, 'echo linked')).toBe('linked\n')
-    const m = linkMount(id)!
-    expect(m.RW).toBe(false)
-    expect(m.Source).toMatch(/\/trueforge-link-\d+\/[0-9A-Z]{26}$/)
-    const dir = statSync(m.Source)
-    expect([dir.mode & 0o777, dir.uid]).toEqual([0o700, process.getuid!()])
-    // gVisor's sandboxes cannot reach a socket of the host: the agent stays on its exec stream.
-    expect((await agentOf(p, id)).linked).toBe(!onRunsc)
-    // The socket's file goes once the agent has connected (or given up).
-    expect(readdirSync(m.Source)).toEqual([])
-    // The sandbox's user cannot look inside.
-    const look = await run(p, id, 'ls /.trueforge-link 2>&1')
-    expect([look.exitCode, look.result]).toEqual([1, expect.stringMatching(/Permission denied/)])
-    expect(await p.removeSandbox(id)).toBe(true)
-    expect(existsSync(m.Source)).toBe(false)
-  })
+  linking(
+    "a sandbox on a local engine mounts a directory of its own, read-only, and its agent's frames bypass the engine",
+    async () => {
+      const p = provider({ image: BUSYBOX, user: '65534:65534' })
+      const id = await tracker.create(p)
+      expect(await ok(p, id, 'echo linked')).toBe('linked\n')
+      const m = linkMount(id)!
+      expect(m.RW).toBe(false)
+      expect(m.Source).toMatch(/\/trueforge-link-\d+\/[0-9a-f]{16}\/[0-9A-Z]{26}$/)
+      const dir = statSync(m.Source)
+      expect([dir.mode & 0o777, dir.uid]).toEqual([0o700, process.getuid!()])
+      expect((await agentOf(p, id)).linked).toBe(true)
+      // The socket's file goes once the agent has connected (or given up).
+      expect(readdirSync(m.Source)).toEqual([])
+      // The sandbox's user cannot look inside.
+      const look = await run(p, id, 'ls /.trueforge-link 2>&1')
+      expect([look.exitCode, look.result]).toEqual([1, expect.stringMatching(/Permission denied/)])
+      expect(await p.removeSandbox(id)).toBe(true)
+      expect(existsSync(m.Source)).toBe(false)
+    },
+  )
 
-  test('an agent whose link directory is gone serves on its exec stream; the next start makes the directory again', async () => {
-    const p = provider({ image: BUSYBOX })
-    const id = await tracker.create(p)
-    const first = await agentOf(p, id)
-    const dir = linkMount(id)!.Source
-    rmSync(dir, { recursive: true })
-    expect(asRoot(id, `kill -9 ${first.pid}`).status).toBe(0)
-    await waitFor(
-      async () => (await p.agentStatus(id)).mode === 'agent' && (await agentOf(p, id)).pid !== first.pid,
-      20_000,
-      'a new agent',
-    )
-    expect((await agentOf(p, id)).linked).toBe(false)
-    expect(await ok(p, id, 'echo unlinked')).toBe('unlinked\n')
-    // Stopped, then started by the next call: a mount whose source is gone would fail the start.
-    docker(['stop', '-t', '1', containerNameFor(namespace, id)])
-    expect(await ok(p, id, 'echo again')).toBe('again\n')
-    expect(existsSync(dir)).toBe(true)
-    expect((await agentOf(p, id)).linked).toBe(!onRunsc)
-  })
+  linking(
+    'an agent whose link directory is gone serves on its exec stream; the next start makes the directory again',
+    async () => {
+      const p = provider({ image: BUSYBOX })
+      const id = await tracker.create(p)
+      const first = await agentOf(p, id)
+      const dir = linkMount(id)!.Source
+      rmSync(dir, { recursive: true })
+      expect(asRoot(id, `kill -9 ${first.pid}`).status).toBe(0)
+      await waitFor(
+        async () => (await p.agentStatus(id)).mode === 'agent' && (await agentOf(p, id)).pid !== first.pid,
+        20_000,
+        'a new agent',
+      )
+      expect((await agentOf(p, id)).linked).toBe(false)
+      expect(await ok(p, id, 'echo unlinked')).toBe('unlinked\n')
+      // Stopped, then started by the next call: a mount whose source is gone would fail the start.
+      docker(['stop', '-t', '1', containerNameFor(namespace, id)])
+      expect(await ok(p, id, 'echo again')).toBe('again\n')
+      expect(existsSync(dir)).toBe(true)
+      expect((await agentOf(p, id)).linked).toBe(true)
+    },
+  )
 
-  test('TRUEFORGE_AGENT_NO_LINK=1 in the environment: sandboxes are made without a link, their agents on the exec stream', async () => {
-    const script = `
+  linking(
+    'TRUEFORGE_AGENT_NO_LINK=1 in the environment: sandboxes are made without a link, their agents on the exec stream',
+    async () => {
+      const script = `
       const { DockerSandboxProvider } = require(${JSON.stringify(require.resolve('..'))})
       const p = new DockerSandboxProvider({ image: ${JSON.stringify(BUSYBOX)}, namespace: ${JSON.stringify(namespace)}, network: 'none' })
       ;(async () => {
@@ -492,16 +502,25 @@ describe('the agent linked to this process', () => {
         await p.dispose()
       })().catch((e) => { console.error(e); process.exit(1) })
     `
-    const r = spawnSync(process.execPath, ['-e', script], {
-      env: { ...process.env, TRUEFORGE_AGENT_NO_LINK: '1' },
-      encoding: 'utf8',
-    })
-    expect(r.status).toBe(0)
-    const { sandboxId, r: out, status } = JSON.parse(r.stdout.trim().split('\n').pop()!)
-    tracker.ids.add(sandboxId)
-    expect(out.response?.result).toBe('plain\n')
-    expect(status.linked).toBe(false)
-    expect(linkMount(sandboxId)).toBeUndefined()
+      const r = spawnSync(process.execPath, ['-e', script], {
+        env: { ...process.env, TRUEFORGE_AGENT_NO_LINK: '1' },
+        encoding: 'utf8',
+      })
+      expect(r.status).toBe(0)
+      const { sandboxId, r: out, status } = JSON.parse(r.stdout.trim().split('\n').pop()!)
+      tracker.ids.add(sandboxId)
+      expect(out.response?.result).toBe('plain\n')
+      expect(status.linked).toBe(false)
+      expect(linkMount(sandboxId)).toBeUndefined()
+    },
+  )
+
+  underGvisor('under runtime runsc a sandbox gets no link, and its agent serves on the exec stream', async () => {
+    const p = provider({ image: BUSYBOX })
+    const id = await tracker.create(p)
+    expect(linkMount(id)).toBeUndefined()
+    expect(await ok(p, id, 'echo plain')).toBe('plain\n')
+    expect((await agentOf(p, id)).linked).toBe(false)
   })
 })
 

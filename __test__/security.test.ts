@@ -97,14 +97,18 @@ const GIB = 1024 * 1024 * 1024
 /** A sandbox's link directory as its definition mounts it (docs/agent.md#linked-agents). */
 const LINK_MOUNT = {
   Type: 'bind',
-  Source: expect.stringMatching(/\/trueforge-link-\d+\/[0-9A-Z]{26}$/),
+  Source: expect.stringMatching(/\/trueforge-link-\d+\/[0-9a-f]{16}\/[0-9A-Z]{26}$/),
   Target: '/.trueforge-link',
   ReadOnly: true,
 }
 
 /** Whether an inspected mount is a sandbox's link directory, read-only. */
 function isLinkMount(m: any): boolean {
-  return m.Destination === '/.trueforge-link' && m.RW === false && /\/trueforge-link-\d+\/[0-9A-Z]{26}$/.test(m.Source)
+  return (
+    m.Destination === '/.trueforge-link' &&
+    m.RW === false &&
+    /\/trueforge-link-\d+\/[0-9a-f]{16}\/[0-9A-Z]{26}$/.test(m.Source)
+  )
 }
 
 function partition<T>(items: T[], pred: (t: T) => boolean): [T[], T[]] {

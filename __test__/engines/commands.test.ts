@@ -139,7 +139,7 @@ test('doctor on the local engine: every check a line, a real test sandbox, exit 
   )
   // The test sandbox's calls went through the in-sandbox agent, as root.
   expect(r.stdout).toMatch(
-    /^ok {4}agent: in-sandbox agent [0-9.]+ \((x86_64|aarch64)\) at \/\.trueforge-agent\/\S+, as root, commands and files as the sandbox user; timeouts: (subreaper|session guard), files: (fs|thread) ids, paths: (openat2|one component at a time)$/m,
+    /^ok {4}agent: in-sandbox agent [0-9.]+ \((x86_64|aarch64)\) at \/\.trueforge-agent\/\S+, as root, commands and files as the sandbox user; timeouts: (subreaper|session guard), files: (fs|thread) ids, paths: (openat2|one component at a time), stream: (linked socket|engine exec)$/m,
   )
   expect(r.code).toBe(0)
   const j = cli(['doctor', '--image', BUSYBOX, '--namespace', namespace, '--json'])

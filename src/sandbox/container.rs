@@ -398,6 +398,7 @@ pub async fn remove(
       swap::remove_saved(engine, &target.saved, log).await;
       if let Some(dir) = &target.agent.link {
         crate::sandbox::agent::link::remove(dir);
+        crate::sandbox::agent::link::sweep_soon(engine);
       }
       return Ok(true);
     }

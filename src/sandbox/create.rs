@@ -228,7 +228,8 @@ async fn shape(
   }
   if link::wanted(engine, cfg.agent, cfg.runtime.as_deref()) {
     let key = ids::parse_sandbox_id(sandbox_id).unwrap_or(sandbox_id);
-    if let (Some((dir, mount)), Some(hc)) = (link::prepare(key), body.host_config.as_mut()) {
+    if let (Some((dir, mount)), Some(hc)) = (link::prepare(engine, key), body.host_config.as_mut())
+    {
       hc.mounts.get_or_insert_with(Vec::new).push(mount);
       body
         .labels

@@ -273,7 +273,7 @@ pub(crate) async fn launch(
     Some((listener, _file)) => match linked(listener, &mut reader, opts.hello_timeout).await {
       Linked::Socket(s) => Some(s),
       Linked::Stdout => {
-        link::unreachable(engine);
+        link::give_up(engine);
         None
       }
       Linked::Neither => None,

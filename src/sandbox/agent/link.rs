@@ -9,7 +9,8 @@
 //! serves on its exec stream as before. Read by the container lookup and the create, so it
 //! depends on no other agent module.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -41,7 +42,7 @@ pub struct Links {
 
 /// An agent with a socket to link to could not reach it: later sandboxes of `engine` are made
 /// without a link (an agent started after a sandbox's directory was lost never gets here).
-pub fn unreachable(engine: &Engine) {
+pub fn give_up(engine: &Engine) {
   engine
     .shared
     .state::<Links>()
@@ -49,11 +50,39 @@ pub fn unreachable(engine: &Engine) {
     .store(true, Ordering::Relaxed);
 }
 
-/// Where this process keeps its sandboxes' link directories (one per user of this machine).
-pub fn base() -> PathBuf {
+/// Where this process's user keeps its sandboxes' link directories. In the temporary
+/// directory, which the engine sees where it runs beside this process (rootless engines too).
+fn base() -> PathBuf {
   // SAFETY: geteuid cannot fail.
   let uid = unsafe { libc::geteuid() };
   std::env::temp_dir().join(format!("trueforge-link-{uid}"))
+}
+
+/// `base`, made if need be, once it is shown to be this user's alone: a real directory (not a
+/// link), owned by this user, that nobody else may enter. In a shared temporary directory
+/// another user could have made it first, and then swap a sandbox's directory for a link to any
+/// path of this machine, which the engine would mount into the sandbox.
+fn base_checked() -> Option<PathBuf> {
+  checked(base())
+}
+
+fn checked(base: PathBuf) -> Option<PathBuf> {
+  use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+  let _ = std::fs::DirBuilder::new().mode(0o700).create(&base);
+  let meta = std::fs::symlink_metadata(&base).ok()?;
+  // SAFETY: geteuid cannot fail.
+  let uid = unsafe { libc::geteuid() };
+  (meta.is_dir() && meta.uid() == uid && meta.mode() & 0o077 == 0).then_some(base)
+}
+
+/// The directory of `engine`'s link directories: engines beside each other keep theirs apart,
+/// so that one's sweep never takes another's.
+fn engine_dir(base: &Path, host: &str) -> PathBuf {
+  // FNV-1a: the same name in every process and version.
+  let key = host.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+  });
+  base.join(format!("{key:016x}"))
 }
 
 /// Whether a sandbox made now on `engine` gets a link: on Linux, with the agent, on a local
@@ -74,10 +103,14 @@ pub fn wanted(engine: &Engine, agent: bool, runtime: Option<&str>) -> bool {
       .load(Ordering::Relaxed)
 }
 
-/// Makes the link directory of a new sandbox (`key`: a name of its own) and the mount that
-/// shows it in the sandbox; `None` when it cannot be made here.
-pub fn prepare(key: &str) -> Option<(String, Mount)> {
-  let dir = base().join(key.replace(['/', '\\', ':'], "-"));
+/// Makes the link directory of a new sandbox of `engine` (`key`: a name of its own) and the
+/// mount that shows it in the sandbox; `None` when it cannot be made here.
+pub fn prepare(engine: &Engine, key: &str) -> Option<(String, Mount)> {
+  prepare_in(&engine.host, key)
+}
+
+fn prepare_in(host: &str, key: &str) -> Option<(String, Mount)> {
+  let dir = engine_dir(&base_checked()?, host).join(key.replace(['/', '\\', ':'], "-"));
   make_private(&dir).ok()?;
   let source = dir.to_str()?.to_string();
   let mount = Mount {
@@ -90,15 +123,14 @@ pub fn prepare(key: &str) -> Option<(String, Mount)> {
   Some((source, mount))
 }
 
-/// Makes `dir` (and the base above it) readable by this user alone.
+/// Makes `dir` and its engine's directory, inside the checked base, this user's alone.
 fn make_private(dir: &Path) -> std::io::Result<()> {
   use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-  let base = base();
   std::fs::DirBuilder::new()
     .recursive(true)
     .mode(0o700)
     .create(dir)?;
-  for d in [base.as_path(), dir] {
+  for d in dir.parent().into_iter().chain([dir]) {
     std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))?;
   }
   Ok(())
@@ -112,7 +144,7 @@ pub fn refused(engine: &Engine, e: &SandboxError, dir: &str) -> bool {
   };
   let refused = is_refusal(detail, dir);
   if refused {
-    unreachable(engine);
+    give_up(engine);
   }
   refused
 }
@@ -131,9 +163,13 @@ pub fn mounted(info: &bollard::models::ContainerInspectResponse) -> Option<Strin
     .find_map(|m| (m.destination.as_deref() == Some(TARGET)).then(|| m.source.clone())?)
 }
 
-/// Whether `dir` is one of this process's user's link directories.
+/// Whether `dir` is one of this process's user's link directories (in the checked base).
 fn ours(dir: &Path) -> bool {
-  dir.parent() == Some(base().as_path())
+  let above = dir
+    .parent()
+    .filter(|_| dir.file_name().is_some())
+    .and_then(Path::parent);
+  above.is_some_and(|b| b == base().as_path() && base_checked().is_some())
 }
 
 /// Makes a sandbox's link directory again before its container starts: a mount whose source
@@ -157,12 +193,17 @@ pub fn remove(dir: &str) {
 /// user's).
 pub fn listen(dir: &str) -> Option<(tokio::net::UnixListener, Socket)> {
   let dir = Path::new(dir);
-  if !dir.is_dir() {
+  if !ours(dir) || !dir.is_dir() {
     return None;
   }
   let name = format!("agent-{:032x}.sock", rand::random::<u128>());
   let path = dir.join(&name);
-  let listener = tokio::net::UnixListener::bind(&path).ok()?;
+  // Bound through the directory's descriptor: a socket's path may be at most 107 bytes, which
+  // a deep temporary directory would pass.
+  let at = std::fs::File::open(dir).ok()?;
+  let short = format!("/proc/self/fd/{}/{name}", at.as_raw_fd());
+  let listener = tokio::net::UnixListener::bind(&short).ok()?;
+  drop(at);
   Some((
     listener,
     Socket {
@@ -210,8 +251,11 @@ pub fn sweep_soon(engine: &Engine) {
 /// Removes this user's link directories that no container of `engine` mounts any more (their
 /// sandboxes were removed, by any process or by hand), once they are old enough that no create
 /// can be making one.
-pub async fn sweep(engine: &Engine) {
-  let Ok(entries) = std::fs::read_dir(base()) else {
+async fn sweep(engine: &Engine) {
+  let Some(base) = base_checked() else {
+    return;
+  };
+  let Ok(entries) = std::fs::read_dir(engine_dir(&base, &engine.host)) else {
     return;
   };
   let old: Vec<PathBuf> = entries
@@ -245,11 +289,6 @@ pub async fn sweep(engine: &Engine) {
   }
 }
 
-/// The label a linked sandbox carries.
-pub fn label(dir: &str) -> HashMap<String, String> {
-  HashMap::from([(LABEL.to_string(), dir.to_string())])
-}
-
 #[cfg(test)]
 mod tests {
   use super::*;
@@ -269,18 +308,91 @@ mod tests {
 
   #[test]
   fn only_this_users_link_directories_are_made_or_removed() {
-    assert!(ours(&base().join("01ARZ3NDEKTSV4RRFFQ69G5FAV")));
-    assert!(!ours(Path::new(
-      "/tmp/trueforge-link-12345/01ARZ3NDEKTSV4RRFFQ69G5FAV"
-    )));
+    let ulid = "01ARZ3NDEKTSV4RRFFQ69G5FAV";
+    assert!(base_checked().is_some());
+    assert!(ours(&base().join("0123456789abcdef").join(ulid)));
+    assert!(!ours(
+      &PathBuf::from("/tmp/trueforge-link-12345/0123456789abcdef").join(ulid)
+    ));
+    assert!(!ours(&base().join(ulid)));
     assert!(!ours(&base()));
-    assert!(!ours(&base().join("a").join("b")));
+    assert!(!ours(&base().join("a").join("b").join("c")));
+  }
+
+  #[test]
+  fn a_base_anyone_else_could_have_made_or_entered_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = std::env::temp_dir().join(format!("tf-link-unit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir(&root).unwrap();
+    // Made here: this user's, 0700.
+    let fresh = root.join("fresh");
+    assert_eq!(checked(fresh.clone()), Some(fresh.clone()));
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&fresh), 0o700);
+    // Open to others.
+    let open = root.join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(checked(open), None);
+    // A link to a directory of ours.
+    let link = root.join("link");
+    std::os::unix::fs::symlink(&fresh, &link).unwrap();
+    assert_eq!(checked(link), None);
+    // A file.
+    let file = root.join("file");
+    std::fs::write(&file, b"").unwrap();
+    assert_eq!(checked(file), None);
+    // Another user's (only root can make one here).
+    if unsafe { libc::geteuid() } == 0 {
+      let theirs = root.join("theirs");
+      std::fs::create_dir(&theirs).unwrap();
+      std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
+      std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+      assert_eq!(checked(theirs), None);
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+  }
+
+  #[test]
+  fn a_socket_is_had_however_deep_the_temporary_directory() {
+    let key = format!("unit-{}-{}", std::process::id(), "d".repeat(80));
+    let (dir, _) = prepare_in("unix:///var/run/docker.sock", &key).unwrap();
+    assert!(dir.len() > 108);
+    let rt = tokio::runtime::Builder::new_current_thread()
+      .enable_io()
+      .build()
+      .unwrap();
+    let file = rt.block_on(async {
+      let (_listener, socket) = listen(&dir).expect("a socket");
+      assert!(socket.inside.starts_with("/.trueforge-link/agent-"));
+      assert!(socket.path.exists());
+      socket.path.clone()
+    });
+    // Removed with its `Socket`.
+    assert!(!file.exists());
+    remove(&dir);
+  }
+
+  #[test]
+  fn engines_keep_their_directories_apart() {
+    let (a, b) = (
+      "unix:///var/run/docker.sock",
+      "unix:///var/run/docker-gvisor.sock",
+    );
+    let base = base();
+    assert_ne!(engine_dir(&base, a), engine_dir(&base, b));
+    // The same name in every process and version.
+    assert_eq!(
+      engine_dir(&base, a),
+      base.join(format!("{:016x}", 0x22d8_9489_e224_172cu64))
+    );
   }
 
   #[test]
   fn the_mount_is_read_only_at_the_target() {
     let key = format!("unit-{}", std::process::id());
-    let (dir, mount) = prepare(&key).unwrap();
+    let (dir, mount) = prepare_in("unix:///var/run/docker.sock", &key).unwrap();
     assert_eq!(mount.target.as_deref(), Some(TARGET));
     assert_eq!(mount.source.as_deref(), Some(dir.as_str()));
     assert_eq!(mount.read_only, Some(true));
