@@ -371,6 +371,12 @@ export interface NativeProviderOptions {
    */
   agent?: boolean
   /**
+   * With the agent and a local Docker engine, new sandboxes mount a directory of this machine's
+   * (read-only, their own) through which their agent links to this process, bypassing the
+   * engine's exec stream; `false` makes them without one. Default true.
+   */
+  agentLink?: boolean
+  /**
    * With the agent and an engine on a local Unix socket, each Code Mode socket is served on a
    * stream of its own that the JavaScript thread reads directly (the fastest round trip);
    * `false` carries Code Mode calls on the agent's own connection. Default true.

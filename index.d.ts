@@ -156,6 +156,12 @@ export interface DockerSandboxProviderOptions {
    */
   agent?: boolean | undefined
   /**
+   * With the agent and a local Docker engine, each new sandbox mounts a directory of this
+   * machine's (read-only, its own) through which its agent links to this process, bypassing the
+   * engine's exec stream (see docs/agent.md); `false` makes sandboxes without one. Default true.
+   */
+  agentLink?: boolean | undefined
+  /**
    * With the agent and an engine on a local Unix socket, serve each Code Mode socket on a stream
    * of its own that this process's JavaScript thread reads (the fastest round trip); `false`
    * carries Code Mode calls on the agent's own connection. Default true.

@@ -4,7 +4,7 @@
 // (killed or stopped mid-command, a second server process, sandboxes made without it, the
 // fallback), and the kinds of sandbox it must serve. Network traffic stays on loopback.
 
-import { spawn, spawnSync } from 'node:child_process'
+import { spawn } from 'node:child_process'
 import { existsSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs'
 import { createConnection, createServer, type Server } from 'node:net'
 
@@ -489,31 +489,13 @@ describe('the agent linked to this process', () => {
     },
   )
 
-  linking(
-    'TRUEFORGE_AGENT_NO_LINK=1 in the environment: sandboxes are made without a link, their agents on the exec stream',
-    async () => {
-      const script = `
-      const { DockerSandboxProvider } = require(${JSON.stringify(require.resolve('..'))})
-      const p = new DockerSandboxProvider({ image: ${JSON.stringify(BUSYBOX)}, namespace: ${JSON.stringify(namespace)}, network: 'none' })
-      ;(async () => {
-        const { sandboxId } = await p.createSandbox()
-        const r = await p.exec({ sandboxId, command: 'echo plain' })
-        console.log(JSON.stringify({ sandboxId, r, status: await p.agentStatus(sandboxId) }))
-        await p.dispose()
-      })().catch((e) => { console.error(e); process.exit(1) })
-    `
-      const r = spawnSync(process.execPath, ['-e', script], {
-        env: { ...process.env, TRUEFORGE_AGENT_NO_LINK: '1' },
-        encoding: 'utf8',
-      })
-      expect(r.status).toBe(0)
-      const { sandboxId, r: out, status } = JSON.parse(r.stdout.trim().split('\n').pop()!)
-      tracker.ids.add(sandboxId)
-      expect(out.response?.result).toBe('plain\n')
-      expect(status.linked).toBe(false)
-      expect(linkMount(sandboxId)).toBeUndefined()
-    },
-  )
+  linking('agentLink: false: sandboxes are made without a link, their agents on the exec stream', async () => {
+    const p = provider({ image: BUSYBOX, agentLink: false })
+    const id = await tracker.create(p)
+    expect(linkMount(id)).toBeUndefined()
+    expect(await ok(p, id, 'echo plain')).toBe('plain\n')
+    expect((await agentOf(p, id)).linked).toBe(false)
+  })
 
   underGvisor('under runtime runsc a sandbox gets no link, and its agent serves on the exec stream', async () => {
     const p = provider({ image: BUSYBOX })

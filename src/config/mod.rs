@@ -89,6 +89,8 @@ pub struct ProviderConfig {
   pub engine_timeout_ms: u64,
   /// Use the in-sandbox agent (`agent`).
   pub agent: bool,
+  /// Link new sandboxes' agents to this process (`agentLink`).
+  pub agent_link: bool,
   /// Serve Code Mode on lanes the JavaScript thread reads (`codeModeLane`).
   pub code_mode_lane: bool,
   /// Large uploads written by the engine into the agent's staging directory (`stagedUploads`).
@@ -193,6 +195,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
     Ok(Self {
       engine_timeout_ms,
       agent,
+      agent_link: boolean("agentLink", o.agent_link, true)?,
       code_mode_lane: boolean("codeModeLane", o.code_mode_lane, true)?,
       staged_uploads: boolean("stagedUploads", o.staged_uploads, true)?,
       agent_bin_dir: None,

@@ -180,6 +180,11 @@ pub struct ProviderOptions {
   /// endpoints for everything. Default true.
   #[napi(ts_type = "boolean")]
   pub agent: Option<Given<bool>>,
+  /// With the agent and a local Docker engine, new sandboxes mount a directory of this machine's
+  /// (read-only, their own) through which their agent links to this process, bypassing the
+  /// engine's exec stream; `false` makes them without one. Default true.
+  #[napi(ts_type = "boolean")]
+  pub agent_link: Option<Given<bool>>,
   /// With the agent and an engine on a local Unix socket, each Code Mode socket is served on a
   /// stream of its own that the JavaScript thread reads directly (the fastest round trip);
   /// `false` carries Code Mode calls on the agent's own connection. Default true.
@@ -319,7 +324,7 @@ mod tests {
   #[test]
   fn field_names_come_from_the_struct_in_camel_case() {
     let names = field_names::<ProviderOptions>();
-    assert_eq!(names.len(), 37);
+    assert_eq!(names.len(), 38);
     assert_eq!(names[0], "image");
     for n in [
       "dockerHost",
@@ -340,7 +345,7 @@ mod tests {
     assert_eq!(option, "imgae");
     assert!(reason.starts_with("unknown option; known ones are image, dockerHost, tls,"));
     assert!(reason.ends_with(
-      "agent, codeModeLane, stagedUploads, egress, egressMaxConnections, egressBufferBytes, egressIdleTimeoutMs, egressConnectTimeoutMs, errors, logger"
+      "agent, agentLink, codeModeLane, stagedUploads, egress, egressMaxConnections, egressBufferBytes, egressIdleTimeoutMs, egressConnectTimeoutMs, errors, logger"
     ));
     for name in field_names::<ProviderOptions>() {
       assert!(reason.contains(name), "{name} not listed");

@@ -226,7 +226,7 @@ async fn shape(
   ) {
     hc.mounts.get_or_insert_with(Vec::new).push(mount);
   }
-  if link::wanted(engine, cfg.agent, cfg.runtime.as_deref()) {
+  if link::wanted(engine, cfg.agent && cfg.agent_link, cfg.runtime.as_deref()) {
     let key = ids::parse_sandbox_id(sandbox_id).unwrap_or(sandbox_id);
     if let (Some((dir, mount)), Some(hc)) = (link::prepare(engine, key), body.host_config.as_mut())
     {

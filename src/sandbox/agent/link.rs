@@ -24,8 +24,6 @@ use crate::util::errors::SandboxError;
 pub const TARGET: &str = "/.trueforge-link";
 /// The label naming a sandbox's link directory on this machine, for the sweep.
 pub const LABEL: &str = "trueforge.link";
-/// Set to `1`, no sandbox gets a link (`docs/operations.md`).
-pub const OFF_ENV: &str = "TRUEFORGE_AGENT_NO_LINK";
 /// A directory younger than this is never swept: its container may be being created.
 const SWEEP_MIN_AGE: Duration = Duration::from_secs(600);
 /// At most one sweep per engine this often.
@@ -85,17 +83,16 @@ fn engine_dir(base: &Path, host: &str) -> PathBuf {
   base.join(format!("{key:016x}"))
 }
 
-/// Whether a sandbox made now on `engine` gets a link: on Linux, with the agent, on a local
-/// Docker engine (Podman's SELinux labels and rootless mounts are left alone), under the
-/// engine's default runtime or runc (gVisor's sandboxes cannot reach a socket of the host), and
-/// unless turned off or refused before.
-pub fn wanted(engine: &Engine, agent: bool, runtime: Option<&str>) -> bool {
+/// Whether a sandbox made now on `engine` gets a link: on Linux, with the agent and `agentLink`
+/// (`on`), on a local Docker engine (Podman's SELinux labels and rootless mounts are left
+/// alone), under the engine's default runtime or runc (gVisor's sandboxes cannot reach a socket
+/// of the host), and unless given up before.
+pub fn wanted(engine: &Engine, on: bool, runtime: Option<&str>) -> bool {
   cfg!(target_os = "linux")
-    && agent
+    && on
     && !engine.podman
     && engine.host.starts_with("unix://")
     && runtime.is_none_or(|r| matches!(r, "runc" | "io.containerd.runc.v2"))
-    && std::env::var_os(OFF_ENV).is_none_or(|v| v != "1")
     && !engine
       .shared
       .state::<Links>()
