@@ -495,22 +495,7 @@ async fn closing_stdin_ends_the_agent() {
   let task = tokio::spawn(async move { c.exec(&req(&cmd)).await });
   tokio::time::sleep(Duration::from_millis(300)).await;
   a.client.close();
-  let status = tokio::time::timeout(Duration::from_secs(5), a.child.wait())
-    .await
-    .unwrap()
-    .unwrap();
-  assert!(status.success());
-  assert!(matches!(
-    task.await.unwrap(),
-    Err(ClientError::StreamEnded { .. })
-  ));
-  for _ in 0..50 {
-    if procs_with(&m).is_empty() {
-      break;
-    }
-    tokio::time::sleep(Duration::from_millis(50)).await;
-  }
-  assert!(procs_with(&m).is_empty());
+  ends_with_its_command(&mut a, task, &m).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

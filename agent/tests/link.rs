@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use tokio::io::AsyncReadExt;
-use trueforge_agent_proto::client::{AgentClient, ClientError};
+use trueforge_agent_proto::client::AgentClient;
 
 fn linked() -> Options {
   Options {
@@ -59,22 +59,7 @@ async fn closing_stdin_ends_a_linked_agent_and_its_commands() {
   assert!(!procs_with(&m).is_empty());
   // The host's end of the exec closes; the socket is still open.
   drop(a.lifeline.take().unwrap().stdin);
-  let status = tokio::time::timeout(Duration::from_secs(5), a.child.wait())
-    .await
-    .unwrap()
-    .unwrap();
-  assert!(status.success());
-  assert!(matches!(
-    task.await.unwrap(),
-    Err(ClientError::StreamEnded { .. })
-  ));
-  for _ in 0..50 {
-    if procs_with(&m).is_empty() {
-      break;
-    }
-    tokio::time::sleep(Duration::from_millis(50)).await;
-  }
-  assert!(procs_with(&m).is_empty());
+  ends_with_its_command(&mut a, task, &m).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -186,12 +186,7 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
     .map_or(Ok(0), parse_warm_pool)?;
     let agent = boolean("agent", o.agent, true)?;
     let egress = egress::parse(egress_options, agent, network.as_deref())?;
-    if warm_pool_size > 0 && matches!(gpus, Some(Gpus::Exclusive(_))) {
-      return Err(bad(
-        "warmPool",
-        "cannot be combined with exclusive GPUs: idle pool members would hold GPUs nobody uses",
-      ));
-    }
+    check_warm_pool(warm_pool_size, gpus.as_ref())?;
     Ok(Self {
       engine_timeout_ms,
       agent,
@@ -229,6 +224,17 @@ impl TryFrom<ProviderOptions> for ProviderConfig {
       egress,
     })
   }
+}
+
+/// A warm pool keeps idle members: none may hold exclusive GPUs.
+fn check_warm_pool(size: u32, gpus: Option<&Gpus>) -> Result<()> {
+  if size > 0 && matches!(gpus, Some(Gpus::Exclusive(_))) {
+    return Err(bad(
+      "warmPool",
+      "cannot be combined with exclusive GPUs: idle pool members would hold GPUs nobody uses",
+    ));
+  }
+  Ok(())
 }
 
 #[cfg(test)]

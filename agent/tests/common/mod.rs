@@ -140,6 +140,31 @@ impl Agent {
   }
 }
 
+/// The agent exits cleanly, the command in flight (`task`, running `sleep <marker>`) fails as
+/// the stream ended, and the command's processes are gone.
+pub async fn ends_with_its_command(
+  a: &mut Agent,
+  task: tokio::task::JoinHandle<Result<ExecOutput, trueforge_agent_proto::client::ClientError>>,
+  marker: &str,
+) {
+  let status = tokio::time::timeout(Duration::from_secs(5), a.child.wait())
+    .await
+    .unwrap()
+    .unwrap();
+  assert!(status.success());
+  assert!(matches!(
+    task.await.unwrap(),
+    Err(trueforge_agent_proto::client::ClientError::StreamEnded { .. })
+  ));
+  for _ in 0..50 {
+    if procs_with(marker).is_empty() {
+      break;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+  }
+  assert!(procs_with(marker).is_empty());
+}
+
 /// Pids whose command line contains `needle` (our own process excluded).
 pub fn procs_with(needle: &str) -> Vec<u32> {
   let me = std::process::id();

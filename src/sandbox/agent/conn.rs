@@ -128,6 +128,15 @@ impl Conns {
 
   /// Containers whose live agent is linked (`link`).
   pub fn linked(&self) -> usize {
+    self
+      .held()
+      .iter()
+      .filter(|c| c.linked() && !c.client.is_closed())
+      .count()
+  }
+
+  /// The connections held now (those whose start is under way are left out).
+  fn held(&self) -> Vec<Arc<Conn>> {
     let slots: Vec<Slot> = self
       .conns
       .lock()
@@ -137,13 +146,8 @@ impl Conns {
       .collect();
     slots
       .iter()
-      .filter(|s| {
-        s.try_lock().is_ok_and(|c| {
-          c.as_ref()
-            .is_some_and(|c| c.linked() && !c.client.is_closed())
-        })
-      })
-      .count()
+      .filter_map(|s| s.try_lock().ok().and_then(|g| g.clone()))
+      .collect()
   }
 
   pub(crate) fn slot(&self, container: &str) -> Slot {
@@ -195,17 +199,8 @@ impl Conns {
   /// Closes every agent connection (the engine's last provider was disposed): each agent
   /// exits, and the next call starts a new one.
   pub fn close_all(&self) {
-    let slots: Vec<Slot> = self
-      .conns
-      .lock()
-      .expect("agent conns")
-      .values()
-      .cloned()
-      .collect();
-    for slot in slots {
-      if let Some(c) = slot.try_lock().ok().and_then(|g| g.clone()) {
-        c.client.close();
-      }
+    for c in self.held() {
+      c.client.close();
     }
   }
 }
