@@ -3,7 +3,9 @@
 // Deadlines: `engineTimeoutMs: 3000` bounds control requests (inspect, create, stat, exec
 // create); exec `timeoutSeconds: 3`; an upload is a transfer, bounded (as documented for
 // `engineTimeoutMs`) by the transfer deadline of 30 s plus 1 s per 8 MiB instead. The last test
-// keeps `engineTimeoutMs` at its default: there an exec's own timeout is its deadline.
+// keeps `engineTimeoutMs` at its default: there an exec's own timeout is its deadline. Their agents
+// are not linked (`agentLink: false`): a linked agent's calls never reach the engine, and the last
+// test checks that it keeps serving while the engine is frozen.
 
 import {
   call,
@@ -37,7 +39,7 @@ const by = (deadlineMs: number): number => deadlineMs + SLACK_MS
 
 describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
   const namespace = faultNamespace('f3')
-  const provider = faultProvider(namespace, { engineTimeoutMs: ENGINE_TIMEOUT_MS })
+  const provider = faultProvider(namespace, { engineTimeoutMs: ENGINE_TIMEOUT_MS, agentLink: false })
   const tracker = new Tracker(namespace, provider)
 
   afterAll(async () => {
@@ -62,7 +64,7 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
       provider.uploadFile({ sandboxId, remotePath: 'a.txt', content: Buffer.from('alpha\n') }),
     )
     // A second instance that has never seen the sandbox: its exec must look the container up.
-    const fresh = faultProvider(namespace, { engineTimeoutMs: ENGINE_TIMEOUT_MS })
+    const fresh = faultProvider(namespace, { engineTimeoutMs: ENGINE_TIMEOUT_MS, agentLink: false })
 
     injectFault('engine-freeze')
     faultEngine('pause')
@@ -189,7 +191,7 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
   })
 
   test('with engineTimeoutMs at its default (30 s), an exec on the frozen engine returns by its own timeout plus a few seconds, through the agent and on the engine path; nothing sent late runs; both work after SIGCONT', async () => {
-    const viaAgent = faultProvider(namespace)
+    const viaAgent = faultProvider(namespace, { agentLink: false })
     const viaEngine = faultProvider(namespace, { agent: false })
     const a = await tracker.create(viaAgent)
     const b = await tracker.create(viaEngine)
@@ -243,5 +245,33 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
     expect(gone).not.toBeNull()
     await sleep(1000)
     expect(dkTry(['exec', nameOf(namespace, a), 'test', '-e', `${a}/late.txt`]).status).toBe(1)
+  })
+
+  test('a linked agent serves commands and files while the engine is frozen: its calls never reach the engine', async () => {
+    const linked = faultProvider(namespace, { engineTimeoutMs: ENGINE_TIMEOUT_MS })
+    const sandboxId = await tracker.create(linked)
+    const status = await linked.agentStatus(sandboxId)
+    expect(status).toMatchObject({ mode: 'agent', linked: true })
+    await mustRun(linked, sandboxId, 'true')
+    injectFault('engine-freeze')
+    faultEngine('pause')
+    let outcomes: Outcome<unknown>[]
+    try {
+      outcomes = await Promise.all<Outcome<unknown>>([
+        execCall(
+          linked,
+          { sandboxId, command: 'echo frozen', timeoutSeconds: EXEC_TIMEOUT_S },
+          by(EXEC_TIMEOUT_S * 1000),
+        ),
+        call('uploadFile', by(ENGINE_TIMEOUT_MS), () =>
+          linked.uploadFile({ sandboxId, remotePath: 'f.txt', content: Buffer.from('frozen\n') }),
+        ),
+      ])
+    } finally {
+      faultEngine('resume')
+    }
+    for (const o of outcomes) expect({ kind: o.kind, status: o.status }).toEqual({ kind: o.kind, status: 'ok' })
+    expect(outcomes[0].value).toMatchObject({ success: true, response: { exitCode: 0, result: 'frozen\n' } })
+    expect(await mustRun(linked, sandboxId, 'cat f.txt')).toBe('frozen\n')
   })
 })
