@@ -47,6 +47,17 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
     await tracker.cleanup()
   })
 
+  /** `run`'s calls, made while the engine is frozen; it is resumed once they have settled. */
+  async function whileFrozen(run: () => Promise<Outcome<unknown>>[]): Promise<Outcome<unknown>[]> {
+    injectFault('engine-freeze')
+    faultEngine('pause')
+    try {
+      return await Promise.all(run())
+    } finally {
+      faultEngine('resume')
+    }
+  }
+
   /** Settled by its deadline (plus the slack) with a clear error naming the engine. */
   function expectClearEngineError(o: Outcome<unknown>, deadlineMs: number): void {
     expect({ kind: o.kind, status: o.status, reason: o.reason }).toEqual({
@@ -66,32 +77,21 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
     // A second instance that has never seen the sandbox: its exec must look the container up.
     const fresh = faultProvider(namespace, { engineTimeoutMs: ENGINE_TIMEOUT_MS, agentLink: false })
 
-    injectFault('engine-freeze')
-    faultEngine('pause')
-    let outcomes: Outcome<unknown>[]
-    try {
-      outcomes = await Promise.all<Outcome<unknown>>([
-        execCall(
-          provider,
-          { sandboxId, command: 'echo hi', timeoutSeconds: EXEC_TIMEOUT_S },
-          by(EXEC_TIMEOUT_S * 1000),
-        ),
-        execCall(
-          fresh,
-          { sandboxId, command: 'echo hi', timeoutSeconds: EXEC_TIMEOUT_S },
-          by(EXEC_TIMEOUT_S * 1000),
-          'exec (uncached)',
-        ),
-        call('uploadFile', by(TRANSFER_DEADLINE_MS), () =>
-          provider.uploadFile({ sandboxId, remotePath: 'b.txt', content: Buffer.from('beta\n') }),
-        ),
-        call('downloadFile', by(ENGINE_TIMEOUT_MS), () => provider.downloadFile({ sandboxId, path: 'a.txt' })),
-        call('createSandbox', by(ENGINE_TIMEOUT_MS), () => provider.createSandbox()),
-        call('getImageBuildStatus', by(ENGINE_TIMEOUT_MS), () => provider.getImageBuildStatus()),
-      ])
-    } finally {
-      faultEngine('resume')
-    }
+    const outcomes = await whileFrozen(() => [
+      execCall(provider, { sandboxId, command: 'echo hi', timeoutSeconds: EXEC_TIMEOUT_S }, by(EXEC_TIMEOUT_S * 1000)),
+      execCall(
+        fresh,
+        { sandboxId, command: 'echo hi', timeoutSeconds: EXEC_TIMEOUT_S },
+        by(EXEC_TIMEOUT_S * 1000),
+        'exec (uncached)',
+      ),
+      call('uploadFile', by(TRANSFER_DEADLINE_MS), () =>
+        provider.uploadFile({ sandboxId, remotePath: 'b.txt', content: Buffer.from('beta\n') }),
+      ),
+      call('downloadFile', by(ENGINE_TIMEOUT_MS), () => provider.downloadFile({ sandboxId, path: 'a.txt' })),
+      call('createSandbox', by(ENGINE_TIMEOUT_MS), () => provider.createSandbox()),
+      call('getImageBuildStatus', by(ENGINE_TIMEOUT_MS), () => provider.getImageBuildStatus()),
+    ])
     const [exec1, exec2, upload, download, create, status] = outcomes
     expectClearEngineError(exec1, EXEC_TIMEOUT_S * 1000)
     expect(exec1.value).toMatchObject({ success: false })
@@ -253,23 +253,16 @@ describeFaults('fault 3: the engine hangs (SIGSTOP)', () => {
     const status = await linked.agentStatus(sandboxId)
     expect(status).toMatchObject({ mode: 'agent', linked: true })
     await mustRun(linked, sandboxId, 'true')
-    injectFault('engine-freeze')
-    faultEngine('pause')
-    let outcomes: Outcome<unknown>[]
-    try {
-      outcomes = await Promise.all<Outcome<unknown>>([
-        execCall(
-          linked,
-          { sandboxId, command: 'echo frozen', timeoutSeconds: EXEC_TIMEOUT_S },
-          by(EXEC_TIMEOUT_S * 1000),
-        ),
-        call('uploadFile', by(ENGINE_TIMEOUT_MS), () =>
-          linked.uploadFile({ sandboxId, remotePath: 'f.txt', content: Buffer.from('frozen\n') }),
-        ),
-      ])
-    } finally {
-      faultEngine('resume')
-    }
+    const outcomes = await whileFrozen(() => [
+      execCall(
+        linked,
+        { sandboxId, command: 'echo frozen', timeoutSeconds: EXEC_TIMEOUT_S },
+        by(EXEC_TIMEOUT_S * 1000),
+      ),
+      call('uploadFile', by(ENGINE_TIMEOUT_MS), () =>
+        linked.uploadFile({ sandboxId, remotePath: 'f.txt', content: Buffer.from('frozen\n') }),
+      ),
+    ])
     for (const o of outcomes) expect({ kind: o.kind, status: o.status }).toEqual({ kind: o.kind, status: 'ok' })
     expect(outcomes[0].value).toMatchObject({ success: true, response: { exitCode: 0, result: 'frozen\n' } })
     expect(await mustRun(linked, sandboxId, 'cat f.txt')).toBe('frozen\n')
