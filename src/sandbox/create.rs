@@ -120,21 +120,25 @@ async fn create_inner(
   } else {
     final_name
   };
-  let mut body = shape(engine, cfg, spec, &sandbox_id, log).await?;
+  let body = shape(engine, cfg, spec, &sandbox_id, log).await?;
   let linked = link_of(&body);
+  // Kept only where a refused link may need a second create.
+  let mut without_link = linked.is_some().then(|| unlinked(&body));
   // Not retried, but for a link the engine refused: a create that reached the engine would
   // collide with its own name.
   let mut created = engine
-    .create_container("create the sandbox container", Some(&name), body.clone())
+    .create_container("create the sandbox container", Some(&name), body)
     .await;
   if let (Err(e), Some(dir)) = (&created, &linked) {
     link::remove(dir);
-    if link::refused(engine, e, dir) {
+    if let Some(body) = without_link
+      .take()
+      .filter(|_| link::refused(engine, e, dir))
+    {
       log.info(
         "the engine does not see this process's files: its sandboxes get no link",
         json!({ "engine": engine.host.to_string(), "error": e.to_string() }),
       );
-      unlink(&mut body);
       created = engine
         .create_container("create the sandbox container", Some(&name), body)
         .await;
@@ -174,7 +178,9 @@ async fn create_inner(
     }
     Err(e) => {
       clean_up(engine, &name, &container_id, &e, log).await;
-      linked.as_deref().map(link::remove);
+      if let Some(dir) = &linked {
+        link::remove(dir);
+      }
       Err(e)
     }
   }
@@ -246,14 +252,16 @@ fn link_of(body: &ContainerCreateBody) -> Option<String> {
   body.labels.as_ref()?.get(link::LABEL).cloned()
 }
 
-/// Takes the link out of a container definition.
-fn unlink(body: &mut ContainerCreateBody) {
+/// A container definition without its link.
+fn unlinked(body: &ContainerCreateBody) -> ContainerCreateBody {
+  let mut body = body.clone();
   if let Some(labels) = body.labels.as_mut() {
     labels.remove(link::LABEL);
   }
   if let Some(mounts) = body.host_config.as_mut().and_then(|h| h.mounts.as_mut()) {
     mounts.retain(|m| m.target.as_deref() != Some(link::TARGET));
   }
+  body
 }
 
 /// GPUs reach a gVisor sandbox only through gVisor's nvproxy, which the engine must pass to
