@@ -62,7 +62,6 @@ async function agentOf(p: Provider, sandboxId: string): Promise<Extract<AgentSta
   return st
 }
 
-/** Host pids of a container's processes whose command line matches `re` (the host's view). */
 /** The container's processes whose command line matches, as `pid args` (read from its /proc
  * as root: `docker top` lists the host's processes for a gVisor sandbox). */
 function processes(sandboxId: string, re: RegExp): string[] {
@@ -73,7 +72,8 @@ function processes(sandboxId: string, re: RegExp): string[] {
     containerNameFor(namespace, sandboxId),
     'sh',
     '-c',
-    'for d in /proc/[0-9]*; do a=$(tr "\\0" " " < $d/cmdline 2>/dev/null); [ -n "$a" ] && echo "${d#/proc/} $a"; done',
+    // A process may exit between the glob and the read; the loop must not end on its status.
+    'for d in /proc/[0-9]*; do a=$(tr "\\0" " " 2>/dev/null < $d/cmdline); if [ -n "$a" ]; then echo "${d#/proc/} $a"; fi; done; true',
   ])
   return out
     .split('\n')

@@ -174,7 +174,7 @@ async function pythonRelayPids(provider: Provider, sandboxId: string): Promise<n
   const out = await ok(
     provider,
     sandboxId,
-    `for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); case "$c" in "${RELAY_CMDLINE}"*) echo \${d#/proc/};; esac; done`,
+    `for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' 2>/dev/null < $d/cmdline); case "$c" in "${RELAY_CMDLINE}"*) echo \${d#/proc/};; esac; done`,
   )
   return out
     .split('\n')
@@ -229,7 +229,7 @@ async function lanePids(p: Provider, id: string): Promise<number[]> {
   const out = await ok(
     p,
     id,
-    `for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); case "$c" in *" codemode"-lane" "*) echo \${d#/proc/};; esac; done`,
+    `for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' 2>/dev/null < $d/cmdline); case "$c" in *" codemode"-lane" "*) echo \${d#/proc/};; esac; done`,
   )
   return out.split('\n').filter(Boolean).map(Number)
 }

@@ -220,7 +220,7 @@ export async function relayPid(provider: Provider, sandboxId: string, socket: st
   const out = await ok(
     provider,
     sandboxId,
-    `for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); case "$c" in "python3 -I -S /trueforge/codemode/relay.py ${socket} ") echo \${d#/proc/};; esac; done`,
+    `for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' 2>/dev/null < $d/cmdline); case "$c" in "python3 -I -S /trueforge/codemode/relay.py ${socket} ") echo \${d#/proc/};; esac; done`,
   )
   const pids = out.split('\n').filter(Boolean).map(Number)
   if (pids.length !== 1) throw new Error(`expected one relay on ${socket}, found ${JSON.stringify(pids)}`)
