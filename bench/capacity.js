@@ -9,7 +9,7 @@
 //   - memory in the sandbox: the engine's one-shot stats of a few idle sandboxes;
 //   - the machine: MemAvailable and the engine's processes per sandbox, which say what fills
 //     first;
-//   - a burst of 50 creates, each running its first command, against the floor's;
+//   - bursts of 20 and of 50 creates, each running its first command, against the floor's;
 //   - busy sandboxes: 10, then 20, each running a command loop through the agent (a CPU burst,
 //     file writes and reads in the shell, a file up and back), while a probe sandbox measures
 //     what a session feels (exec, 1 KiB transfers, create → first exec of one more) against the
@@ -20,6 +20,8 @@
 //   node --expose-gc bench/capacity.js [counts] [busy counts]
 //                                     defaults "20,200" and "10,20"; an empty busy list skips it
 //   BENCH_BUSY_PAUSE_MS   each busy sandbox's pause between loop rounds (default 250)
+//   BENCH_BURSTS          the burst sizes (default "20,50")
+//   BENCH_BURST_PAIRS     alternating pairs per size, ours and the floor's (default 3)
 //
 // Prints one JSON object. Every container it makes carries the bench label and is removed.
 
@@ -37,7 +39,9 @@ const { summarize } = require('./stats')
 const KiB = 1024
 const MiB = 1024 * 1024
 const CONCURRENCY = 8
-const BURST = Number(process.env.BENCH_BURST || 50)
+const BURSTS = (process.env.BENCH_BURSTS || '20,50').split(',').map(Number)
+// Odd, so the median is one pair's, and ours leads in one more pair than the floor.
+const BURST_PAIRS = Number(process.env.BENCH_BURST_PAIRS || 3)
 const round1 = (x) => Math.round(x * 10) / 10
 const round2 = (x) => Math.round(x * 100) / 100
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
@@ -206,8 +210,11 @@ async function machine(n) {
   }
 }
 
-/** `BURST` creates at once, each running its first command: wall time, ours and the floor's. */
-async function burst() {
+/** `n` creates at once, each running its first command: wall time, ours and the floor's.
+ * The two alternate, ours first in one pair and second in the next, and the ratio is the median
+ * of the pairs': whichever burst runs first meets the engine still tidying up after the last
+ * one, and one pair in a loaded run is noise. */
+async function burst(n) {
   const { DockerSandboxProvider } = require('..')
   const p = new DockerSandboxProvider({
     image: IMAGE,
@@ -215,7 +222,35 @@ async function burst() {
     labels: benchLabels('addon'),
   })
   const f = floor.create()
-  const out = {}
+  const errors = (results) => results.filter((r) => r.status === 'rejected').length
+  const ours = async () => {
+    const ids = []
+    const t = performance.now()
+    const results = await Promise.allSettled(
+      Array.from({ length: n }, async () => {
+        const { sandboxId } = await p.createSandbox()
+        ids.push(sandboxId)
+        const r = await p.exec({ sandboxId, command: 'true' })
+        if (!r.success) throw new Error(r.error)
+      }),
+    )
+    const ms = performance.now() - t
+    await Promise.allSettled(ids.map((id) => p.removeSandbox(id)))
+    return { ms, errors: errors(results) }
+  }
+  const raw = async () => {
+    const t = performance.now()
+    const results = await Promise.allSettled(
+      Array.from({ length: n }, async () => {
+        const id = await f.createSandbox()
+        await f.exec(id, 'true')
+      }),
+    )
+    const ms = performance.now() - t
+    await f.cleanup()
+    return { ms, errors: errors(results) }
+  }
+  const pairs = []
   try {
     // One of each first, so image checks and the agent's volume are not part of the burst.
     const warm = await p.createSandbox()
@@ -223,34 +258,29 @@ async function burst() {
     await p.removeSandbox(warm.sandboxId)
     await f.exec(await f.createSandbox(), 'true')
     await f.cleanup()
-    const ids = []
-    let t = performance.now()
-    const ours = await Promise.allSettled(
-      Array.from({ length: BURST }, async () => {
-        const { sandboxId } = await p.createSandbox()
-        ids.push(sandboxId)
-        const r = await p.exec({ sandboxId, command: 'true' })
-        if (!r.success) throw new Error(r.error)
-      }),
-    )
-    out.oursMs = Math.round(performance.now() - t)
-    out.oursErrors = ours.filter((r) => r.status === 'rejected').length
-    await Promise.allSettled(ids.map((id) => p.removeSandbox(id)))
-    t = performance.now()
-    const raw = await Promise.allSettled(
-      Array.from({ length: BURST }, async () => {
-        const id = await f.createSandbox()
-        await f.exec(id, 'true')
-      }),
-    )
-    out.floorMs = Math.round(performance.now() - t)
-    out.floorErrors = raw.filter((r) => r.status === 'rejected').length
-    out.ratio = round2(out.oursMs / out.floorMs)
+    for (let i = 0; i < BURST_PAIRS; i++) {
+      const [first, second] = i % 2 === 0 ? [ours, raw] : [raw, ours]
+      const a = await first()
+      await sleep(1000)
+      const b = await second()
+      await sleep(1000)
+      const [o, r] = i % 2 === 0 ? [a, b] : [b, a]
+      pairs.push({ oursMs: Math.round(o.ms), floorMs: Math.round(r.ms), oursErrors: o.errors, floorErrors: r.errors })
+    }
   } finally {
     await f.cleanup()
     await p.dispose()
   }
-  return { sandboxes: BURST, ...out }
+  const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]
+  return {
+    sandboxes: n,
+    pairs,
+    oursMs: median(pairs.map((x) => x.oursMs)),
+    floorMs: median(pairs.map((x) => x.floorMs)),
+    oursErrors: pairs.reduce((n, x) => n + x.oursErrors, 0),
+    floorErrors: pairs.reduce((n, x) => n + x.floorErrors, 0),
+    ratio: round2(median(pairs.map((x) => x.oursMs / x.floorMs))),
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -520,7 +550,8 @@ async function main() {
         : null
     })
     out.machine = await machine(counts[counts.length - 1])
-    out.burst = await burst()
+    out.bursts = []
+    for (const n of BURSTS) out.bursts.push(await burst(n))
     out.busy = []
     for (const n of busyCounts) out.busy.push(await runChild(`busy ${n}`, ['--busy', String(n)]))
   } catch (e) {
