@@ -199,7 +199,7 @@ function create({ socket = SOCKET } = {}) {
   }
 
   async function cleanup() {
-    await Promise.allSettled([...made].map((id) => remove(id)))
+    await few([...made], (id) => remove(id))
   }
 
   return { name: 'floor', createSandbox, exec, upload, download, remove, cleanup }
@@ -285,6 +285,17 @@ async function exitCode(json, execId) {
   throw new Error('exec output ended but the engine still reports it running')
 }
 
+/** Runs `fn` over `items` eight at a time, ignoring failures. Removals go a few at a time:
+ * Docker 20.10 can deadlock in libnetwork when many containers leave their networks at once
+ * (moby issue 46661). */
+async function few(items, fn) {
+  let next = 0
+  const worker = async () => {
+    while (next < items.length) await fn(items[next++]).catch(() => {})
+  }
+  await Promise.all(Array.from({ length: 8 }, worker))
+}
+
 async function removeContainer(json, id) {
   await json('DELETE', `/containers/${id}?force=true&v=true`, undefined, [200, 204, 404, 409])
 }
@@ -296,7 +307,7 @@ const admin = client()
 async function sweep(label) {
   const filters = encodeURIComponent(JSON.stringify({ label: [label] }))
   const { data } = await admin.json('GET', `/containers/json?all=true&filters=${filters}`)
-  await Promise.allSettled(data.map((c) => removeContainer(admin.json, c.Id)))
+  await few(data, (c) => removeContainer(admin.json, c.Id))
   return data.length
 }
 
