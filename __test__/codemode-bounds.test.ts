@@ -407,6 +407,25 @@ describe.each([
     ])
     expect(d.seen[1].at).toBeGreaterThanOrEqual(d.settled[0])
   })
+
+  test('several at once that each need most of the room are served one after another', async () => {
+    const d = new Dispatcher(300)
+    const env = await started({ codeModeSandboxInflightBytes: 4 * MiB }, d)
+    // Each text is read under room for its bytes, then needs a little more for its values: one
+    // call holding its bytes while the next holds the rest would leave both waiting.
+    const answers = await requests(
+      main,
+      sb,
+      env,
+      Array.from({ length: 3 }, () => ({ tool: 'slow', size: 3.5 * MiB })),
+    )
+    expect(answers.map((a) => a.reply.ok)).toEqual([true, true, true])
+    expect(answers.map((a) => a.reply.result?.structuredContent?.n).sort()).toEqual([0, 1, 2])
+    expect(d.seen.map((s) => s.tool)).toEqual(['slow', 'slow', 'slow'])
+    // One at a time: each reached the dispatcher after the one before was done with its room.
+    expect(d.seen[1].at).toBeGreaterThanOrEqual(d.settled[0])
+    expect(d.seen[2].at).toBeGreaterThanOrEqual(d.settled[1])
+  })
 })
 
 test('malformed, too deep or oversized keys: refused natively with what is wrong', async () => {

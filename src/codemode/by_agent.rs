@@ -268,6 +268,7 @@ fn call_handler(
   runtime: tokio::runtime::Handle,
 ) -> CallHandler {
   let next_id = AtomicU32::new(0);
+  let turn = Turn::default();
   Arc::new(move |mut call: CodeModeCall| {
     let id = next_id.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
     let size = announced(&call);
@@ -277,19 +278,22 @@ fn call_handler(
       intake: intake.clone(),
       budget: budget.clone(),
       pending: pending.clone(),
+      turn: turn.clone(),
     };
     if budget.refusal(size).is_none() {
-      if let Some(room) = budget.try_claim(budget::reading(size)) {
-        if let Some(request) = call.take_request() {
-          let Ok(request) = request else { return };
-          let measured = meter::measure(&request);
-          match budget.admit(request.len(), &measured, room) {
-            Admission::Ready(room) => on.deliver(call, room, request, measured),
-            other => {
-              runtime.spawn(on.settle(call, request, measured, other));
+      if let Ok(turn) = on.turn.clone().try_lock_owned() {
+        if let Some(room) = budget.try_claim(budget::reading(size)) {
+          if let Some(request) = call.take_request() {
+            let Ok(request) = request else { return };
+            let measured = meter::measure(&request);
+            match budget.admit(request.len(), &measured, room) {
+              Admission::Ready(room) => on.deliver(call, room, request, measured),
+              other => {
+                runtime.spawn(on.settle(call, request, measured, other, turn));
+              }
             }
+            return;
           }
-          return;
         }
       }
     }
@@ -388,6 +392,11 @@ fn announced(call: &CodeModeCall) -> usize {
 /// Requests from this size on are measured on a blocking thread, not on the runtime's.
 const MEASURE_APART: usize = 1 << 20;
 
+/// A relay's turn to wait for room: one call at a time, in the order they came, as a lane
+/// reads them. Two calls each holding part of the room while they wait for the rest would wait
+/// for each other until their timeout.
+type Turn = Arc<tokio::sync::Mutex<()>>;
+
 /// One call on its way to the sink.
 struct Handed {
   generation: u32,
@@ -395,6 +404,7 @@ struct Handed {
   intake: Intake,
   budget: Budget,
   pending: Pending,
+  turn: Turn,
 }
 
 impl Handed {
@@ -406,7 +416,8 @@ impl Handed {
       let _ = call.reply(error_reply(&why, "caller")).await;
       return;
     }
-    // Until there is room, the call's bytes wait in the agent under flow control.
+    // Until its turn and then room come, the call's bytes wait in the agent under flow control.
+    let turn = self.turn.clone().lock_owned().await;
     let room = self.budget.claim(budget::reading(size)).await;
     let Ok(request) = call.read_request().await else {
       return;
@@ -420,17 +431,18 @@ impl Handed {
       }
     };
     let admission = self.budget.admit(request.len(), &measured, room);
-    self.settle(call, request, measured, admission).await;
+    self.settle(call, request, measured, admission, turn).await;
   }
 
   /// Delivers an admitted call, or answers why it cannot be, waiting for room within the
-  /// timeout when it needs more than is free.
+  /// timeout when it needs more than is free. The relay's turn is given up once it is settled.
   async fn settle(
     self,
     call: CodeModeCall,
     request: Bytes,
     measured: Result<Measured, Unfit>,
     admission: Admission,
+    turn: tokio::sync::OwnedMutexGuard<()>,
   ) {
     let room = match admission {
       Admission::Ready(room) => room,
@@ -449,6 +461,7 @@ impl Handed {
         room
       }
     };
+    drop(turn);
     self.deliver(call, room, request, measured);
   }
 
