@@ -24,7 +24,8 @@ function agentRss(sandboxId) {
     encoding: 'utf8',
   }).trim()
   const rows = execFileSync('docker', ['top', name, '-o', 'pid,rss,args'], { encoding: 'utf8' }).split('\n').slice(1)
-  const agent = rows.find((r) => /trueforge-agent-(x86_64|aarch64)\s*$/.test(r))
+  // A linked agent is started with `--link <socket>`.
+  const agent = rows.find((r) => /trueforge-agent-(x86_64|aarch64)(\s+--link\s+\S+)?\s*$/.test(r))
   if (!agent) throw new Error(`no agent process in ${name}: ${rows.join(' / ')}`)
   const spares = rows.filter((r) => /trueforge-agent-(x86_64|aarch64) shepherd /.test(r))
   return [agent, ...spares].reduce((sum, r) => sum + Number(r.trim().split(/\s+/)[1]) * 1024, 0)
