@@ -33,7 +33,7 @@ const { execFileSync, spawn } = require('node:child_process')
 const fs = require('node:fs')
 
 const floor = require('./impl/floor')
-const { BENCH_LABEL, IMAGE, benchLabels } = require('./impl/common')
+const { BENCH_LABEL, IMAGE, benchLabels, fewAtATime } = require('./impl/common')
 const { summarize } = require('./stats')
 
 const KiB = 1024
@@ -64,12 +64,9 @@ async function pool(from, to, fn) {
   )
 }
 
-/** Removes sandboxes a few at a time: Docker 20.10 can deadlock in libnetwork when many
- * containers leave their networks at once (moby issue 46661), and hung the bench once after 200
- * removals at once. Removal is never timed. */
-async function removeAll(p, ids) {
-  const list = [...ids]
-  await pool(0, list.length, (i) => p.removeSandbox(list[i]).catch(() => {}))
+/** Removes sandboxes a few at a time (`fewAtATime`). */
+function removeAll(p, ids) {
+  return fewAtATime(ids, (id) => p.removeSandbox(id))
 }
 
 function memAvailable() {
@@ -219,9 +216,9 @@ async function machine(n) {
 }
 
 /** `n` creates at once, each running its first command: wall time, ours and the floor's.
- * The two alternate, ours first in one pair and second in the next, and the ratio is the median
- * of the pairs': whichever burst runs first meets the engine still tidying up after the last
- * one, and one pair in a loaded run is noise. */
+ * The two alternate, ours first in one pair and second in the next, so that neither always
+ * meets the engine right after the other's removals; the ratio is the median of the pairs',
+ * as one pair in a loaded run is noise. */
 async function burst(n) {
   const { DockerSandboxProvider } = require('..')
   const p = new DockerSandboxProvider({
@@ -285,8 +282,8 @@ async function burst(n) {
     pairs,
     oursMs: median(pairs.map((x) => x.oursMs)),
     floorMs: median(pairs.map((x) => x.floorMs)),
-    oursErrors: pairs.reduce((n, x) => n + x.oursErrors, 0),
-    floorErrors: pairs.reduce((n, x) => n + x.floorErrors, 0),
+    oursErrors: pairs.reduce((sum, x) => sum + x.oursErrors, 0),
+    floorErrors: pairs.reduce((sum, x) => sum + x.floorErrors, 0),
     ratio: round2(median(pairs.map((x) => x.oursMs / x.floorMs))),
   }
 }

@@ -28,6 +28,7 @@ const {
   SingleFileReader,
   splitPath,
   layoutTar,
+  fewAtATime,
 } = require('./common')
 
 /** A tiny HTTP-over-unix-socket client: `send` (response body unread) and `json`. */
@@ -199,7 +200,7 @@ function create({ socket = SOCKET } = {}) {
   }
 
   async function cleanup() {
-    await few([...made], (id) => remove(id))
+    await fewAtATime(made, (id) => remove(id))
   }
 
   return { name: 'floor', createSandbox, exec, upload, download, remove, cleanup }
@@ -285,17 +286,6 @@ async function exitCode(json, execId) {
   throw new Error('exec output ended but the engine still reports it running')
 }
 
-/** Runs `fn` over `items` eight at a time, ignoring failures. Removals go a few at a time:
- * Docker 20.10 can deadlock in libnetwork when many containers leave their networks at once
- * (moby issue 46661). */
-async function few(items, fn) {
-  let next = 0
-  const worker = async () => {
-    while (next < items.length) await fn(items[next++]).catch(() => {})
-  }
-  await Promise.all(Array.from({ length: 8 }, worker))
-}
-
 async function removeContainer(json, id) {
   await json('DELETE', `/containers/${id}?force=true&v=true`, undefined, [200, 204, 404, 409])
 }
@@ -307,7 +297,7 @@ const admin = client()
 async function sweep(label) {
   const filters = encodeURIComponent(JSON.stringify({ label: [label] }))
   const { data } = await admin.json('GET', `/containers/json?all=true&filters=${filters}`)
-  await few(data, (c) => removeContainer(admin.json, c.Id))
+  await fewAtATime(data, (c) => removeContainer(admin.json, c.Id))
   return data.length
 }
 
